@@ -1,0 +1,63 @@
+"""``python -m pomdp_ffm.bench {memory,update}``: benchmarks that compare variants in one process."""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+
+import torch
+
+from .common import print_table, write_csv
+
+
+_BIG = str(4 << 30)
+
+
+def _reexec_with_stable_malloc() -> None:
+    # glibc hands tensors above its (dynamic, <= 32 MB) mmap threshold back to the OS on free, so every
+    # iteration page-faults them in again; on small VMs that made long-sequence timings 2-4x noisier.
+    # The thresholds are read once at process start, hence the re-exec.
+    if sys.platform.startswith("linux") and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=_BIG, MALLOC_TRIM_THRESHOLD_=_BIG)
+        os.execve(sys.executable, [sys.executable, "-m", "pomdp_ffm.bench", *sys.argv[1:]], env)
+
+
+def main(argv=None) -> None:
+    if argv is None:
+        _reexec_with_stable_malloc()
+    p = argparse.ArgumentParser(prog="python -m pomdp_ffm.bench", description=__doc__)
+    p.add_argument("which", choices=["memory", "update"])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds")
+    p.add_argument("--shapes", nargs="+", default=None, help="memory: rl paper (default both)")
+    p.add_argument("--csv", default=None, help="also write the rows to this CSV file")
+    args = p.parse_args(argv)
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    print(f"device={device} ({name}), torch {torch.__version__}, threads={torch.get_num_threads()}")
+
+    if args.which == "memory":
+        from . import memory
+
+        rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device)
+        print_table(rows, baseline="gru")
+    else:
+        from . import update
+
+        rows = update.run(args.repeats, device)
+        print_table(rows, baseline="sac_gru")
+    if args.csv:
+        write_csv(rows, args.csv)
+        print(f"\nwrote {args.csv}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Timing helpers shared by the benchmarks."""
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from typing import Callable, NamedTuple
+
+import torch
+
+
+class Row(NamedTuple):
+    benchmark: str
+    shape: str
+    model: str
+    metric: str
+    value: float
+    unit: str
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device: torch.device,
+                        warmup: int = 2, inner: int = 1) -> dict[str, float]:
+    """Median seconds per call of each function, timed round-robin so drift hits all variants alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            _sync(device)
+            times[k].append((time.perf_counter() - t0) / inner)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def saved_tensor_bytes(make_graph: Callable[[], torch.Tensor], device: torch.device) -> int:
+    """Memory a forward pass keeps for its backward: peak allocation on CUDA; on a CPU, the bytes of the
+    distinct storages autograd saves (what a fwd+bwd must hold at its peak beyond parameters)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        make_graph().backward()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = make_graph()
+    out.backward()
+    return sum(seen.values())
+
+
+def print_table(rows: list[Row], baseline: str) -> None:
+    """One block per (shape, metric): value and ratio to `baseline` (ratio > 1 means slower/larger)."""
+    keys = list(dict.fromkeys((r.shape, r.metric) for r in rows))
+    for shape, metric in keys:
+        block = [r for r in rows if r.shape == shape and r.metric == metric]
+        base = next((r.value for r in block if r.model == baseline), None)
+        print(f"\n{shape}  {metric}")
+        for r in block:
+            ratio = f"{r.value / base:6.2f}x {baseline}" if base else ""
+            print(f"  {r.model:<12} {r.value:12.3f} {r.unit:<3} {ratio}")
+
+
+def write_csv(rows: list[Row], path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(Row._fields)
+        for r in rows:
+            w.writerow([r.benchmark, r.shape, r.model, r.metric, f"{r.value:.6g}", r.unit])

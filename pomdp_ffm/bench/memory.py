@@ -1,0 +1,93 @@
+"""Memory-model benchmark: FFM vs nn.GRU vs nn.LSTM vs a Python-loop GRUCell (the paper's comparison).
+
+All variants run in one process, warmed up, then timed in interleaved rounds so that machine noise hits
+every variant alike; medians are reported with ratios to nn.GRU.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..seq_models import build
+from .common import Row, interleaved_medians, saved_tensor_bytes
+
+SHAPES = {
+    # name: (T, B, input, hidden)
+    "rl": (64, 64, 64, 128),  # the recurrent SAC/TD3 training window on the BLT tasks
+    "paper": (1024, 8, 128, 256),  # the paper's long-sequence efficiency shape
+}
+
+
+class LoopGRU(nn.Module):
+    """A GRUCell stepped in Python: what a recurrent model costs without a fused kernel."""
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__()
+        self.cell = nn.GRUCell(input_size, hidden_size)
+        self.hidden_size = hidden_size
+
+    def forward(self, x, state=None):
+        h = x.new_zeros(x.shape[1], self.hidden_size) if state is None else state
+        ys = []
+        for t in range(x.shape[0]):
+            h = self.cell(x[t], h)
+            ys.append(h)
+        return torch.stack(ys), h
+
+
+def variants(input_size: int, hidden_size: int, device) -> dict[str, nn.Module]:
+    models = {
+        "ffm": build("ffm", input_size=input_size, hidden_size=hidden_size),
+        "ffm-scan": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="scan"),
+        "ffm-loop": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="loop"),
+        "ffm-closed": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="closed"),
+        "gru": build("gru", input_size=input_size, hidden_size=hidden_size),
+        "lstm": build("lstm", input_size=input_size, hidden_size=hidden_size),
+        "gru-loop": LoopGRU(input_size, hidden_size),
+    }
+    if device.type == "cuda":
+        models.pop("ffm-loop" if models["ffm"].resolved_aggregator(device) == "loop" else "ffm-scan")
+    else:
+        models.pop("ffm-loop")  # on a CPU "ffm" (auto) is the loop
+    return {k: v.to(device) for k, v in models.items()}
+
+
+def run(shape_names, repeats: int, device: torch.device) -> list[Row]:
+    rows: list[Row] = []
+    for shape_name in shape_names:
+        T, B, I, H = SHAPES[shape_name]
+        shape = f"T{T}_B{B}_in{I}_h{H}"
+        models = variants(I, H, device)
+        x = torch.randn(T, B, I, device=device)
+        out_grad = torch.randn(T, B, H, device=device)
+
+        def fwd_bwd(model):
+            xg = x.detach().requires_grad_()
+            y, _ = model(xg)
+            y.backward(out_grad)
+
+        def fwd(model):
+            with torch.no_grad():
+                model(x)
+
+        # The loop GRU at T=1024 takes seconds per call: fewer rounds keep the benchmark short.
+        reps = max(3, repeats // 4) if T >= 512 else repeats
+        for metric, fn, r in (("fwd_bwd_ms", fwd_bwd, reps), ("fwd_ms", fwd, reps)):
+            med = interleaved_medians({k: (lambda m=m: fn(m)) for k, m in models.items()}, r, device)
+            rows += [Row("memory", shape, k, metric, v * 1e3, "ms") for k, v in med.items()]
+        for k, m in models.items():
+            mb = saved_tensor_bytes(lambda: m(x.detach().requires_grad_())[0].sum(), device) / 2**20
+            rows.append(Row("memory", shape, k, "peak_mem_mb", mb, "MB"))
+
+        # Acting: batch 1, one step, state carried, no autograd.
+        act = {k: m for k, m in models.items() if k in ("ffm", "gru", "lstm")}
+        xs = torch.randn(1, 1, I, device=device)
+        states = {k: m.initial_state(1, device) for k, m in act.items()}
+
+        def step(k):
+            with torch.no_grad():
+                _, states[k] = act[k](xs, states[k])
+
+        med = interleaved_medians({k: (lambda k=k: step(k)) for k in act}, 400, device, inner=25)
+        rows += [Row("memory", shape, k, "act_us", v * 1e6, "us") for k, v in med.items()]
+    return rows

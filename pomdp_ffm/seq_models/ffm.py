@@ -1,0 +1,336 @@
+"""Fast and Forgetful Memory (Morad et al., NeurIPS 2023).
+
+Cell (paper eqs. input gate, aggregator, read-out, gated residual):
+
+    x~_t = l1(x_t) * sigmoid(l2(x_t))                       input gate        [m]
+    S_t  = gamma * S_{t-1} + x~_t 1_c^T                      aggregator        [m, c] complex
+    z_t  = l3(Re S_t || Im S_t)                              read-out          [out]
+    y_t  = LN(z_t) * sigmoid(l4 x_t) + l5(x_t) * (1 - sigmoid(l4 x_t))
+
+with gamma = exp(-alpha) exp(i omega)^T, alpha in R+^m the decay and omega in R^c the context.
+l1, l2, l4, l5 are fused into one Linear (``pre``) like the reference code.
+
+The reference evaluates the aggregator with a float64 closed form that multiplies by gamma^(-t); it
+overflows unless decay is bounded and sequences are chunked. Here the default aggregators never multiply
+by |gamma| > 1, so any length is exact in complex64:
+
+* ``loop``: the recurrence itself, run in place inside a custom autograd Function whose backward is the
+  adjoint recurrence (the gradient of S_t = g S_{t-1} + u_t is the reversed recurrence with conj(g)).
+  One small kernel per step; fastest on a CPU.
+* ``scan``: a log-depth (Hillis-Steele) scan over powers gamma^(2^k); few, large kernels; fastest on a GPU
+  where a per-step loop is launch-bound.
+* ``closed``: the reference's closed form in complex128 with 1024-step chunks, kept for comparison.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import SeqModel, State
+
+AGGREGATORS = ("auto", "loop", "scan", "closed")
+PARAM_MODES = ("learned", "fixed", "none")
+GAMMA_FORMS = ("outer", "hadamard")
+
+# The paper's ablation table, as option sets for ``build("ffm", ..., **ABLATIONS[name])``.
+ABLATIONS: dict[str, dict] = {
+    "FFM": {},
+    "FFM-NI": {"input_gate": False},
+    "FFM-NO": {"output_gate": False},
+    "FFM-NC": {"context": "none"},
+    "FFM-FC": {"context": "fixed"},
+    "FFM-ND": {"decay": "none"},
+    "FFM-FD": {"decay": "fixed"},
+    "FFM-HP": {"gamma": "hadamard"},
+}
+
+_F64_MAX_LOG = math.log(torch.finfo(torch.float64).max)
+DECAY_MIN = 1e-8
+
+
+def reference_decay_limit(max_len: int = 1024) -> float:
+    """Largest decay rate whose gamma^(-max_len) still fits a float64 (the reference's bound, ~0.683)."""
+    return _F64_MAX_LOG / max_len - 0.01
+
+
+def _recurrence_(X: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor | None, reverse: bool = False) -> None:
+    """In place: X_t <- gamma * X_{t-1} + X_t (X_{-1} = s0), or the same backwards in time if `reverse`.
+
+    Stepping one time index per kernel is launch-bound for small batches, so time is cut into n chunks of
+    K ~ sqrt(T) steps: a local recurrence inside every chunk at once (K kernels), the carries between
+    chunks (n kernels), then one broadcast correction X[j, k] += gamma^(k+1) * carry_j. Every factor has
+    |gamma^k| <= 1, so nothing overflows at any length. X's length must be a multiple of K
+    (see `_chunk`); padding rows at the end must hold zeros.
+    """
+    T = X.shape[0]
+    K = _chunk(T)
+    n = T // K
+    Xc = X.view(n, K, *X.shape[1:])
+    order = range(K - 2, -1, -1) if reverse else range(1, K)
+    for k in order:
+        Xc[:, k].addcmul_(Xc[:, k + 1] if reverse else Xc[:, k - 1], gamma)
+    if n == 1 and s0 is None:
+        return
+    steps = torch.arange(1, K + 1, device=X.device, dtype=torch.float64)
+    if reverse:
+        steps = steps.flip(0)
+    powers = torch.exp(steps.view(K, 1, 1) * torch.log(gamma.to(torch.complex128))).to(gamma.dtype)
+    gK = powers[0] if reverse else powers[-1]
+    carry = torch.empty((n, *X.shape[1:]), dtype=X.dtype, device=X.device)
+    first, last = (n - 1, 0) if reverse else (0, n - 1)
+    if s0 is None:
+        carry[first].zero_()
+    else:
+        carry[first].copy_(s0)
+    for j in (range(n - 2, -1, -1) if reverse else range(1, n)):
+        src = j + 1 if reverse else j - 1
+        torch.addcmul(Xc[src, 0 if reverse else K - 1], carry[src], gK, out=carry[j])
+    Xc.addcmul_(powers.view(1, K, *([1] * (X.dim() - 3)), *gamma.shape), carry.unsqueeze(1))
+
+
+def _chunk(T: int) -> int:
+    return max(1, int(math.isqrt(T - 1)) + 1) if T > 16 else T
+
+
+def _padded_length(T: int) -> int:
+    K = _chunk(T)
+    return -(-T // K) * K
+
+
+class _LinearRecurrence(torch.autograd.Function):
+    """S_t = gamma * S_{t-1} + u_t (u real, broadcast over the c context columns), S_{-1} = s0."""
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+        T, B, m = u.shape
+        c = gamma.shape[-1]
+        S = torch.empty(_padded_length(T), B, m, c, dtype=gamma.dtype, device=u.device)
+        S[T:].zero_()
+        S_ri = torch.view_as_real(S)[:T]
+        S_ri[..., 0].copy_(u.unsqueeze(-1).expand(T, B, m, c))
+        S_ri[..., 1].zero_()
+        _recurrence_(S, gamma, s0)
+        S = S[:T]
+        ctx.save_for_backward(gamma, s0, S)
+        return S
+
+    @staticmethod
+    def backward(ctx, grad_S: torch.Tensor):
+        gamma, s0, S = ctx.saved_tensors
+        T = grad_S.shape[0]
+        # The adjoint A_t = dL/dS_t + conj(gamma) A_{t+1}: the same recurrence run backwards in time.
+        A = grad_S.new_empty((_padded_length(T), *grad_S.shape[1:]))
+        A[:T].copy_(grad_S)
+        A[T:].zero_()
+        _recurrence_(A, gamma.conj().resolve_conj(), None, reverse=True)
+        A = A[:T]
+        grad_u = torch.view_as_real(A)[..., 0].sum(-1) if ctx.needs_input_grad[0] else None
+        grad_gamma = grad_s0 = None
+        if ctx.needs_input_grad[1]:
+            # sum over time and batch of A_t * conj(S_{t-1}), with S_{-1} = s0
+            grad_gamma = torch.linalg.vecdot(s0, A[0], dim=0)
+            if T > 1:
+                grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].flatten(0, 1), A[1:].flatten(0, 1), dim=0)
+        if ctx.needs_input_grad[2]:
+            grad_s0 = A[0] * gamma.conj()
+        return grad_u, grad_gamma, grad_s0
+
+
+def aggregate_loop(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+    return _LinearRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous())
+
+
+def aggregate_scan(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+    T = u.shape[0]
+    S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1) * torch.ones_like(gamma)
+    g, k = gamma, 1
+    while k < T:
+        S = torch.cat([S[:k], S[k:] + g * S[:-k]], dim=0)
+        g, k = g * g, 2 * k
+    # gamma^(t+1) as exp((t+1) log gamma): magnitudes stay <= 1 for any t.
+    steps = torch.arange(1, T + 1, device=u.device, dtype=u.dtype).view(T, 1, 1, 1)
+    powers = torch.exp(steps * torch.log(gamma))
+    return S + powers * s0
+
+
+def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """The reference's closed form: S_p = g^(p+1) S_-1 + g^(p-t) sum_{j<=p} g^(t-j) x_j, in complex128."""
+    out, state = [], s0
+    log_g = torch.log(gamma.to(torch.complex128))
+    for start in range(0, u.shape[0], chunk):
+        x = u[start:start + chunk].to(torch.float64).unsqueeze(-1)
+        n = x.shape[0]
+        t = n - 1
+        p = torch.arange(n, device=u.device, dtype=torch.float64).view(n, 1, 1, 1)
+        inner = torch.cumsum(torch.exp((t - p) * log_g) * x, dim=0)
+        S = torch.exp((p - t) * log_g) * inner + torch.exp((p + 1) * log_g) * state.to(torch.complex128)
+        S = S.to(gamma.dtype)
+        out.append(S)
+        state = S[-1]
+    return torch.cat(out, dim=0)
+
+
+_AGGREGATE = {"loop": aggregate_loop, "scan": aggregate_scan, "closed": aggregate_closed}
+
+
+def ffm_sizes(hidden_size: int, context_size: int | None = None, memory_size: int | None = None) -> tuple[int, int]:
+    """The reference experiments' sizing: c = h // 32, m = h // c, so that m * c = h."""
+    c = hidden_size // 32 if context_size is None else context_size
+    if c < 1:
+        raise ValueError(
+            f"FFM cannot split hidden_size={hidden_size}: context_size = hidden_size // 32 = {c}; "
+            f"use a hidden size that is a multiple of 32 (32, 64, 96, 128, 256, ...) or pass context_size"
+        )
+    m = hidden_size // c if memory_size is None else memory_size
+    if m < 1 or (memory_size is None and m * c != hidden_size):
+        raise ValueError(
+            f"FFM cannot split hidden_size={hidden_size} into memory_size x context_size: "
+            f"c={c}, m={m}, m*c={m * c}; use a multiple of 32 (32, 64, 96, 128, 256, ...) "
+            f"or pass both context_size and memory_size"
+        )
+    return m, c
+
+
+class FFM(SeqModel):
+    """Fast and Forgetful Memory as a drop-in for a GRU: ``y, state = ffm(x[T, B, in], state)``.
+
+    The state is a complex64 tensor ``[B, memory_size, context_size]``.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        context_size: int | None = None,
+        memory_size: int | None = None,
+        max_period: float = 128,
+        min_period: float = 1,
+        beta: float = 0.01,
+        max_len: int = 1024,
+        decay_bound: bool = True,
+        input_gate: bool = True,
+        output_gate: bool = True,
+        context: str = "learned",
+        decay: str = "learned",
+        gamma: str = "outer",
+        aggregator: str = "auto",
+        init_trace_range: tuple[float, float] | None = None,
+        init_period_range: tuple[float, float] | None = None,
+    ):
+        super().__init__()
+        for name, value, allowed in (
+            ("context", context, PARAM_MODES),
+            ("decay", decay, PARAM_MODES),
+            ("gamma", gamma, GAMMA_FORMS),
+            ("aggregator", aggregator, AGGREGATORS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"FFM option {name}={value!r} is not one of {list(allowed)}")
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.memory_size, self.context_size = m, c = ffm_sizes(hidden_size, context_size, memory_size)
+        self.input_gate, self.output_gate, self.aggregator = input_gate, output_gate, aggregator
+        self.decay_bound = decay_bound and decay == "learned"
+        self.decay_limit = reference_decay_limit(max_len)
+        out = hidden_size
+        self._split = (m, out, m if input_gate else 0, out if output_gate else 0)
+        self.pre = nn.Linear(input_size, sum(self._split))
+        self.mix = nn.Linear(2 * m * c, out)
+
+        alpha, omega = self._initial_decay_context(m, c, max_period, min_period, beta, init_trace_range,
+                                                   init_period_range)
+        if gamma == "hadamard":
+            alpha, omega = alpha.unsqueeze(1).repeat(1, c), omega.unsqueeze(0).repeat(m, 1)
+        self._register("alpha", alpha, decay)
+        self._register("omega", omega, context)
+        self._gamma_cache: tuple | None = None
+
+    def _initial_decay_context(self, m, c, max_period, min_period, beta, trace_range, period_range):
+        if trace_range is None:
+            # Reference code: decay rates evenly spaced from just under the overflow bound down to the rate
+            # that forgets to `beta` after `max_period` steps.
+            hi = self.decay_limit - 0.01
+            lo = min(max(1e-6, -math.log(beta) / max_period), hi)
+            alpha = torch.linspace(hi, lo, m)
+        else:
+            # Informed initialisation: trace durabilities t_alpha evenly spaced in the given range (steps).
+            alpha = -math.log(beta) / torch.linspace(float(trace_range[0]), float(trace_range[1]), m)
+        lo_p, hi_p = (min_period, max_period) if period_range is None else period_range
+        omega = 2 * math.pi / torch.linspace(float(lo_p), float(hi_p), c)
+        return alpha, omega
+
+    def _register(self, name: str, value: torch.Tensor, mode: str) -> None:
+        if mode == "learned":
+            self.register_parameter(name, nn.Parameter(value))
+        else:
+            self.register_buffer(name, torch.zeros_like(value) if mode == "none" else value)
+
+    # ----------------------------------------------------------------------------------------------
+    def initial_state(self, batch_size: int, device=None) -> State:
+        return torch.zeros(batch_size, self.memory_size, self.context_size, dtype=torch.complex64, device=device)
+
+    def gamma(self) -> torch.Tensor:
+        """gamma = exp(-alpha) exp(i omega): [m, c] complex64, |gamma| <= 1."""
+        alpha, omega = self.alpha, self.omega
+        if alpha.dim() == 1:  # outer product form: rows decay, columns rotate
+            m, c = alpha.shape[0], omega.shape[0]
+            alpha, omega = alpha.unsqueeze(1).expand(m, c), omega.unsqueeze(0).expand(m, c)
+        return torch.polar(torch.exp(-alpha), omega)
+
+    def _gamma_for_call(self) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return self.gamma()
+        # Acting steps recompute nothing while the parameters are unchanged (in-place optimiser steps and
+        # load_state_dict bump the version counters).
+        key = (self.alpha._version, self.omega._version, self.alpha.data_ptr(), self.omega.data_ptr())
+        if self._gamma_cache is None or self._gamma_cache[0] != key:
+            self._gamma_cache = (key, self.gamma())
+        return self._gamma_cache[1]
+
+    def _bound_decay(self) -> None:
+        # The reference clamps the decay parameter's data in place (its bound shapes what FFM learns).
+        # Clamping only when a value is out of range leaves the version counter, and so any pending
+        # autograd graph, untouched otherwise.
+        if self.decay_bound:
+            with torch.no_grad():
+                a = self.alpha
+                if bool(((a < DECAY_MIN) | (a > self.decay_limit)).any()):
+                    a.clamp_(DECAY_MIN, self.decay_limit)
+
+    def resolved_aggregator(self, device: torch.device) -> str:
+        if self.aggregator != "auto":
+            return self.aggregator
+        return "scan" if device.type == "cuda" else "loop"
+
+    def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
+        self._check_input(x)
+        T, B, _ = x.shape
+        self._bound_decay()
+        y_in, thru, in_gate, out_gate = torch.split(self.pre(x), self._split, dim=-1)
+        u = y_in * torch.sigmoid(in_gate) if self.input_gate else y_in
+        gamma = self._gamma_for_call()
+        s0 = self.initial_state(B, x.device) if state is None else state
+        if T == 1:
+            S = torch.addcmul(torch.complex(u, torch.zeros_like(u)).unsqueeze(-1), s0, gamma)
+        else:
+            S = _AGGREGATE[self.resolved_aggregator(x.device)](u, gamma, s0)
+        z = self.mix(torch.view_as_real(S).reshape(T, B, -1))
+        z = F.layer_norm(z, z.shape[-1:])
+        # LN(z) * g + thru * (1 - g), as one kernel
+        y = torch.lerp(thru, z, torch.sigmoid(out_gate)) if self.output_gate else z
+        return y, S[-1]
+
+    # ----------------------------------------------------------------------------------------------
+    def trace_durability(self, beta: float = 0.01) -> torch.Tensor:
+        """t_alpha: steps until a trace decays to `beta` of its value, per memory row (inf without decay)."""
+        return (-math.log(beta) / self.alpha.detach()).cpu()
+
+    def context_periods(self) -> torch.Tensor:
+        """t_omega: the period in steps of each context column (inf without context)."""
+        return (2 * math.pi / self.omega.detach().abs()).cpu()
+
+    def extra_repr(self) -> str:
+        return (f"input_size={self.input_size}, hidden_size={self.hidden_size}, memory_size={self.memory_size}, "
+                f"context_size={self.context_size}, aggregator={self.aggregator}")
