@@ -155,8 +155,9 @@ class SeqReplayBuffer:
         if self._cdf is None:
             # float64 so that slots near the end of a 1e6 buffer keep distinguishable mass.
             self._cdf = np.cumsum(self._weights, dtype=np.float64)
-            positive = np.flatnonzero(self._weights > 0)
-            self._last_positive = int(positive[-1]) if positive.size else -1
+            total = self._cdf[-1]
+            # The first slot at which the running sum reaches the total is the last positive one.
+            self._last_positive = int(np.searchsorted(self._cdf, total, side="left")) if total > 0 else -1
         return self._cdf
 
     def sample_starts(self, batch_size: int) -> np.ndarray:
