@@ -1,0 +1,245 @@
+"""Sequence replay buffer: POMDP-Baselines' vanilla buffer (whole episodes, windows of T steps).
+
+Storage is a flat circular array of transitions. Each slot carries a start weight: an episode of
+length L gets ``n = max(1, L - T + 1)`` legal starts (every window that fits inside it, or just
+its first step when L <= T), each weighted ``(beta + n) / n`` so the episode's total is
+``beta + n``. With ``beta = 0`` windows are uniform over legal starts in the whole buffer.
+Windows that run past their episode are padded with whatever is stored next and removed only
+through the mask, exactly like the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["SeqBatch", "SeqReplayBuffer"]
+
+
+class SeqBatch(NamedTuple):
+    """Time-major float32 arrays of shape ``(T, B, dim)``; ``mask`` is ``(T, B, 1)``."""
+
+    obs: np.ndarray
+    act: np.ndarray
+    rew: np.ndarray
+    term: np.ndarray
+    obs2: np.ndarray
+    mask: np.ndarray
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class SeqReplayBuffer:
+    _CONFIG_KEYS = ("capacity", "obs_dim", "act_dim", "sampled_seq_len", "sample_weight_baseline")
+
+    def __init__(
+        self,
+        capacity: int,
+        obs_dim: int,
+        act_dim: int,
+        sampled_seq_len: int,
+        sample_weight_baseline: float = 0.0,
+        seed: int | None = None,
+    ):
+        self.capacity = _positive_int("capacity", capacity)
+        self.obs_dim = _positive_int("obs_dim", obs_dim)
+        self.act_dim = _positive_int("act_dim", act_dim)
+        # The reference's -1 ("whole episodes") must be resolved by the caller to the env's max
+        # episode length, so only concrete lengths are accepted here.
+        self.sampled_seq_len = _positive_int("sampled_seq_len", sampled_seq_len)
+        if self.sampled_seq_len > self.capacity:
+            raise ValueError(
+                f"sampled_seq_len={self.sampled_seq_len} exceeds capacity={self.capacity}; "
+                "a window would overlap itself"
+            )
+        beta = float(sample_weight_baseline)
+        if not np.isfinite(beta) or beta < 0:
+            raise ValueError(f"sample_weight_baseline must be finite and >= 0, got {sample_weight_baseline!r}")
+        self.sample_weight_baseline = beta
+        self._rng = np.random.default_rng(seed)
+
+        n = self.capacity
+        # np.zeros maps untouched pages lazily, so a 1e6 buffer costs memory only as it fills.
+        self._obs = np.zeros((n, self.obs_dim), dtype=np.float32)
+        self._next_obs = np.zeros((n, self.obs_dim), dtype=np.float32)
+        self._actions = np.zeros((n, self.act_dim), dtype=np.float32)
+        self._rewards = np.zeros((n, 1), dtype=np.float32)
+        self._terminals = np.zeros((n, 1), dtype=np.uint8)
+        self._weights = np.zeros((n,), dtype=np.float32)
+        self._top = 0
+        self._size = 0
+        # Cumulative weights for O(log N) inverse-CDF sampling; recomputed only after a write.
+        self._cdf: np.ndarray | None = None
+        self._last_positive = -1
+
+    # ------------------------------------------------------------------ properties
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def top(self) -> int:
+        """Write head: the slot the next episode's first transition goes to."""
+        return self._top
+
+    @property
+    def weights(self) -> np.ndarray:
+        """Read-only view of the per-slot start weights."""
+        view = self._weights.view()
+        view.flags.writeable = False
+        return view
+
+    # ------------------------------------------------------------------ writing
+    def _as_2d(self, name: str, value: Any, length: int, dim: int, dtype) -> np.ndarray:
+        arr = np.asarray(value, dtype=dtype)
+        if arr.ndim == 1 and dim == 1:
+            arr = arr.reshape(-1, 1)
+        if arr.shape != (length, dim):
+            raise ValueError(
+                f"{name} has shape {np.shape(value)}, expected ({length}, {dim})"
+                + (f" or ({length},)" if dim == 1 else "")
+            )
+        return arr
+
+    def add_episode(self, obs, actions, rewards, terminals, next_obs) -> None:
+        """Store one whole episode; every argument has leading length L (L >= 2)."""
+        obs_arr = np.asarray(obs)
+        if obs_arr.ndim == 0:
+            raise ValueError(f"obs must have a leading episode-length axis, got shape {obs_arr.shape}")
+        length = obs_arr.shape[0]
+        # L = 1 would leave the episode with no zero-weight slot, so the next episode's start
+        # could not be detected as a boundary when building masks.
+        if length < 2:
+            raise ValueError(f"episode length must be >= 2, got {length}")
+        if length > self.capacity:
+            raise ValueError(
+                f"episode length {length} exceeds capacity {self.capacity}; it would overwrite itself"
+            )
+        o = self._as_2d("obs", obs, length, self.obs_dim, np.float32)
+        a = self._as_2d("actions", actions, length, self.act_dim, np.float32)
+        r = self._as_2d("rewards", rewards, length, 1, np.float32)
+        d = self._as_2d("terminals", terminals, length, 1, np.float32)
+        o2 = self._as_2d("next_obs", next_obs, length, self.obs_dim, np.float32)
+        if not np.all((d == 0) | (d == 1)):
+            raise ValueError(f"terminals must be 0/1 (or bool), got values {np.unique(d)[:5]}")
+
+        t = self.sampled_seq_len
+        n = max(1, length - t + 1)
+        w = np.zeros(length, dtype=np.float32)
+        w[:n] = (self.sample_weight_baseline + n) / n
+
+        # Slice writes (split in two at the wrap) instead of fancy indexing keep this cheap.
+        first = min(length, self.capacity - self._top)
+        for src, dst_start, count in ((slice(0, first), self._top, first),
+                                      (slice(first, length), 0, length - first)):
+            if count == 0:
+                continue
+            dst = slice(dst_start, dst_start + count)
+            self._obs[dst] = o[src]
+            self._next_obs[dst] = o2[src]
+            self._actions[dst] = a[src]
+            self._rewards[dst] = r[src]
+            self._terminals[dst] = d[src].astype(np.uint8)
+            self._weights[dst] = w[src]
+
+        self._top = (self._top + length) % self.capacity
+        self._size = min(self.capacity, self._size + length)
+        self._cdf = None
+
+    # ------------------------------------------------------------------ sampling
+    def _ensure_cdf(self) -> np.ndarray:
+        if self._cdf is None:
+            # float64 so that slots near the end of a 1e6 buffer keep distinguishable mass.
+            self._cdf = np.cumsum(self._weights, dtype=np.float64)
+            total = self._cdf[-1]
+            # The first slot at which the running sum reaches the total is the last positive one.
+            self._last_positive = int(np.searchsorted(self._cdf, total, side="left")) if total > 0 else -1
+        return self._cdf
+
+    def sample_starts(self, batch_size: int) -> np.ndarray:
+        """Draw window start slots i.i.d. with replacement, probability proportional to weight."""
+        batch_size = _positive_int("batch_size", batch_size)
+        cdf = self._ensure_cdf()
+        if self._last_positive < 0:
+            raise ValueError("cannot sample from an empty buffer; add an episode first")
+        u = self._rng.random(batch_size) * cdf[-1]
+        starts = np.searchsorted(cdf, u, side="right")
+        # u * total can round up to total itself; such a draw belongs to the last positive slot.
+        return np.minimum(starts, self._last_positive)
+
+    def _windows(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = self.sampled_seq_len
+        idx = (starts[None, :] + np.arange(t)[:, None]) % self.capacity  # (T, B)
+        has_weight = self._weights[idx] > 0
+        boundary = np.zeros_like(has_weight)
+        # A new episode starts where weight switches from 0 to positive (not at position 0) ...
+        boundary[1:] = ~has_weight[:-1] & has_weight[1:]
+        # ... and everything from the write head on is older than, not part of, the newest episode.
+        boundary |= idx == self._top
+        mask = np.cumsum(boundary, axis=0) == 0
+        return idx, mask
+
+    def sample(self, batch_size: int) -> SeqBatch:
+        starts = self.sample_starts(batch_size)
+        idx, mask = self._windows(starts)
+        return SeqBatch(
+            obs=self._obs[idx],
+            act=self._actions[idx],
+            rew=self._rewards[idx],
+            term=self._terminals[idx].astype(np.float32),
+            obs2=self._next_obs[idx],
+            mask=mask[:, :, None].astype(np.float32),
+        )
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        # Slots fill from 0 and only wrap once full, so the filled part is always [0, size).
+        s = self._size
+        return {
+            **{k: getattr(self, k) for k in self._CONFIG_KEYS},
+            "top": self._top,
+            "size": s,
+            "obs": self._obs[:s].copy(),
+            "next_obs": self._next_obs[:s].copy(),
+            "actions": self._actions[:s].copy(),
+            "rewards": self._rewards[:s].copy(),
+            "terminals": self._terminals[:s].copy(),
+            "weights": self._weights[:s].copy(),
+            "rng_state": self._rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = [k for k in self.state_dict() if k not in state]
+        if missing:
+            raise ValueError(f"state dict lacks keys {missing}")
+        for key in self._CONFIG_KEYS:
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"state dict has {key}={state[key]!r} but this buffer was built with "
+                    f"{key}={getattr(self, key)!r}"
+                )
+        size, top = int(state["size"]), int(state["top"])
+        if not 0 <= size <= self.capacity or not 0 <= top < self.capacity:
+            raise ValueError(f"state dict has invalid size={size} / top={top} for capacity {self.capacity}")
+        if size < self.capacity and top != size:
+            raise ValueError(f"state dict has top={top} but a buffer that never wrapped has top == size ({size})")
+        arrays = {
+            "obs": self._obs, "next_obs": self._next_obs, "actions": self._actions,
+            "rewards": self._rewards, "terminals": self._terminals, "weights": self._weights,
+        }
+        for key, dst in arrays.items():
+            src = np.asarray(state[key])
+            if src.shape != (size,) + dst.shape[1:]:
+                raise ValueError(f"state dict {key!r} has shape {src.shape}, expected {(size,) + dst.shape[1:]}")
+        for key, dst in arrays.items():
+            dst[:size] = state[key]
+            dst[size:] = 0
+        self._size, self._top = size, top
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state["rng_state"]
+        self._rng = rng
+        self._cdf = None

@@ -1,0 +1,261 @@
+"""Task registry for the P/V/F occlusion benchmarks.
+
+A task id ``<Family>-{F,P,V}-v0`` names a base Gymnasium environment plus the subset of its
+observation vector the agent sees: ``F`` all dims (the fully observed MDP), ``P`` position-like
+dims only, ``V`` velocity-like dims only. The classic and PyBullet families reproduce the
+POMDP-Baselines index lists verbatim; the ``*MJ`` families are MuJoCo (Gymnasium v5)
+counterparts the reference never had. See ``docs/tasks.md`` for the table.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+__all__ = [
+    "TaskSpec",
+    "TASKS",
+    "POMDPWrapper",
+    "available_tasks",
+    "get_task",
+    "make_env",
+]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Static description of one task id."""
+
+    name: str
+    base_id: str
+    obs_indices: tuple[int, ...]
+    max_episode_steps: int
+    # Excluded from hashing because dicts are unhashable; the spec stays usable as a dict key.
+    make_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
+    discrete: bool = False
+
+    @property
+    def id(self) -> str:
+        # Gymnasium code that receives this object through ``env.spec`` reads ``spec.id``.
+        return self.name
+
+    @property
+    def obs_dim(self) -> int:
+        return len(self.obs_indices)
+
+    @property
+    def is_bullet(self) -> bool:
+        return self.base_id.endswith("BulletEnv-v0")
+
+
+def _r(start: int, stop: int) -> tuple[int, ...]:
+    return tuple(range(start, stop))
+
+
+# (family, base id, max steps, discrete, make kwargs, {variant: indices})
+_FAMILIES: list[tuple[str, str, int, bool, dict[str, Any], dict[str, tuple[int, ...]]]] = [
+    # --- reference (POMDP-Baselines envs/pomdp), index lists copied exactly ---
+    ("Pendulum", "Pendulum-v1", 200, False, {}, {"F": (0, 1, 2), "P": (0, 1), "V": (2,)}),
+    ("CartPole", "CartPole-v0", 200, True, {}, {"F": (0, 1, 2, 3), "P": (0, 2), "V": (1, 3)}),
+    # The reference used LunarLander-v2, which Gymnasium 1.x replaced by v3 (same layout).
+    # Leg-contact dims 6 and 7 are intentionally in both P and V, as in the reference.
+    (
+        "LunarLander", "LunarLander-v3", 1000, True, {},
+        {"F": _r(0, 8), "P": (0, 1, 4, 6, 7), "V": (2, 3, 5, 6, 7)},
+    ),
+    (
+        "HopperBLT", "HopperBulletEnv-v0", 1000, False, {},
+        {
+            "F": _r(0, 15),
+            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14),
+            "V": (3, 4, 5, 9, 11, 13),
+        },
+    ),
+    (
+        "WalkerBLT", "Walker2DBulletEnv-v0", 1000, False, {},
+        {
+            "F": _r(0, 22),
+            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21),
+            "V": (3, 4, 5, 9, 11, 13, 15, 17, 19),
+        },
+    ),
+    (
+        "AntBLT", "AntBulletEnv-v0", 1000, False, {},
+        {
+            "F": _r(0, 28),
+            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25, 26, 27),
+            "V": (3, 4, 5, 9, 11, 13, 15, 17, 19, 21, 23),
+        },
+    ),
+    (
+        "HalfCheetahBLT", "HalfCheetahBulletEnv-v0", 1000, False, {},
+        {
+            "F": _r(0, 26),
+            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21, 22, 23, 24, 25),
+            "V": (3, 4, 5, 9, 11, 13, 15, 17, 19),
+        },
+    ),
+    # --- MuJoCo v5 (not in the reference). Default v5 observations are qpos without the
+    # root x (Ant: without x and y) followed by qvel, so P is the leading block and V the rest.
+    # Hopper: nq=6, nv=6 -> 5 + 6.
+    ("HopperMJ", "Hopper-v5", 1000, False, {}, {"F": _r(0, 11), "P": _r(0, 5), "V": _r(5, 11)}),
+    # Walker2d: nq=9, nv=9 -> 8 + 9.
+    ("Walker2dMJ", "Walker2d-v5", 1000, False, {}, {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)}),
+    # HalfCheetah: nq=9, nv=9 -> 8 + 9.
+    (
+        "HalfCheetahMJ", "HalfCheetah-v5", 1000, False, {},
+        {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)},
+    ),
+    # Ant: nq=15, nv=14 -> 13 + 14. The 78 contact-force dims are switched off because they are
+    # neither positions nor velocities and would otherwise leak into F only.
+    (
+        "AntMJ", "Ant-v5", 1000, False, {"include_cfrc_ext_in_observation": False},
+        {"F": _r(0, 27), "P": _r(0, 13), "V": _r(13, 27)},
+    ),
+]
+
+
+def _build_tasks() -> dict[str, TaskSpec]:
+    tasks: dict[str, TaskSpec] = {}
+    for family, base_id, max_steps, discrete, kwargs, variants in _FAMILIES:
+        for variant in ("F", "P", "V"):
+            name = f"{family}-{variant}-v0"
+            tasks[name] = TaskSpec(
+                name=name,
+                base_id=base_id,
+                obs_indices=tuple(int(i) for i in variants[variant]),
+                max_episode_steps=max_steps,
+                make_kwargs=dict(kwargs),
+                discrete=discrete,
+            )
+    return tasks
+
+
+TASKS: dict[str, TaskSpec] = _build_tasks()
+
+
+def available_tasks() -> list[str]:
+    return list(TASKS)
+
+
+def get_task(name: str) -> TaskSpec:
+    try:
+        return TASKS[name]
+    except (KeyError, TypeError):
+        pass
+    hint = ""
+    if isinstance(name, str):
+        close = difflib.get_close_matches(name, TASKS.keys(), n=3)
+        if close:
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?"
+    raise ValueError(
+        f"Unknown task {name!r}.{hint} Known tasks: {', '.join(available_tasks())}"
+    )
+
+
+class POMDPWrapper(gymnasium.Wrapper):
+    """Masks the observation to ``spec.obs_indices`` and rescales continuous actions.
+
+    The agent acts in ``[-1, 1]^A``; the action is clipped, mapped affinely onto the base
+    action box and clipped again (floating-point safety), as in the reference. ``action_space``
+    is deliberately left as the base env's native box because the reference draws its initial
+    random-exploration actions from it (and stores them unclipped).
+    """
+
+    def __init__(self, env: gymnasium.Env, spec: TaskSpec, seed: int | None = None):
+        super().__init__(env)
+        base_obs = env.observation_space
+        if not isinstance(base_obs, spaces.Box) or len(base_obs.shape) != 1:
+            raise ValueError(
+                f"POMDPWrapper needs a 1-D Box observation space, got {base_obs!r} from {spec.base_id!r}"
+            )
+        idx = np.asarray(spec.obs_indices, dtype=np.intp)
+        n_base = base_obs.shape[0]
+        bad = [int(i) for i in idx if not 0 <= i < n_base]
+        if bad or idx.size == 0:
+            raise ValueError(
+                f"Task {spec.name!r}: observation indices {bad or list(idx)} are invalid for base "
+                f"{spec.base_id!r} whose observation has {n_base} dims (allowed 0..{n_base - 1})"
+            )
+        self._idx = idx
+        self._task_spec = spec
+        self.max_episode_steps = spec.max_episode_steps
+        self.observation_space = spaces.Box(
+            low=base_obs.low[idx].astype(np.float32),
+            high=base_obs.high[idx].astype(np.float32),
+            dtype=np.float32,
+        )
+
+        act = env.action_space
+        if isinstance(act, spaces.Box):
+            self._act_low = act.low.astype(np.float64)
+            self._act_high = act.high.astype(np.float64)
+        elif isinstance(act, spaces.Discrete):
+            self._act_low = self._act_high = None
+        else:
+            raise ValueError(
+                f"Unsupported action space {act!r} for {spec.base_id!r}; allowed: Box, Discrete"
+            )
+
+        self._pending_seed = seed
+        if seed is not None:
+            self.action_space.seed(seed)
+
+    # Overrides gymnasium's EnvSpec on purpose so callers can read the task description without
+    # touching private attributes. TaskSpec carries ``id`` and ``max_episode_steps``, the two
+    # fields gymnasium's own wrappers read from ``spec``.
+    @property
+    def spec(self) -> TaskSpec:  # type: ignore[override]
+        return self._task_spec
+
+    def _observe(self, obs: np.ndarray) -> np.ndarray:
+        # Fancy indexing already copies; the float32 cast makes dtype uniform across base envs.
+        return np.asarray(obs)[self._idx].astype(np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is None and self._pending_seed is not None:
+            seed = self._pending_seed
+        # Only the first reset is seeded implicitly; later resets continue the env's RNG stream.
+        self._pending_seed = None
+        obs, info = self.env.reset(seed=seed, options=options)
+        return self._observe(obs), info
+
+    def _rescale(self, action: Any) -> np.ndarray:
+        a = np.asarray(action, dtype=np.float64)
+        if a.shape != self._act_low.shape:
+            raise ValueError(
+                f"Action shape {a.shape} does not match {self._task_spec.name!r}, "
+                f"which expects shape {self._act_low.shape}"
+            )
+        a = np.clip(a, -1.0, 1.0)
+        a = self._act_low + (a + 1.0) * 0.5 * (self._act_high - self._act_low)
+        a = np.clip(a, self._act_low, self._act_high)
+        return a.astype(self.env.action_space.dtype)
+
+    def step(self, action: Any):
+        if self._act_low is not None:
+            action = self._rescale(action)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self._observe(obs), reward, terminated, truncated, info
+
+
+def make_env(name: str, seed: int | None = None) -> POMDPWrapper:
+    """Build the masked environment for task id ``name``.
+
+    With ``seed`` the first ``reset()`` (when called without its own seed) and the action-space
+    sampler are seeded with it.
+    """
+    spec = get_task(name)
+    if spec.is_bullet:
+        # Imported here because it pulls in pybullet and registers its ids as a side effect;
+        # classic and MuJoCo tasks should not pay for that.
+        import pybullet_envs_gymnasium  # noqa: F401
+    base = gymnasium.make(
+        spec.base_id, max_episode_steps=spec.max_episode_steps, **dict(spec.make_kwargs)
+    )
+    return POMDPWrapper(base, spec, seed=seed)

@@ -1,0 +1,276 @@
+import warnings
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from pomdp_ffm.envs import TASKS, POMDPWrapper, TaskSpec, available_tasks, get_task, make_env
+
+# CartPole-v0 is deliberately the reference's version; its deprecation notice is noise here.
+pytestmark = pytest.mark.filterwarnings("ignore:.*CartPole-v0 is out of date.*")
+
+FAMILIES = sorted({name.rsplit("-", 2)[0] for name in TASKS})
+BLT = ["HopperBLT", "WalkerBLT", "AntBLT", "HalfCheetahBLT"]
+MJ = ["HopperMJ", "Walker2dMJ", "HalfCheetahMJ", "AntMJ"]
+
+
+def _idx(family, variant):
+    return TASKS[f"{family}-{variant}-v0"].obs_indices
+
+
+def _agent_action(env, rng):
+    if env.spec.discrete:
+        return int(rng.integers(env.action_space.n))
+    return rng.uniform(-1.0, 1.0, size=env.action_space.shape)
+
+
+def test_registry_has_all_ids():
+    expected = {f"{fam}-{v}-v0" for fam in
+                ["Pendulum", "CartPole", "LunarLander"] + BLT + MJ for v in "FPV"}
+    assert set(available_tasks()) == expected
+    assert all(get_task(n).name == n for n in expected)
+
+
+@pytest.mark.parametrize("name", available_tasks())
+def test_every_task_constructs_and_steps(name):
+    spec = get_task(name)
+    env = make_env(name, seed=0)
+    try:
+        assert env.spec is spec
+        assert env.max_episode_steps == spec.max_episode_steps
+        assert env.observation_space.shape == (len(spec.obs_indices),)
+        assert env.observation_space.dtype == np.float32
+        assert spec.discrete == isinstance(env.action_space, spaces.Discrete)
+        obs, _ = env.reset()
+        assert obs.shape == (len(spec.obs_indices),) and obs.dtype == np.float32
+        obs, reward, terminated, truncated, _ = env.step(_agent_action(env, np.random.default_rng(0)))
+        assert obs.shape == (len(spec.obs_indices),) and obs.dtype == np.float32
+        assert np.isfinite(reward)
+        # F must expose the base observation in full, so every index list is a subset of it.
+        base_dim = env.unwrapped.observation_space.shape[0]
+        assert set(spec.obs_indices) <= set(range(base_dim))
+        if name.endswith("-F-v0"):
+            assert spec.obs_indices == tuple(range(base_dim))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    "family,p_dim,v_dim",
+    [("Pendulum", 2, 1), ("CartPole", 2, 2), ("LunarLander", 5, 5), ("HopperBLT", 9, 6),
+     ("WalkerBLT", 13, 9), ("AntBLT", 17, 11), ("HalfCheetahBLT", 17, 9)],
+)
+def test_reference_dims(family, p_dim, v_dim):
+    assert len(_idx(family, "P")) == p_dim
+    assert len(_idx(family, "V")) == v_dim
+
+
+@pytest.mark.parametrize("family", BLT + MJ)
+def test_p_and_v_partition_f(family):
+    p, v, f = (set(_idx(family, x)) for x in "PVF")
+    assert p | v == f
+    assert not p & v
+    assert len(p) == len(_idx(family, "P")) and len(v) == len(_idx(family, "V"))
+
+
+@pytest.mark.parametrize(
+    "family,joints,contacts", [("HopperBLT", 3, 1), ("WalkerBLT", 6, 2), ("AntBLT", 8, 4),
+                               ("HalfCheetahBLT", 6, 6)]
+)
+def test_blt_lists_follow_the_documented_layout(family, joints, contacts):
+    # Rebuild the lists from the PyBullet layout (8 torso dims, joint pos/speed pairs, contacts)
+    # independently of the literal tables in envs.py.
+    joint_pos = [8 + 2 * j for j in range(joints)]
+    joint_vel = [8 + 2 * j + 1 for j in range(joints)]
+    contact = list(range(8 + 2 * joints, 8 + 2 * joints + contacts))
+    assert list(_idx(family, "P")) == [0, 1, 2, 6, 7] + joint_pos + contact
+    assert list(_idx(family, "V")) == [3, 4, 5] + joint_vel
+
+
+@pytest.mark.parametrize("family", MJ)
+def test_mujoco_lists_match_qpos_qvel(family):
+    env = make_env(f"{family}-F-v0", seed=1)
+    try:
+        obs, _ = env.reset()
+        rng = np.random.default_rng(1)
+        for _ in range(5):
+            obs, *_ = env.step(rng.uniform(-1, 1, size=env.action_space.shape))
+        data = env.unwrapped.data
+        nq, nv = data.qpos.size, data.qvel.size
+        p, v = np.array(_idx(family, "P")), np.array(_idx(family, "V"))
+        assert obs.shape == (len(p) + len(v),)
+        # P must be exactly the observed qpos tail (root x, and y for Ant, are hidden) and V all
+        # of qvel; Hopper/Walker clip velocities at +-10 inside the observation.
+        assert len(v) == nv
+        assert len(p) == nq - (2 if family == "AntMJ" else 1)
+        np.testing.assert_allclose(obs[p], data.qpos[nq - len(p):], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(obs[v], np.clip(data.qvel, -10, 10), rtol=1e-6, atol=1e-6)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("family", ["Pendulum", "LunarLander", "HopperBLT", "AntMJ"])
+@pytest.mark.parametrize("variant", ["P", "V"])
+def test_masked_obs_equals_full_obs_at_indices(family, variant):
+    full, part = make_env(f"{family}-F-v0", seed=5), make_env(f"{family}-{variant}-v0", seed=5)
+    try:
+        idx = np.array(_idx(family, variant))
+        of, _ = full.reset()
+        op, _ = part.reset()
+        np.testing.assert_array_equal(op, of[idx])
+        rng = np.random.default_rng(0)
+        for _ in range(10):
+            a = _agent_action(full, rng)
+            of, *_ = full.step(a)
+            op, *_ = part.step(a)
+            np.testing.assert_array_equal(op, of[idx])
+    finally:
+        full.close()
+        part.close()
+
+
+@pytest.mark.parametrize("agent_a,torque", [(1.0, 2.0), (0.0, 0.0), (5.0, 2.0), (-0.5, -1.0),
+                                            (-3.0, -2.0)])
+def test_pendulum_action_rescaling(agent_a, torque):
+    env = make_env("Pendulum-F-v0", seed=7)
+    base = gymnasium.make("Pendulum-v1")
+    try:
+        # The wrapper keeps the native box because random exploration samples from it.
+        assert env.action_space == spaces.Box(-2.0, 2.0, (1,), np.float32)
+        o_env, _ = env.reset()
+        o_base, _ = base.reset(seed=7)
+        np.testing.assert_array_equal(o_env, o_base)
+        o_env, r_env, *_ = env.step(np.array([agent_a]))
+        assert env.unwrapped.last_u == pytest.approx(torque)
+        o_base, r_base, *_ = base.step(np.array([torque], dtype=np.float32))
+        np.testing.assert_array_equal(o_env, o_base)
+        assert r_env == r_base
+    finally:
+        env.close()
+        base.close()
+
+
+class _RecordingEnv(gymnasium.Env):
+    """Minimal env that remembers the last action it was stepped with."""
+
+    def __init__(self, low, high):
+        self.observation_space = spaces.Box(-np.ones(4), np.ones(4) * 3.0, dtype=np.float64)
+        self.action_space = spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
+        self.last_action = None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.arange(4, dtype=np.float64), {}
+
+    def step(self, action):
+        self.last_action = np.array(action)
+        return np.arange(4, dtype=np.float64) + 1, 0.0, False, False, {}
+
+
+def test_rescaling_uses_affine_map_onto_asymmetric_box():
+    spec = TaskSpec("Dummy-P-v0", "dummy", (3, 1), 10)
+    env = POMDPWrapper(_RecordingEnv([0.0, -3.0], [10.0, 1.0]), spec)
+    obs, _ = env.reset()
+    np.testing.assert_array_equal(obs, np.array([3.0, 1.0], np.float32))
+    assert obs.dtype == np.float32
+    np.testing.assert_array_equal(env.observation_space.low, np.array([-1, -1], np.float32))
+    np.testing.assert_array_equal(env.observation_space.high, np.array([3, 3], np.float32))
+    for a, expected in [([-1, 1], [0, 1]), ([0, 0], [5, -1]), ([0.5, -0.5], [7.5, -2]),
+                        ([2, -7], [10, -3])]:
+        env.step(np.array(a, dtype=np.float64))
+        np.testing.assert_allclose(env.unwrapped.last_action, expected, atol=1e-6)
+        assert env.unwrapped.last_action.dtype == np.float32
+    with pytest.raises(ValueError, match=r"\(3,\).*\(2,\)"):
+        env.step(np.zeros(3))
+
+
+def test_wrapper_rejects_out_of_range_indices():
+    spec = TaskSpec("Dummy-P-v0", "dummy", (0, 4), 10)
+    with pytest.raises(ValueError, match=r"\[4\].*4 dims"):
+        POMDPWrapper(_RecordingEnv([0.0], [1.0]), spec)
+
+
+def test_discrete_actions_pass_through():
+    env = make_env("CartPole-V-v0", seed=0)
+    ref = gymnasium.make("CartPole-v0")
+    try:
+        o, _ = env.reset()
+        r, _ = ref.reset(seed=0)
+        for a in [0, 1, 1, 0, 1]:
+            o, *_ = env.step(a)
+            r, *_ = ref.step(a)
+            np.testing.assert_array_equal(o, r[[1, 3]])
+    finally:
+        env.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("name", ["Pendulum-V-v0", "LunarLander-P-v0", "HopperMJ-P-v0",
+                                  "WalkerBLT-V-v0"])
+def test_same_seed_same_trajectory(name):
+    def rollout(seed):
+        env = make_env(name, seed=seed)
+        try:
+            obs = [env.reset()[0]]
+            samples = [np.array(env.action_space.sample()) for _ in range(3)]
+            rng = np.random.default_rng(123)
+            for _ in range(15):
+                o, _, term, trunc, _ = env.step(_agent_action(env, rng))
+                obs.append(o)
+                if term or trunc:
+                    break
+            return np.stack(obs), np.stack(samples)
+        finally:
+            env.close()
+
+    obs_a, act_a = rollout(11)
+    obs_b, act_b = rollout(11)
+    np.testing.assert_array_equal(obs_a, obs_b)
+    np.testing.assert_array_equal(act_a, act_b)
+    obs_c, act_c = rollout(12)
+    # Compare whole trajectories: velocity-only observations can be all-zero at reset.
+    n = min(len(obs_a), len(obs_c))
+    assert not np.array_equal(obs_a[:n], obs_c[:n])
+    assert not np.array_equal(act_a, act_c)
+
+
+def test_only_first_reset_is_implicitly_seeded():
+    env = make_env("Pendulum-F-v0", seed=3)
+    first, _ = env.reset()
+    second, _ = env.reset()
+    assert not np.array_equal(first, second)
+    again, _ = env.reset(seed=3)
+    np.testing.assert_array_equal(first, again)
+
+
+def test_time_out_is_truncated_not_terminated():
+    env = make_env("Pendulum-P-v0", seed=0)
+    env.reset()
+    for t in range(1, 201):
+        _, _, terminated, truncated, _ = env.step(np.array([0.3]))
+        assert not terminated
+        assert truncated == (t == 200), t
+    assert env.max_episode_steps == 200
+
+
+def test_unknown_task_names_the_value_and_lists_known_ones():
+    with pytest.raises(ValueError) as err:
+        make_env("HopperBLT-X-v0")
+    msg = str(err.value)
+    assert "'HopperBLT-X-v0'" in msg
+    assert all(name in msg for name in available_tasks())
+    assert "HopperBLT-F-v0" in msg.split("Known tasks")[0]  # close-match hint
+    with pytest.raises(ValueError, match="Known tasks"):
+        get_task(None)
+
+
+def test_taskspec_is_frozen_and_hashable():
+    spec = get_task("AntMJ-V-v0")
+    with pytest.raises(Exception):
+        spec.name = "x"
+    assert {spec: 1}[spec] == 1
+    assert spec.make_kwargs == {"include_cfrc_ext_in_observation": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert make_env("AntMJ-F-v0").unwrapped.observation_space.shape == (27,)
