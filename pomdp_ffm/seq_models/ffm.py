@@ -74,10 +74,8 @@ def _recurrence_(X: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor | None, 
         Xc[:, k].addcmul_(Xc[:, k + 1] if reverse else Xc[:, k - 1], gamma)
     if n == 1 and s0 is None:
         return
-    steps = torch.arange(1, K + 1, device=X.device, dtype=torch.float64)
-    if reverse:
-        steps = steps.flip(0)
-    powers = torch.exp(steps.view(K, 1, 1) * torch.log(gamma.to(torch.complex128))).to(gamma.dtype)
+    steps = torch.arange(1, K + 1, device=X.device)
+    powers = _powers(gamma, steps.flip(0) if reverse else steps)
     gK = powers[0] if reverse else powers[-1]
     carry = torch.empty((n, *X.shape[1:]), dtype=X.dtype, device=X.device)
     first, last = (n - 1, 0) if reverse else (0, n - 1)
@@ -143,17 +141,23 @@ def aggregate_loop(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> to
     return _LinearRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous())
 
 
+def _powers(gamma: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """gamma^k for each k, as exp(k log gamma) in complex128: exact to the last bit of complex64 even for
+    large k, where repeated float32 multiplication would accumulate phase error."""
+    k = exponents.to(torch.float64).view(-1, *([1] * gamma.dim()))
+    return torch.exp(k * torch.log(gamma.to(torch.complex128))).to(gamma.dtype)
+
+
 def aggregate_scan(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
     T = u.shape[0]
     S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1) * torch.ones_like(gamma)
-    g, k = gamma, 1
+    k = 1
     while k < T:
+        g = _powers(gamma, torch.tensor([k]))[0]
         S = torch.cat([S[:k], S[k:] + g * S[:-k]], dim=0)
-        g, k = g * g, 2 * k
-    # gamma^(t+1) as exp((t+1) log gamma): magnitudes stay <= 1 for any t.
-    steps = torch.arange(1, T + 1, device=u.device, dtype=u.dtype).view(T, 1, 1, 1)
-    powers = torch.exp(steps * torch.log(gamma))
-    return S + powers * s0
+        k *= 2
+    # gamma^(t+1): magnitudes stay <= 1 for any t.
+    return S + _powers(gamma, torch.arange(1, T + 1)).unsqueeze(1) * s0
 
 
 def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chunk: int = 1024) -> torch.Tensor:

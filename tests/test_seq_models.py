@@ -1,0 +1,280 @@
+"""The registry contract, and FFM's claims: its parallel form equals its recurrence, at any length."""
+import math
+
+import pytest
+import torch
+
+from pomdp_ffm.seq_models import ABLATIONS, available, build
+from pomdp_ffm.seq_models.ffm import DECAY_MIN, aggregate_closed, aggregate_loop, aggregate_scan, reference_decay_limit
+
+MODELS = ["lstm", "gru", "ffm", "mlp"]
+
+
+def test_registry_names_and_errors():
+    assert available() == MODELS
+    with pytest.raises(ValueError, match=r"unknown seq model 'transformer'.*\['lstm', 'gru', 'ffm', 'mlp'\]"):
+        build("transformer", input_size=4, hidden_size=32)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['contex_size'\].*context_size"):
+        build("ffm", input_size=4, hidden_size=32, contex_size=2)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("T", [1, 7])
+def test_shapes_and_state_round_trip(name, T):
+    torch.manual_seed(0)
+    model = build(name, input_size=5, hidden_size=64)
+    x = torch.randn(T, 3, 5)
+    y, state = model(x, None)
+    assert y.shape == (T, 3, 64)
+    y2, _ = model(x, model.initial_state(3))
+    torch.testing.assert_close(y, y2)  # None means a fresh zero state
+    y3, _ = model(x, state)  # a carried state is accepted as returned
+    assert y3.shape == (T, 3, 64)
+    with pytest.raises(ValueError, match=r"expects input of shape \[T, B, 5\]"):
+        model(torch.randn(T, 3, 4))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_step_by_step_equals_whole_sequence(name):
+    torch.manual_seed(1)
+    model = build(name, input_size=6, hidden_size=64)
+    x = torch.randn(40, 4, 6)
+    y_seq, s_seq = model(x, None)
+    state, ys = None, []
+    for t in range(40):
+        y, state = model(x[t:t + 1], state)
+        ys.append(y)
+    torch.testing.assert_close(torch.cat(ys), y_seq, rtol=1e-5, atol=1e-5)
+    if name != "mlp":
+        flat = lambda s: torch.cat([t.flatten() for t in s]) if isinstance(s, tuple) else s.flatten()
+        torch.testing.assert_close(flat(state), flat(s_seq), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gru", "lstm"])
+def test_rnn_reference_init(name):
+    model = build(name, input_size=64, hidden_size=128)
+    for pname, p in model.named_parameters():
+        if "bias" in pname:
+            assert torch.count_nonzero(p) == 0
+        else:  # the whole stacked matrix is (semi-)orthogonal, not each gate block
+            W = p.detach().double()
+            torch.testing.assert_close(W.T @ W, torch.eye(W.shape[1], dtype=torch.float64), atol=1e-5, rtol=0)
+
+
+def test_parameter_counts_match_reference():
+    # spec 3.6: GRU(64->128) = 74,496; FFM(64->128, m=32, c=4) = 53,732; LSTM(48->128) = 91,136
+    count = lambda m: sum(p.numel() for p in m.parameters())
+    assert count(build("gru", input_size=64, hidden_size=128)) == 74_496
+    assert count(build("ffm", input_size=64, hidden_size=128)) == 53_732
+    assert count(build("lstm", input_size=48, hidden_size=128)) == 91_136
+
+
+def test_ffm_reference_sizing_and_init():
+    ffm = build("ffm", input_size=64, hidden_size=128)
+    assert (ffm.memory_size, ffm.context_size) == (32, 4)
+    limit = math.log(torch.finfo(torch.float64).max) / 1024 - 0.01
+    assert reference_decay_limit() == pytest.approx(0.683147, abs=1e-6) == pytest.approx(limit)
+    expected_alpha = torch.linspace(0.673147, 0.035978, 32)
+    torch.testing.assert_close(ffm.alpha.detach(), expected_alpha, atol=2e-6, rtol=0)
+    expected_omega = torch.tensor([6.2832, 0.14500, 0.073345, 0.049087])
+    torch.testing.assert_close(ffm.omega.detach(), expected_omega, atol=1e-4, rtol=1e-4)
+    # interpretability: trace durability spans [~6.8, 128] steps, periods [1, 128] steps
+    t_alpha = ffm.trace_durability(0.01)
+    assert t_alpha.max().item() == pytest.approx(128, rel=1e-4)
+    assert t_alpha.min().item() == pytest.approx(math.log(100) / 0.673147, rel=1e-4)
+    torch.testing.assert_close(ffm.context_periods(), torch.linspace(1, 128, 4), rtol=1e-5, atol=1e-4)
+
+
+def test_ffm_informed_init():
+    ffm = build("ffm", input_size=8, hidden_size=128, init_trace_range=(32, 104), init_period_range=(32, 104))
+    torch.testing.assert_close(ffm.trace_durability(0.01), torch.linspace(32, 104, 32), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ffm.context_periods(), torch.linspace(32, 104, 4), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("hidden", [16, 100, 130])
+def test_ffm_unsplittable_hidden_size(hidden):
+    with pytest.raises(ValueError, match=rf"FFM cannot split hidden_size={hidden}.*multiple of 32"):
+        build("ffm", input_size=8, hidden_size=hidden)
+
+
+def test_ffm_explicit_sizes():
+    ffm = build("ffm", input_size=8, hidden_size=100, context_size=2, memory_size=10)
+    y, s = ffm(torch.randn(3, 2, 8))
+    assert y.shape == (3, 2, 100) and s.shape == (2, 10, 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# The aggregator against a float64 sequential reference.
+
+def sequential_reference(u, gamma, s0):
+    u, g, s = u.double(), gamma.to(torch.complex128), s0.to(torch.complex128)
+    out = []
+    for t in range(u.shape[0]):
+        s = g * s + u[t].unsqueeze(-1)
+        out.append(s)
+    return torch.stack(out)
+
+
+def gamma_from(alpha, omega):
+    return torch.polar(torch.exp(-alpha).unsqueeze(1).expand(-1, omega.shape[0]),
+                       omega.unsqueeze(0).expand(alpha.shape[0], -1))
+
+
+EXTREME_ALPHAS = {
+    "slowest": torch.full((8,), DECAY_MIN),
+    "fastest": torch.full((8,), reference_decay_limit()),
+    "spread": torch.linspace(reference_decay_limit(), DECAY_MIN, 8),
+}
+
+
+@pytest.mark.parametrize("T", [1, 64, 1024, 8192])
+@pytest.mark.parametrize("decay", list(EXTREME_ALPHAS))
+@pytest.mark.parametrize("aggregate", [aggregate_loop, aggregate_scan])
+def test_parallel_form_equals_recurrence(T, decay, aggregate):
+    torch.manual_seed(T)
+    alpha, omega = EXTREME_ALPHAS[decay], torch.tensor([2 * math.pi, 0.145, 0.049])
+    gamma = gamma_from(alpha, omega)
+    u = torch.randn(T, 2, 8)
+    s0 = torch.randn(2, 8, 3, dtype=torch.complex64) * 5  # a non-zero incoming state
+    ref = sequential_reference(u, gamma, s0)
+    got = aggregate(u, gamma, s0)
+    assert torch.isfinite(torch.view_as_real(got)).all()
+    err = (got.to(torch.complex128) - ref).abs().max() / ref.abs().max()
+    assert err < 1e-5, f"relative error {err:.2e}"
+
+
+def test_reference_closed_form_matches_where_it_is_defined():
+    torch.manual_seed(0)
+    gamma = gamma_from(torch.linspace(0.6, 0.03, 8), torch.tensor([0.3, 0.1]))
+    u, s0 = torch.randn(100, 2, 8), torch.randn(2, 8, 2, dtype=torch.complex64)
+    ref = sequential_reference(u, gamma, s0)
+    got = aggregate_closed(u, gamma, s0)
+    assert ((got.to(torch.complex128) - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("T", [64, 1024])
+def test_gradients_match_float64_recurrence(T):
+    torch.manual_seed(3)
+    ffm = build("ffm", input_size=4, hidden_size=32)  # m=32, c=1
+    alpha = torch.linspace(reference_decay_limit(), 1e-4, 32, dtype=torch.float64)
+    omega = torch.tensor([0.3], dtype=torch.float64)
+    u = torch.randn(T, 2, 32, dtype=torch.float64)
+    s0 = torch.randn(2, 32, 1, dtype=torch.complex128)
+    w = torch.randn(T, 2, 32, 1, dtype=torch.complex128)  # a fixed random read-out
+
+    def loss(agg, dtype):
+        a = alpha.to(dtype).requires_grad_()
+        o = omega.to(dtype).requires_grad_()
+        x = u.to(dtype).requires_grad_()
+        S = agg(x, gamma_from(a, o), s0.to(torch.complex128 if dtype == torch.float64 else torch.complex64))
+        L = (torch.view_as_real(S.to(torch.complex128)) * torch.view_as_real(w)).sum()
+        return torch.autograd.grad(L, (x, a, o))
+
+    ref = loss(lambda x, g, s: sequential_reference(x, g, s), torch.float64)
+    for agg in (aggregate_loop, aggregate_scan):
+        got = loss(agg, torch.float32)
+        for r, g, name in zip(ref, got, ("input", "alpha", "omega")):
+            rel = (g.double() - r).abs().max() / r.abs().max()
+            assert rel < 1e-4, f"{agg.__name__} grad wrt {name}: relative error {rel:.2e}"
+    del ffm
+
+
+def test_custom_backward_passes_gradcheck():
+    from pomdp_ffm.seq_models.ffm import _LinearRecurrence
+
+    torch.manual_seed(0)
+    for T in (1, 17, 40):
+        u = torch.randn(T, 2, 3, dtype=torch.float64, requires_grad=True)
+        g = torch.polar(torch.rand(3, 2, dtype=torch.float64) * 0.5 + 0.5,
+                        torch.randn(3, 2, dtype=torch.float64)).requires_grad_()
+        s0 = torch.randn(2, 3, 2, dtype=torch.complex128, requires_grad=True)
+        assert torch.autograd.gradcheck(_LinearRecurrence.apply, (u, g, s0))
+
+
+def test_million_step_recurrence_stays_finite():
+    gamma = gamma_from(torch.tensor([DECAY_MIN, reference_decay_limit()]), torch.tensor([6.2832, 0.05]))
+    S = aggregate_loop(torch.ones(10**6, 1, 2), gamma, torch.zeros(1, 2, 2, dtype=torch.complex64))
+    assert torch.isfinite(torch.view_as_real(S)).all()
+    # with the slowest decay the state keeps (almost) every input: |S| grows like a sum, never explodes
+    assert (S[-1, 0, 0].abs() < 1.1e6).all()
+
+
+@pytest.mark.slow
+def test_million_step_acting_loop_stays_finite():
+    torch.manual_seed(0)
+    ffm = build("ffm", input_size=4, hidden_size=32)
+    with torch.no_grad():
+        ffm.alpha.fill_(DECAY_MIN)
+        state, x = ffm.initial_state(1), torch.randn(1, 1, 4)
+        for _ in range(10**6):
+            y, state = ffm(x, state)
+    assert torch.isfinite(y).all() and torch.isfinite(torch.view_as_real(state)).all()
+
+
+def test_ffm_module_parallel_equals_steps_with_incoming_state():
+    torch.manual_seed(5)
+    ffm = build("ffm", input_size=6, hidden_size=64)
+    x, s0 = torch.randn(300, 2, 6), torch.randn(2, 32, 2, dtype=torch.complex64)
+    y_seq, s_seq = ffm(x, s0)
+    state, ys = s0, []
+    with torch.no_grad():
+        for t in range(300):
+            y, state = ffm(x[t:t + 1], state)
+            ys.append(y)
+    torch.testing.assert_close(torch.cat(ys), y_seq.detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, s_seq.detach(), rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------
+def test_decay_bound_clamps_like_the_reference():
+    ffm = build("ffm", input_size=4, hidden_size=32)
+    with torch.no_grad():
+        ffm.alpha[0], ffm.alpha[1] = 5.0, -1.0
+    ffm(torch.randn(3, 1, 4))
+    assert ffm.alpha[0].item() == pytest.approx(reference_decay_limit())
+    assert ffm.alpha[1].item() == pytest.approx(DECAY_MIN)
+    free = build("ffm", input_size=4, hidden_size=32, decay_bound=False)
+    with torch.no_grad():
+        free.alpha[0] = 5.0
+    free(torch.randn(3, 1, 4))
+    assert free.alpha[0].item() == 5.0
+
+
+def test_acting_gamma_cache_follows_parameter_updates():
+    torch.manual_seed(0)
+    ffm = build("ffm", input_size=4, hidden_size=32)
+    x = torch.randn(1, 1, 4)
+    with torch.no_grad():
+        y0, _ = ffm(x, ffm.initial_state(1) + 1)
+        ffm.omega.add_(0.5)  # what an optimiser step does
+        y1, _ = ffm(x, ffm.initial_state(1) + 1)
+    with torch.enable_grad():
+        y_ref, _ = ffm(x, ffm.initial_state(1) + 1)
+    assert not torch.allclose(y0, y1)
+    torch.testing.assert_close(y1, y_ref.detach())
+
+
+@pytest.mark.parametrize("ablation", list(ABLATIONS))
+def test_ablations_build_run_and_train(ablation):
+    torch.manual_seed(0)
+    ffm = build("ffm", input_size=8, hidden_size=64, **ABLATIONS[ablation])
+    y, s = ffm(torch.randn(10, 3, 8))
+    y.square().mean().backward()
+    assert y.shape == (10, 3, 64) and torch.isfinite(y).all()
+    names = dict(ffm.named_parameters())
+    opts = ABLATIONS[ablation]
+    assert ("alpha" in names) == (opts.get("decay", "learned") == "learned")
+    assert ("omega" in names) == (opts.get("context", "learned") == "learned")
+    if opts.get("decay") == "none":
+        assert torch.count_nonzero(ffm.alpha) == 0
+    if opts.get("context") == "none":
+        assert torch.count_nonzero(ffm.omega) == 0
+    if opts.get("gamma") == "hadamard":
+        assert ffm.alpha.shape == ffm.omega.shape == (32, 2)
+    width = ffm.pre.out_features
+    assert width == 32 + 64 + (32 if opts.get("input_gate", True) else 0) + (64 if opts.get("output_gate", True) else 0)
+
+
+def test_unknown_ffm_option_value():
+    with pytest.raises(ValueError, match=r"aggregator='fft' is not one of \['auto', 'loop', 'scan', 'closed'\]"):
+        build("ffm", input_size=4, hidden_size=32, aggregator="fft")
