@@ -378,9 +378,9 @@ def _load_one(root: Path, run_dir: Path, report: LoadReport) -> pd.DataFrame | N
 
 def _warn_duplicates(table: pd.DataFrame, report: LoadReport) -> None:
     runs = table.drop_duplicates("run_id")
-    dup = runs[runs["seed"].notna()].groupby(["task", "algo", "model", "seed"])["run_id"].nunique()
-    for (task, algo, model, seed), n in dup[dup > 1].items():
-        report.add(f"{task}/{algo}_{model}", "warning",
+    dup = runs[runs["seed"].notna()].groupby(["source", "task", "algo", "model", "seed"])["run_id"].nunique()
+    for (source, task, algo, model, seed), n in dup[dup > 1].items():
+        report.add(f"{task}/{algo}_{model} ({source})", "warning",
                    f"seed {seed} appears in {n} runs; each is kept as a separate trial")
 
 

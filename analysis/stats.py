@@ -198,7 +198,9 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
     IQM pools every (task, run) score, as rliable does; the mean weights tasks
     equally (mean of per-task means), which differs from pooling only when
     tasks have different numbers of runs.  With ``common_tasks`` only tasks that
-    every (algo, model) group has are used, so the groups are comparable.
+    every (algo, model) group of this project has are used, so the groups are
+    comparable; groups of reference-implementation runs (model ending in
+    ``@ref``) are then restricted to that set too but may cover fewer tasks.
     """
     notes: list[str] = []
     df = norm[np.isfinite(norm["norm_score"].to_numpy(float))]
@@ -207,11 +209,15 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
                                      "n_tasks", "n_runs", "tasks"]), ["no task has normalisation constants"]
     if common_tasks:
         sets = df.groupby(["algo", "model"])["task"].apply(set)
-        common = set.intersection(*sets.tolist())
+        ours = [s for (_, model), s in sets.items() if not model.endswith(C.REF_SUFFIX)]
+        common = set.intersection(*(ours or sets.tolist()))
         for (algo, model), s in sets.items():
             if s - common:
                 notes.append(f"{algo}/{model}: tasks {sorted(s - common)} not shared by all groups; left out")
         df = df[df["task"].isin(common)]
+        for (algo, model), s in sets.items():
+            if model.endswith(C.REF_SUFFIX) and not common <= s:
+                notes.append(f"{algo}/{model}: covers only {len(s & common)} of the {len(common)} common tasks")
     alpha = (1 - confidence) / 2
     rows = []
     for i, ((algo, model), g) in enumerate(df.groupby(["algo", "model"], sort=True)):
