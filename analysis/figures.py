@@ -126,6 +126,13 @@ def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_lab
                     if len(v):
                         jitter = np.linspace(-0.25, 0.25, len(v)) * width if len(v) > 1 else np.zeros(1)
                         ax.scatter(i + offset + jitter, v, s=6, color="black", alpha=0.6, zorder=4, linewidths=0)
+            # The reference's Oracle and Markovian returns show how much of the gap memory closes.
+            for i, task in enumerate(tasks):
+                ref = C.reference_for(task)
+                if ref is not None:
+                    ax.hlines(ref.oracle, i - 0.45, i + 0.45, colors="black", linestyles=":", linewidth=1.0, zorder=5)
+                    ax.hlines(ref.markovian, i - 0.45, i + 0.45, colors="#555555", linestyles="--", linewidth=1.0,
+                              zorder=5)
             ax.set_ylabel(f"{C.algo_label(algo)}\n{metric_label}")
             ax.axhline(0, color="black", linewidth=0.5)
         ax = axes[-1, 0]
@@ -133,8 +140,12 @@ def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_lab
         ax.set_xticklabels([task_label(t) for t in tasks], rotation=30 if len(tasks) > 6 else 0,
                            ha="right" if len(tasks) > 6 else "center")
         ax.set_xlim(-0.6, len(tasks) - 0.4)
-        fig.legend(handles=_model_handles(models), loc="lower center", bbox_to_anchor=(0.5, 1.0),
-                   ncol=len(models), frameon=False,
+        handles = _model_handles(models)
+        if any(C.reference_for(t) for t in tasks):
+            handles += [plt.Line2D([], [], color="black", linestyle=":", label="Oracle (reference)"),
+                        plt.Line2D([], [], color="#555555", linestyle="--", label="Markovian (reference)")]
+        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                   ncol=len(handles), frameon=False,
                    title=f"Bars: mean over runs; error bars: {confidence:.0%} bootstrap CI; dots: runs")
         fig.tight_layout()
         return _save(fig, base, formats)

@@ -28,10 +28,6 @@ GROUP = ["task", "algo", "model"]
 
 # --------------------------------------------------------------------------- per-run scores
 
-def _runmax_score(steps: np.ndarray, returns: np.ndarray) -> float:
-    return float(np.max(returns))
-
-
 def reference_curve(steps: np.ndarray, returns: np.ndarray, grid_start: float, grid_interval: float,
                     window: int, max_steps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The reference's smoothed curve: interpolate onto a grid, then a trailing rolling mean.
@@ -85,7 +81,7 @@ def run_scores(table: pd.DataFrame, metric: str = C.METRIC_RUNMAX, max_steps: fl
         steps = run["env_steps"].to_numpy(float)
         ret = run["eval_return"].to_numpy(float)
         if metric == C.METRIC_RUNMAX:
-            score = _runmax_score(steps, ret)
+            score = float(np.max(ret))  # == final value of the running max
         else:
             score = _last_fraction_score(steps, ret, grid_start, grid_interval, window, last_fraction, max_steps)
         first = run.iloc[0]
