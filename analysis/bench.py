@@ -1,0 +1,60 @@
+"""Read the CSVs written by ``python -m pomdp_ffm.bench {memory,update} --csv FILE``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+BENCH_COLUMNS = ["benchmark", "shape", "model", "metric", "value", "unit"]
+# Display names for the metrics the benchmark writes; unknown metrics keep their own name.
+METRIC_TITLES = {
+    "update_ms": "Time per update",
+    "fwd_bwd_ms": "Forward + backward",
+    "fwd_ms": "Forward",
+    "act_us": "Acting latency (1 step)",
+    "peak_mem_mb": "Peak memory (fwd + bwd)",
+    "gflop": "Compute",
+}
+
+
+def read_bench(files) -> tuple[pd.DataFrame, list[tuple[str, str, str]]]:
+    """Concatenate benchmark CSVs; rows with a non-numeric value are dropped and reported."""
+    problems: list[tuple[str, str, str]] = []
+    frames = []
+    for f in files:
+        f = Path(f)
+        if not f.is_file():
+            raise FileNotFoundError(f"benchmark file {str(f)!r} does not exist")
+        try:
+            df = pd.read_csv(f, dtype=str, keep_default_na=False)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError) as exc:
+            problems.append((str(f), "skipped", f"not a readable CSV: {exc}"[:300]))
+            continue
+        missing = [c for c in BENCH_COLUMNS if c not in df.columns]
+        if missing:
+            problems.append((str(f), "skipped", f"missing column(s) {missing}; expected {BENCH_COLUMNS}"))
+            continue
+        df = df[BENCH_COLUMNS].copy()
+        values = pd.to_numeric(df["value"], errors="coerce")
+        bad = values.isna()
+        if bad.any():
+            problems.append((str(f), "warning",
+                             f"{int(bad.sum())} row(s) with non-numeric value dropped, e.g. {df.loc[bad, 'value'].iloc[0]!r}"))
+        df["value"] = values
+        df["file"] = f.name
+        frames.append(df[~bad])
+    if not frames:
+        return pd.DataFrame(columns=[*BENCH_COLUMNS, "file"]), problems
+    out = pd.concat(frames, ignore_index=True)
+    units = out.groupby("metric")["unit"].nunique()
+    for metric in units[units > 1].index:
+        problems.append(("bench", "warning", f"metric {metric!r} appears with several units "
+                                             f"{sorted(out.loc[out.metric == metric, 'unit'].unique())}"))
+    return out, problems
+
+
+def summarize_bench(bench: pd.DataFrame) -> pd.DataFrame:
+    """Mean (and count) per benchmark, shape, model, metric; repeated measurements are averaged."""
+    g = bench.groupby(["benchmark", "shape", "metric", "unit", "model"], sort=True)["value"]
+    return g.agg(value="mean", n="size").reset_index()

@@ -1,0 +1,296 @@
+"""``python -m analysis [COMMAND] RUNS... --out DIR``: tables and figures from a folder of runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import constants as C
+from . import figures, load, stats
+from .tables import to_markdown, write_table
+
+COMMANDS = ("all", "table", "bars", "lines", "aggregate", "decay", "efficiency")
+_HELP = {
+    "all": "everything below (default)",
+    "table": "tidy table (CSV + Parquet), per-run scores, per-task summary, skip report",
+    "bars": "per-task bars with bootstrapped CIs (paper's continuous-control figure)",
+    "lines": "learning curves per task: one line per run, mean and CI band",
+    "aggregate": "IQM / mean normalised score, probability of improvement, performance profile",
+    "decay": "histograms of FFM t_alpha / t_omega from checkpoints (paper's decay figure)",
+    "efficiency": "bars from benchmark CSVs (--bench)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    epilog = "commands (optional first argument):\n" + "\n".join(f"  {c:<11} {h}" for c, h in _HELP.items())
+    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__, epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="*", help="folders holding run directories (ours or the reference's logs/)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--bench", action="append", default=[], metavar="FILE",
+                   help="benchmark CSV from `python -m pomdp_ffm.bench ... --csv FILE` (repeatable)")
+    p.add_argument("--seed", type=int, default=C.DEFAULT_SEED, help="seed of every bootstrap (default %(default)s)")
+    p.add_argument("--resamples", type=int, default=C.DEFAULT_RESAMPLES,
+                   help="bootstrap resamples (default %(default)s)")
+    p.add_argument("--confidence", type=float, default=C.DEFAULT_CONFIDENCE, help="CI level (default %(default)s)")
+    p.add_argument("--metric", choices=sorted(C.METRIC_DESCRIPTIONS), default=C.METRIC_RUNMAX,
+                   help="per-run score: runmax = final running max of eval return (FFM paper); "
+                        "last20 = mean of last 20%% of the smoothed curve (reference rundown)")
+    p.add_argument("--max-steps", type=float, default=None,
+                   help=f"ignore evaluations after this many env steps (BLT budget: {C.BLT_BUDGET})")
+    p.add_argument("--grid-start", type=float, default=C.DEFAULT_GRID_START)
+    p.add_argument("--grid-interval", type=float, default=C.DEFAULT_GRID_INTERVAL)
+    p.add_argument("--window", type=int, default=C.DEFAULT_SMOOTH_WINDOW, help="rolling-mean window (grid points)")
+    p.add_argument("--last-frac", type=float, default=C.DEFAULT_LAST_FRACTION,
+                   help="fraction of the grid averaged by --metric last20")
+    p.add_argument("--curves", choices=["runmax", "smoothed"], default="runmax",
+                   help="line plots: running max (paper) or the reference's smoothed curve")
+    p.add_argument("--beta", type=float, default=C.DEFAULT_BETA, help="forgetting threshold for t_alpha")
+    p.add_argument("--compare", default="gru", help="baseline model for P(FFM > baseline) (default gru)")
+    p.add_argument("--formats", default="png,pdf", help="figure formats, comma separated (default png,pdf)")
+    p.add_argument("--pool-sources", action="store_true",
+                   help="pool reference-implementation runs with ours (default: separate groups, '(ref)')")
+    p.add_argument("--no-cache", action="store_true", help="re-read every run instead of using OUT/.cache")
+    return p
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    out: Path
+    written: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    issues: list[tuple[str, str, str]] = field(default_factory=list)
+    table: pd.DataFrame | None = None
+    report: load.LoadReport | None = None
+    _scores: pd.DataFrame | None = None
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        return tuple(f.strip() for f in self.args.formats.split(",") if f.strip())
+
+    def emit(self, paths) -> None:
+        for p in paths:
+            self.written.append(Path(p))
+            print(f"wrote {p}")
+
+    def tables(self, name: str) -> Path:
+        return self.out / "tables" / name
+
+    def figs(self, name: str) -> Path:
+        return self.out / "figures" / name
+
+    def scores(self) -> pd.DataFrame:
+        if self._scores is None:
+            a = self.args
+            self._scores = stats.run_scores(self.table, a.metric, a.max_steps, a.grid_start, a.grid_interval,
+                                            a.window, a.last_frac)
+        return self._scores
+
+    def boot(self) -> dict:
+        return {"confidence": self.args.confidence, "n_resamples": self.args.resamples, "seed": self.args.seed}
+
+    def metric_label(self) -> str:
+        return "Best eval return" if self.args.metric == C.METRIC_RUNMAX else "Eval return (last 20%)"
+
+
+def _validate(args: argparse.Namespace, command: str) -> None:
+    if args.resamples < 1:
+        raise SystemExit(f"--resamples must be positive, got {args.resamples}")
+    if not 0 < args.confidence < 1:
+        raise SystemExit(f"--confidence must be in (0, 1), got {args.confidence}")
+    if not 0 < args.last_frac <= 1:
+        raise SystemExit(f"--last-frac must be in (0, 1], got {args.last_frac}")
+    if not 0 < args.beta < 1:
+        raise SystemExit(f"--beta must be in (0, 1), got {args.beta}")
+    if args.window < 1 or args.grid_interval <= 0:
+        raise SystemExit(f"--window must be >= 1 and --grid-interval > 0, got {args.window}, {args.grid_interval}")
+    bad = [f for f in args.formats.split(",") if f.strip() not in ("png", "pdf", "svg")]
+    if bad:
+        raise SystemExit(f"--formats: unsupported format(s) {bad}; use png, pdf, svg")
+    if command == "efficiency" and not args.bench:
+        raise SystemExit("the efficiency command needs at least one --bench FILE")
+    if command not in ("efficiency",) and not args.runs:
+        raise SystemExit(f"the {command} command needs at least one RUNS folder")
+
+
+def _load(ctx: Context) -> None:
+    a = ctx.args
+    cache = None if a.no_cache else ctx.out / ".cache"
+    try:
+        table, report = load.load_runs(a.runs, cache_dir=cache)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(str(exc)) from exc
+    if not a.pool_sources:
+        table = load.separate_sources(table)
+    ctx.table, ctx.report = table, report
+    print(report.summary())
+    for issue in report.skipped:
+        print(f"skipped {issue.path}: {issue.reason}", file=sys.stderr)
+
+
+def cmd_table(ctx: Context) -> None:
+    t = ctx.table
+    ctx.emit([load.export_table(t, ctx.tables("runs.csv"))])
+    try:
+        ctx.emit([load.export_table(t, ctx.tables("runs.parquet"))])
+    except ImportError as exc:
+        ctx.notes.append(f"Parquet export skipped: {exc}")
+    scores = ctx.scores()
+    ctx.emit(write_table(scores.drop(columns=["source"]), ctx.tables(f"scores_{ctx.args.metric}"),
+                         title=f"Per-run score: {C.METRIC_DESCRIPTIONS[ctx.args.metric]}"))
+    summary = stats.summarize(scores, **ctx.boot())
+    ctx.emit(write_table(summary, ctx.tables(f"summary_{ctx.args.metric}"),
+                         title=f"Mean over runs, {ctx.args.confidence:.0%} bootstrap CI "
+                               f"({C.METRIC_DESCRIPTIONS[ctx.args.metric]})"))
+
+
+def cmd_bars(ctx: Context) -> None:
+    scores = ctx.scores()
+    summary = stats.summarize(scores, **ctx.boot())
+    name = f"bars_{ctx.args.metric}"
+    ctx.emit(write_table(summary, ctx.tables(name), title=C.METRIC_DESCRIPTIONS[ctx.args.metric]))
+    ctx.emit(figures.plot_task_bars(summary, scores, ctx.figs(name), ctx.metric_label(), ctx.formats,
+                                    ctx.args.confidence))
+
+
+def cmd_lines(ctx: Context) -> None:
+    a = ctx.args
+    curves = stats.curves_on_grid(ctx.table, a.curves, a.grid_start, a.grid_interval, a.window, a.max_steps)
+    band = stats.curve_band(curves, **ctx.boot())
+    ctx.emit(write_table(band, ctx.tables(f"lines_{a.curves}"), title=f"Learning curves ({a.curves})"))
+    y = "Best eval return so far" if a.curves == "runmax" else "Eval return (smoothed)"
+    for algo in sorted(curves["algo"].unique()):
+        ctx.emit(figures.plot_curves(curves, band, ctx.figs(f"lines_{a.curves}_{algo}"), algo, y, ctx.formats,
+                                     a.confidence))
+
+
+def cmd_aggregate(ctx: Context) -> None:
+    a = ctx.args
+    scores = ctx.scores()
+    norm, notes = stats.normalize(scores)
+    ctx.notes.extend(notes)
+    agg, agg_notes = stats.aggregate_scores(norm, **ctx.boot())
+    ctx.notes.extend(agg_notes)
+    poi = pd.concat([stats.probability_of_improvement(scores, "ffm", a.compare, **ctx.boot()),
+                     stats.probability_of_improvement(scores, "ffm", a.compare + C.REF_SUFFIX, **ctx.boot())],
+                    ignore_index=True)
+    if poi.empty:
+        ctx.notes.append(f"probability of improvement: no task has both FFM and {a.compare!r} runs")
+    else:
+        ctx.emit(write_table(poi, ctx.tables("probability_of_improvement"),
+                             title=f"Probability that FFM beats the baseline on a task ({a.metric}, raw scores)"))
+    ctx.emit(write_table(norm.drop(columns=["source"]), ctx.tables(f"normalised_{a.metric}"),
+                         title="(score - Random) / (Oracle - Random)"))
+    if agg.empty:
+        ctx.notes.append("aggregate: no normalisable task; aggregate figure and profile skipped")
+        return
+    ctx.emit(write_table(agg, ctx.tables(f"aggregate_{a.metric}"),
+                         title=f"Normalised {a.metric} over tasks, {a.confidence:.0%} stratified-bootstrap CI"))
+    ctx.emit(figures.plot_aggregate(agg, ctx.figs(f"aggregate_{a.metric}"), ctx.formats, a.confidence))
+    top = max(1.0, float(np.nanmax(norm["norm_score"]))) if np.isfinite(norm["norm_score"]).any() else 1.0
+    taus = np.linspace(0.0, top, 101)
+    used = norm[norm["task"].isin(set(" ".join(agg["tasks"]).split()))]
+    profile = stats.performance_profile(used, taus, **ctx.boot())
+    ctx.emit(write_table(profile, ctx.tables(f"profile_{a.metric}"), title="Performance profile"))
+    ctx.emit(figures.plot_profile(profile, ctx.figs(f"profile_{a.metric}"), ctx.formats, a.confidence))
+
+
+def cmd_decay(ctx: Context) -> None:
+    from . import decay
+
+    runs = ctx.table.drop_duplicates("run_id")[["run_id", "run_dir", "task", "algo", "model"]]
+    values, problems = decay.load_decay(runs, ctx.args.beta)
+    ctx.issues.extend(problems)
+    if values.empty:
+        ctx.notes.append("decay: no FFM checkpoint with alpha/omega parameters found; figure skipped")
+        return
+    ctx.emit(write_table(values, ctx.tables("decay_values"), digits=4, title="FFM timescales per parameter entry"))
+    for (task, algo), d in values.groupby(["task", "algo"], sort=True):
+        n_runs = d["run_id"].nunique()
+        title = f"{figures.task_label(task)}, FFM + {C.algo_label(algo)} ({n_runs} run{'s' if n_runs > 1 else ''})"
+        ctx.emit(figures.plot_decay(d, ctx.figs(f"decay_{figures.task_label(task)}_{algo}"), title,
+                                    ctx.args.beta, ctx.formats))
+
+
+def cmd_efficiency(ctx: Context) -> None:
+    from .bench import read_bench, summarize_bench
+
+    if not ctx.args.bench:
+        ctx.notes.append("efficiency: no --bench file given; figure skipped")
+        return
+    try:
+        bench, problems = read_bench(ctx.args.bench)
+    except FileNotFoundError as exc:
+        raise SystemExit(str(exc)) from exc
+    ctx.issues.extend(problems)
+    if bench.empty:
+        ctx.notes.append("efficiency: no usable benchmark rows; figure skipped")
+        return
+    summary = summarize_bench(bench)
+    ctx.emit(write_table(summary, ctx.tables("efficiency"), title="Benchmarks (mean of repeated rows)"))
+    ctx.emit(figures.plot_efficiency(summary, ctx.figs("efficiency"), ctx.formats))
+
+
+def write_report(ctx: Context) -> Path:
+    """report.md: settings, what was loaded, every skipped file or row and why, and notes."""
+    a = ctx.args
+    lines = ["# Analysis report", "",
+             f"- score metric: `{a.metric}` = {C.METRIC_DESCRIPTIONS[a.metric]}",
+             f"- bootstrap: seed {a.seed}, {a.resamples} resamples, {a.confidence:.0%} intervals",
+             f"- max env steps: {a.max_steps if a.max_steps is not None else 'none'}"]
+    if ctx.report is not None:
+        lines.append(f"- runs: {ctx.report.summary()}")
+        t = ctx.table
+        if t is not None and len(t):
+            runs = t.drop_duplicates("run_id")
+            unfinished = int((runs["finished"] == False).sum())  # noqa: E712  (nullable boolean)
+            unknown = int(runs["finished"].isna().sum())
+            lines.append(f"- unfinished runs (no DONE file, still analysed): {unfinished}; "
+                         f"completion unknown (reference layout): {unknown}")
+            counts = runs.groupby(["task", "algo", "model_label"]).size().rename("runs").reset_index()
+            lines += ["", "## Runs per group", "", to_markdown(counts)]
+    issues = ctx.report.to_frame() if ctx.report is not None else pd.DataFrame(columns=["path", "kind", "reason"])
+    if ctx.issues:
+        issues = pd.concat([issues, pd.DataFrame(ctx.issues, columns=["path", "kind", "reason"])], ignore_index=True)
+    lines += ["", "## Skipped input and warnings", ""]
+    lines.append(to_markdown(issues) if len(issues) else "None.\n")
+    if ctx.notes:
+        lines += ["## Notes", "", *[f"- {n}" for n in ctx.notes], ""]
+    lines += ["## Files", "", *[f"- `{p.relative_to(ctx.out).as_posix()}`" for p in ctx.written], ""]
+    path = ctx.out / "report.md"
+    path.write_text("\n".join(lines))
+    issues.to_csv(ctx.out / "issues.csv", index=False)
+    return path
+
+
+_RUNNERS = {"table": cmd_table, "bars": cmd_bars, "lines": cmd_lines, "aggregate": cmd_aggregate,
+            "decay": cmd_decay, "efficiency": cmd_efficiency}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0) if argv and argv[0] in COMMANDS else "all"
+    args = build_parser().parse_args(argv)
+    _validate(args, command)
+    ctx = Context(args=args, out=Path(args.out))
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    if args.runs:
+        _load(ctx)
+    steps = list(_RUNNERS) if command == "all" else [command]
+    if ctx.table is not None and ctx.table.empty:
+        ctx.notes.append("no run could be loaded; only the report (and benchmarks) were produced")
+        steps = [s for s in steps if s == "efficiency"]
+    if command == "all" and not args.runs:
+        steps = ["efficiency"]
+    for step in steps:
+        _RUNNERS[step](ctx)
+    report = write_report(ctx)
+    print(f"wrote {report}")
+    print(f"wrote {ctx.out / 'issues.csv'}")
+    return 0

@@ -1,0 +1,127 @@
+"""Names, defaults and reference numbers shared by the analysis package.
+
+The normalisation constants are the reference implementation's per-task
+Oracle / Markovian / Random returns (POMDP-Baselines ``constants.py``), which
+were measured on the PyBullet ("BLT") versions of the locomotion tasks.  They
+are deliberately *not* applied to MuJoCo tasks of the same name: the two
+simulators have different reward scales, so such a score would be meaningless.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# progress.csv column names (identical in our logger and the reference's).
+COL_ENV_STEPS = "z/env_steps"
+COL_RETURN = "metrics/return_eval_total"
+COL_RL_STEPS = "z/rl_steps"
+COL_ROLLOUTS = "z/rollouts"
+COL_EVAL_LEN = "metrics/total_steps_eval"
+COL_SUCCESS = "metrics/success_rate_eval"
+COL_TIME = "z/time_cost"
+COL_FPS = "z/fps"
+
+# progress.csv column -> tidy-table column.
+EVAL_COLUMNS = {
+    COL_ENV_STEPS: "env_steps",
+    COL_RETURN: "eval_return",
+    COL_RL_STEPS: "rl_steps",
+    COL_ROLLOUTS: "rollouts",
+    COL_EVAL_LEN: "eval_episode_len",
+    COL_SUCCESS: "success_rate",
+    COL_TIME: "time_cost_s",
+    COL_FPS: "fps",
+}
+
+MODEL_LABELS = {"gru": "GRU", "lstm": "LSTM", "ffm": "FFM", "mlp": "MLP"}
+ALGO_LABELS = {"sac": "SAC", "td3": "TD3", "sacd": "SACD"}
+KNOWN_ALGOS = tuple(ALGO_LABELS)
+KNOWN_MODELS = tuple(MODEL_LABELS)
+
+# Fixed colours so that a model keeps its colour across every figure.
+MODEL_COLORS = {"ffm": "#d55e00", "gru": "#0072b2", "lstm": "#009e73", "mlp": "#7f7f7f"}
+# Lighter/darker shade per algorithm for figures that show both at once.
+ALGO_HATCH = {"sac": "", "td3": "//", "sacd": ".."}
+
+# Paper / reference conventions (facts sheet 6.5, 7.1, 7.2).
+DEFAULT_SEED = 0
+DEFAULT_RESAMPLES = 10_000
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_GRID_START = 12_000
+DEFAULT_GRID_INTERVAL = 4_000
+DEFAULT_SMOOTH_WINDOW = 20
+DEFAULT_LAST_FRACTION = 0.2
+DEFAULT_BETA = 0.01
+BLT_BUDGET = 1_500_000
+
+METRIC_RUNMAX = "runmax"
+METRIC_LAST20 = "last20"
+METRIC_DESCRIPTIONS = {
+    METRIC_RUNMAX: "final running maximum of the deterministic eval return (FFM paper)",
+    METRIC_LAST20: "mean of the last 20% of the smoothed, grid-interpolated eval return (reference rundown)",
+}
+
+
+@dataclass(frozen=True)
+class Reference:
+    oracle: float
+    markovian: float
+    random: float
+
+
+# Keyed by (robot, observability).  Robot names follow the reference's short names.
+NORMALISATION = {
+    ("Ant", "P"): Reference(3394.0, 1132.946, 372.6779),
+    ("Ant", "V"): Reference(3394.0, 645.05, 372.6779),
+    ("HalfCheetah", "P"): Reference(2994.0, 870.48, -1256.6604),
+    ("HalfCheetah", "V"): Reference(2994.0, 517.946, -1256.6604),
+    ("Hopper", "P"): Reference(2434.0, 477.911, 19.9634),
+    ("Hopper", "V"): Reference(2434.0, 228.366, 19.9634),
+    ("Walker", "P"): Reference(2225.0, 471.815, 16.5319),
+    ("Walker", "V"): Reference(2225.0, 214.45, 16.5319),
+}
+
+TASK_RE = re.compile(r"^(?P<family>[A-Za-z0-9]+)-(?P<obs>[FPV])-v(?P<version>\d+)$")
+
+
+def parse_task(task: str) -> tuple[str, str] | None:
+    """Split a task id such as ``HopperBLT-P-v0`` into ``("HopperBLT", "P")``."""
+    m = TASK_RE.match(task)
+    if m is None:
+        return None
+    return m.group("family"), m.group("obs")
+
+
+def reference_for(task: str) -> Reference | None:
+    """Normalisation constants for a task id, or None when the reference has none."""
+    parsed = parse_task(task)
+    if parsed is None:
+        return None
+    family, obs = parsed
+    if not family.endswith("BLT"):
+        return None
+    robot = family[: -len("BLT")]
+    return NORMALISATION.get((robot, obs))
+
+
+REF_SUFFIX = "@ref"
+
+
+def base_model(model: str) -> str:
+    """The memory model without the reference-implementation tag."""
+    return model[: -len(REF_SUFFIX)] if model.endswith(REF_SUFFIX) else model
+
+
+def model_label(model: str) -> str:
+    base = base_model(model)
+    label = MODEL_LABELS.get(base, base.upper())
+    return f"{label} (ref)" if model.endswith(REF_SUFFIX) else label
+
+
+def model_color(model: str) -> str:
+    return MODEL_COLORS.get(base_model(model), "#cc79a7")
+
+
+def algo_label(algo: str) -> str:
+    return ALGO_LABELS.get(algo, algo.upper())

@@ -1,0 +1,473 @@
+"""Discover run directories and turn them into one tidy table of evaluations.
+
+A run directory is any directory holding a ``progress.csv``.  Metadata (task,
+algorithm, memory model, seed) comes from the resolved config when there is
+one (``config.yaml``, then Hydra's ``.hydra/config.yaml``, then the reference
+implementation's ``variant_<pid>.yml``) and from the path otherwise, so that
+runs of this project and of the reference implementation can be analysed side
+by side.
+
+Damaged input never raises: every problem becomes an :class:`Issue` in a
+:class:`LoadReport`, which says whether the whole run was skipped or only some
+rows were, and why.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from . import constants as C
+
+PROGRESS = "progress.csv"
+CONFIG_CANDIDATES = ("config.yaml", ".hydra/config.yaml")
+DONE_MARKER = "DONE"
+# Bump when the table layout or parsing rules change so old caches are ignored.
+CACHE_VERSION = 3
+
+TABLE_COLUMNS = [
+    "run_id", "source", "task", "family", "obs", "algo", "model", "model_label",
+    "seed", "trial", "finished", "env_steps", "eval_return", "rl_steps", "rollouts",
+    "eval_episode_len", "success_rate", "time_cost_s", "fps", "run_dir",
+]
+
+_ALGO_MODEL_RE = re.compile(
+    r"^(?:oracle_)?(?P<algo>sacd|sac|td3)_(?P<layers>\d*)(?P<model>ffm|gru|lstm|mlp)(?:-mlp)?(?:_shared)?$"
+)
+_MARKOVIAN_RE = re.compile(r"^(?:Markovian|oracle)_(?P<algo>sacd|sac|td3)$")
+_SEED_RE = re.compile(r"^seed[-_=]?(?P<seed>\d+)$")
+
+
+@dataclass
+class Issue:
+    path: str
+    kind: str  # "skipped" (run not used), "warning" (rows dropped or guessed), "note"
+    reason: str
+
+
+@dataclass
+class LoadReport:
+    issues: list[Issue] = field(default_factory=list)
+    n_runs_found: int = 0
+    n_runs_loaded: int = 0
+
+    def add(self, path: str | Path, kind: str, reason: str) -> None:
+        if kind not in ("skipped", "warning", "note"):
+            raise ValueError(f"unknown issue kind {kind!r}")
+        self.issues.append(Issue(str(path), kind, reason))
+
+    @property
+    def skipped(self) -> list[Issue]:
+        return [i for i in self.issues if i.kind == "skipped"]
+
+    @property
+    def warnings(self) -> list[Issue]:
+        return [i for i in self.issues if i.kind == "warning"]
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([asdict(i) for i in self.issues], columns=["path", "kind", "reason"])
+
+    def summary(self) -> str:
+        return (
+            f"{self.n_runs_found} run dir(s) found, {self.n_runs_loaded} loaded, "
+            f"{len(self.skipped)} skipped, {len(self.warnings)} warning(s)"
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"found": self.n_runs_found, "loaded": self.n_runs_loaded,
+             "issues": [asdict(i) for i in self.issues]}
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "LoadReport":
+        data = json.loads(text)
+        rep = cls(n_runs_found=data["found"], n_runs_loaded=data["loaded"])
+        rep.issues = [Issue(**i) for i in data["issues"]]
+        return rep
+
+
+# --------------------------------------------------------------------------- discovery
+
+def find_run_dirs(roots: Iterable[str | Path]) -> list[tuple[Path, Path]]:
+    """All ``(root, run_dir)`` pairs below the given roots, sorted, without duplicates."""
+    seen: set[Path] = set()
+    out: list[tuple[Path, Path]] = []
+    for root in roots:
+        root = Path(root)
+        if not root.exists():
+            raise FileNotFoundError(f"run folder {str(root)!r} does not exist")
+        if root.is_file():
+            if root.name != PROGRESS:
+                raise ValueError(f"{str(root)!r} is a file but not a {PROGRESS}")
+            root = root.parent
+        for dirpath, dirnames, filenames in os.walk(root):
+            # Checkpoint and source-copy folders never hold runs; skipping them keeps big trees fast.
+            dirnames[:] = sorted(d for d in dirnames if d not in ("checkpoints", "save", "policies", "__pycache__"))
+            if PROGRESS in filenames:
+                run = Path(dirpath)
+                key = run.resolve()
+                if key not in seen:
+                    seen.add(key)
+                    out.append((root, run))
+    return out
+
+
+# --------------------------------------------------------------------------- progress.csv
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _looks_like_header(fields: list[str]) -> bool:
+    named = [f for f in fields if f.strip()]
+    return bool(named) and not any(_is_number(f) for f in named) and any("/" in f for f in named)
+
+
+def read_progress(path: str | Path) -> tuple[pd.DataFrame | None, list[tuple[str, str]]]:
+    """Parse a progress.csv written by our logger or the reference's.
+
+    Returns the rows as floats (None when nothing usable is left) and a list of
+    ``(kind, reason)`` problems.  Handles headers rewritten mid-file, padded and
+    short rows, blank lines, a truncated last line and non-numeric cells.
+    """
+    path = Path(path)
+    problems: list[tuple[str, str]] = []
+    raw = path.read_bytes()
+    if not raw:
+        return None, [("skipped", "empty file (0 bytes)")]
+    text = raw.decode("utf-8", errors="replace")
+    if "\ufffd" in text:
+        problems.append(("warning", "file is not valid UTF-8; undecodable bytes replaced"))
+    lines = text.splitlines()
+    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+    if not numbered:
+        return None, [("skipped", f"no rows: {len(lines)} blank line(s) only")]
+
+    # A writer killed mid-line leaves the last line without its newline; its last
+    # value may be cut short even when the field count looks right, so drop it.
+    if not text.endswith(("\n", "\r")):
+        lineno, last = numbered.pop()
+        problems.append(("warning", f"last line {lineno} has no newline (truncated write); dropped: {last[:60]!r}"))
+
+    header: list[str] | None = None
+    rows: list[dict[str, float]] = []
+    short_rows = long_rows = 0
+    bad_cells: list[str] = []
+    for lineno, line in numbered:
+        fields = next(csv.reader([line]))
+        if _looks_like_header(fields):
+            if header is not None and fields != header:
+                problems.append(("note", f"header rewritten at line {lineno} ({len(header)} -> {len(fields)} columns)"))
+            header = fields
+            continue
+        if header is None:
+            return None, [("skipped", f"line {lineno} holds data but no header line came before it")]
+        if len(fields) > len(header):
+            long_rows += 1
+            continue
+        if len(fields) < len(header):
+            # The reference writer only ever appends new keys, so a short row's
+            # fields line up with the first columns of the header.
+            short_rows += 1
+            fields = fields + [""] * (len(header) - len(fields))
+        row: dict[str, float] = {}
+        for name, value in zip(header, fields):
+            value = value.strip()
+            if not value:
+                row[name] = math.nan
+                continue
+            try:
+                row[name] = float(value)
+            except ValueError:
+                row[name] = math.nan
+                bad_cells.append(f"{name}={value!r} (line {lineno})")
+        rows.append(row)
+
+    if long_rows:
+        problems.append(("warning", f"{long_rows} row(s) with more fields than the header dropped (mixed columns)"))
+    if short_rows:
+        problems.append(("warning", f"{short_rows} row(s) with fewer fields than the header; missing cells left empty"))
+    if bad_cells:
+        problems.append(("warning", f"{len(bad_cells)} non-numeric cell(s) treated as empty, e.g. {bad_cells[0]}"))
+    if header is None:
+        return None, problems + [("skipped", "no header line")]
+    if not rows:
+        return None, problems + [("skipped", "header but no data rows")]
+    return pd.DataFrame(rows), problems
+
+
+def eval_rows(raw: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """Keep the evaluation rows (those with an eval return) in the tidy column names."""
+    problems: list[tuple[str, str]] = []
+    for col in (C.COL_ENV_STEPS, C.COL_RETURN):
+        if col not in raw.columns:
+            return raw.iloc[0:0], [("skipped", f"no eval rows: column {col!r} missing ({len(raw)} train row(s))")]
+    has_ret = raw[C.COL_RETURN].notna()
+    no_x = has_ret & raw[C.COL_ENV_STEPS].isna()
+    if no_x.any():
+        problems.append(("warning", f"{int(no_x.sum())} eval row(s) without {C.COL_ENV_STEPS} dropped"))
+    ev = raw.loc[has_ret & ~no_x].copy()
+    if ev.empty:
+        return ev, problems + [("skipped", f"no eval rows ({len(raw)} train row(s) only)")]
+    steps = ev[C.COL_ENV_STEPS].to_numpy()
+    if np.any(np.diff(steps) < 0):
+        problems.append(("warning", "env steps go backwards (restarted run appended?); rows sorted by env steps"))
+        ev = ev.sort_values(C.COL_ENV_STEPS, kind="stable")
+    out = pd.DataFrame({tidy: ev[col].to_numpy() if col in ev.columns else np.nan
+                        for col, tidy in C.EVAL_COLUMNS.items()})
+    return out, problems
+
+
+# --------------------------------------------------------------------------- metadata
+
+def _config_files(run_dir: Path) -> list[Path]:
+    found = [run_dir / c for c in CONFIG_CANDIDATES if (run_dir / c).is_file()]
+    variants = sorted(run_dir.glob("variant_*.yml"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    return found + variants[::-1]
+
+
+def _get(cfg: dict, dotted: str):
+    cur = cfg
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def parse_run_path(parts: list[str]) -> dict:
+    """Metadata that can be read off a run's path components (ours or the reference's layout)."""
+    meta: dict = {}
+    for i, comp in enumerate(parts):
+        if "task" not in meta and C.parse_task(comp):
+            meta["task"] = comp
+        if comp in ("P", "V", "F") and i > 0 and "task" not in meta and re.fullmatch(r"[A-Za-z0-9]+", parts[i - 1]):
+            if i + 1 < len(parts) and (_ALGO_MODEL_RE.match(parts[i + 1]) or _MARKOVIAN_RE.match(parts[i + 1])):
+                meta["task"] = f"{parts[i - 1]}-{comp}-v0"
+                meta["layout"] = "reference"
+        m = _ALGO_MODEL_RE.match(comp)
+        if m and "algo" not in meta:
+            meta["algo"], meta["model"] = m.group("algo"), m.group("model")
+        m = _MARKOVIAN_RE.match(comp)
+        if m and "algo" not in meta:
+            meta["algo"], meta["model"] = m.group("algo"), "mlp"
+        m = _SEED_RE.match(comp)
+        if m and "seed" not in meta:
+            meta["seed"] = int(m.group("seed"))
+    return meta
+
+
+def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tuple[str, str]]]:
+    """task/algo/model/seed/source of one run, with problems found on the way."""
+    problems: list[tuple[str, str]] = []
+    cfg: dict | None = None
+    cfg_file: Path | None = None
+    for candidate in _config_files(run_dir):
+        try:
+            loaded = yaml.safe_load(candidate.read_text(errors="replace"))
+        except yaml.YAMLError as exc:
+            problems.append(("warning", f"config {candidate.name} is not valid YAML ({type(exc).__name__}); ignored"))
+            continue
+        if not isinstance(loaded, dict):
+            problems.append(("warning", f"config {candidate.name} is not a mapping; ignored"))
+            continue
+        cfg, cfg_file = loaded, candidate
+        break
+
+    rel = run_dir.resolve().relative_to(root.resolve()) if run_dir.resolve() != root.resolve() else Path()
+    parts = [root.resolve().name, *rel.parts]
+    from_path = parse_run_path(parts)
+    meta: dict = {}
+    if cfg is not None:
+        meta = {"task": _get(cfg, "env.env_name"), "algo": _get(cfg, "policy.algo_name"),
+                "model": _get(cfg, "policy.seq_model"), "seed": _get(cfg, "seed")}
+        missing = [k for k in ("task", "algo", "model") if meta[k] is None]
+        if missing:
+            problems.append(("warning", f"config {cfg_file.name} lacks {', '.join(missing)}; taken from the path"))
+        for k, v in from_path.items():
+            if meta.get(k) is None:
+                meta[k] = v
+    else:
+        problems.append(("warning", "no config file (config.yaml, .hydra/config.yaml, variant_*.yml); metadata parsed from the path"))
+        meta = dict(from_path)
+
+    is_reference = (cfg_file is not None and cfg_file.name.startswith("variant_")) or from_path.get("layout") == "reference"
+    meta["source"] = "reference" if is_reference else "ours"
+
+    missing = [k for k in ("task", "algo", "model") if meta.get(k) in (None, "")]
+    if missing:
+        return None, problems + [("skipped", f"cannot determine {', '.join(missing)} from config or path")]
+    meta["task"], meta["algo"], meta["model"] = str(meta["task"]), str(meta["algo"]).lower(), str(meta["model"]).lower()
+    if meta["model"].endswith("-mlp"):
+        meta["model"] = meta["model"][: -len("-mlp")]
+    if meta["algo"] not in C.KNOWN_ALGOS:
+        problems.append(("warning", f"unknown algorithm {meta['algo']!r}; kept as is"))
+    if meta["model"] not in C.KNOWN_MODELS:
+        problems.append(("warning", f"unknown memory model {meta['model']!r}; kept as is"))
+
+    seed = meta.get("seed")
+    if seed is not None:
+        try:
+            seed = int(seed)
+        except (TypeError, ValueError):
+            problems.append(("warning", f"seed {seed!r} is not an integer; ignored"))
+            seed = None
+    meta["seed"] = seed
+    if seed is None:
+        meta["trial"] = run_dir.name
+        problems.append(("warning", f"no seed; trial id taken from folder name {run_dir.name!r}"))
+    else:
+        meta["trial"] = f"seed-{seed}"
+
+    # Only our engine writes DONE; for the reference layout completion is unknown.
+    meta["finished"] = (run_dir / DONE_MARKER).exists() if meta["source"] == "ours" else pd.NA
+    meta["run_id"] = "/".join(parts)
+    return meta, problems
+
+
+# --------------------------------------------------------------------------- table
+
+def _load_one(root: Path, run_dir: Path, report: LoadReport) -> pd.DataFrame | None:
+    progress = run_dir / PROGRESS
+
+    def record(problems):
+        for kind, reason in problems:
+            report.add(progress, kind, reason)
+        return any(kind == "skipped" for kind, _ in problems)
+
+    try:
+        raw, problems = read_progress(progress)
+    except OSError as exc:
+        report.add(progress, "skipped", f"cannot read file: {exc}")
+        return None
+    if record(problems) or raw is None:
+        return None
+    ev, problems = eval_rows(raw)
+    if record(problems):
+        return None
+    meta, problems = read_run_metadata(root, run_dir)
+    if record(problems) or meta is None:
+        return None
+    parsed = C.parse_task(meta["task"])
+    if parsed is None:
+        report.add(progress, "warning", f"task id {meta['task']!r} is not of the form <Family>-<F|P|V>-v<k>")
+    for key in ("run_id", "source", "task", "algo", "model", "trial", "finished"):
+        ev[key] = meta[key]
+    ev["family"], ev["obs"] = parsed if parsed else (meta["task"], "")
+    ev["model_label"] = C.model_label(meta["model"])
+    ev["seed"] = pd.array([meta["seed"]] * len(ev), dtype="Int64")
+    ev["run_dir"] = run_dir.as_posix()
+    return ev[TABLE_COLUMNS]
+
+
+def _warn_duplicates(table: pd.DataFrame, report: LoadReport) -> None:
+    runs = table.drop_duplicates("run_id")
+    dup = runs[runs["seed"].notna()].groupby(["source", "task", "algo", "model", "seed"])["run_id"].nunique()
+    for (source, task, algo, model, seed), n in dup[dup > 1].items():
+        report.add(f"{task}/{algo}_{model} ({source})", "warning",
+                   f"seed {seed} appears in {n} runs; each is kept as a separate trial")
+
+
+def build_table(roots: Iterable[str | Path]) -> tuple[pd.DataFrame, LoadReport]:
+    """Read every run below ``roots`` into one tidy table (one row per evaluation)."""
+    report = LoadReport()
+    pairs = find_run_dirs(roots)
+    report.n_runs_found = len(pairs)
+    frames = [f for root, run in pairs if (f := _load_one(root, run, report)) is not None]
+    report.n_runs_loaded = len(frames)
+    if not pairs:
+        report.add(", ".join(str(r) for r in roots), "warning", f"no {PROGRESS} found")
+    table = pd.concat(frames, ignore_index=True) if frames else _empty_table()
+    table["finished"] = table["finished"].astype("boolean")
+    table["seed"] = table["seed"].astype("Int64")
+    _warn_duplicates(table, report)
+    return table, report
+
+
+def _empty_table() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="float64") for c in TABLE_COLUMNS})
+
+
+def _fingerprint(pairs: list[tuple[Path, Path]]) -> str:
+    h = hashlib.sha256(f"v{CACHE_VERSION}".encode())
+    for root, run in pairs:
+        h.update(f"|{root.resolve()}|{run.resolve()}".encode())
+        for rel in (PROGRESS, DONE_MARKER, *CONFIG_CANDIDATES):
+            p = run / rel
+            if p.exists():
+                st = p.stat()
+                h.update(f"|{rel}:{st.st_mtime_ns}:{st.st_size}".encode())
+        for p in sorted(run.glob("variant_*.yml")):
+            st = p.stat()
+            h.update(f"|{p.name}:{st.st_mtime_ns}:{st.st_size}".encode())
+    return h.hexdigest()[:20]
+
+
+def load_runs(roots: Iterable[str | Path], cache_dir: str | Path | None = None) -> tuple[pd.DataFrame, LoadReport]:
+    """:func:`build_table` with an on-disk cache.
+
+    The cache file name is a hash of every input file's path, mtime and size,
+    so any change to the inputs selects a different (missing) cache entry;
+    stale data cannot be served.
+    """
+    roots = list(roots)
+    if cache_dir is None:
+        return build_table(roots)
+    cache_dir = Path(cache_dir)
+    key = _fingerprint(find_run_dirs(roots))
+    table_path = cache_dir / f"runs-{key}.pkl"
+    report_path = cache_dir / f"runs-{key}.report.json"
+    if table_path.exists() and report_path.exists():
+        try:
+            return pd.read_pickle(table_path), LoadReport.from_json(report_path.read_text())
+        except Exception:  # a corrupt cache is only a missed shortcut
+            pass
+    table, report = build_table(roots)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for old in cache_dir.glob("runs-*"):
+        old.unlink()
+    table.to_pickle(table_path)
+    report_path.write_text(report.to_json())
+    return table, report
+
+
+def export_table(table: pd.DataFrame, path: str | Path) -> Path:
+    """Write the tidy table as CSV or Parquet, chosen by the file extension."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".csv":
+        table.to_csv(path, index=False)
+    elif path.suffix in (".parquet", ".pq"):
+        table.to_parquet(path, index=False)
+    else:
+        raise ValueError(f"unsupported table format {path.suffix!r} for {str(path)!r}; use .csv or .parquet")
+    return path
+
+
+def separate_sources(table: pd.DataFrame) -> pd.DataFrame:
+    """Tag reference-implementation runs so they form their own groups (e.g. "GRU (ref)").
+
+    Runs of two code bases are different experiments even with the same task,
+    algorithm and model, so they are only pooled when the user asks for it.
+    """
+    out = table.copy()
+    ref = out["source"] == "reference"
+    out.loc[ref, "model"] = out.loc[ref, "model"] + C.REF_SUFFIX
+    out["model_label"] = out["model"].map(C.model_label)
+    return out

@@ -1,0 +1,58 @@
+"""Builders for small synthetic run trees with known answers (our layout and the reference's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+SAC_HEADER = [
+    "rl_loss/qf1_loss", "rl_loss/qf2_loss", "rl_loss/policy_loss", "rl_loss/policy_entropy", "rl_loss/alpha",
+    "rl_loss/q_grad_norm", "rl_loss/q_rnn_grad_norm", "rl_loss/pi_grad_norm", "rl_loss/pi_rnn_grad_norm",
+    "z/env_steps", "z/rollouts", "z/rl_steps", "metrics/total_steps_eval", "metrics/return_eval_total",
+    "metrics/success_rate_eval", "z/time_cost", "z/fps",
+]
+
+
+def progress_text(steps, returns, header=SAC_HEADER) -> str:
+    """progress.csv text with a train row before every eval row, as both loggers write it."""
+    lines = [",".join(header)]
+    n_loss = sum(h.startswith("rl_loss/") for h in header)
+    n_eval = len(header) - n_loss
+    for k, (s, r) in enumerate(zip(steps, returns)):
+        lines.append(",".join(["0.5"] * n_loss + [""] * n_eval))
+        ev = [str(int(s)), str(k + 10), str(int(s)), "1000", repr(float(r)), "0.0", str(10 * k), "100.0"]
+        lines.append(",".join([""] * n_loss + ev[:n_eval]))
+    return "\n".join(lines) + "\n"
+
+
+def write_our_run(root: Path, task: str, algo: str, model: str, seed: int, steps, returns,
+                  done: bool = True, config: bool = True, stamp: str = "2026-01-01_00-00-00") -> Path:
+    run = root / task / f"{algo}_{model}" / f"seed-{seed}" / stamp
+    run.mkdir(parents=True)
+    (run / "progress.csv").write_text(progress_text(steps, returns))
+    if config:
+        (run / "config.yaml").write_text(
+            f"seed: {seed}\nenv:\n  env_name: {task}\npolicy:\n  algo_name: {algo}\n  seq_model: {model}\n"
+        )
+    if done:
+        (run / "DONE").write_text("")
+    return run
+
+
+def write_reference_run(root: Path, family: str, obs: str, algo: str, model: str, seed: int | None,
+                        steps, returns, stamp: str) -> Path:
+    run = (root / "logs" / "pomdp" / family / obs / f"{algo}_{model}" / "gamma-0.99" / "len-64" / "bs-64"
+           / "freq-1.0" / "oar" / stamp)
+    run.mkdir(parents=True)
+    (run / "progress.csv").write_text(progress_text(steps, returns))
+    seed_line = f"seed: {seed}\n" if seed is not None else ""
+    (run / "variant_1234.yml").write_text(
+        f"{seed_line}cuda: -1\nenv:\n  env_type: pomdp\n  env_name: {family}-{obs}-v0\n"
+        f"policy:\n  seq_model: {model}\n  algo_name: {algo}\n  buffer_size: 1e6\n"
+    )
+    return run
+
+
+def steps_grid(n: int = 20, start: int = 12_000, interval: int = 4_000) -> np.ndarray:
+    return start + interval * np.arange(n)

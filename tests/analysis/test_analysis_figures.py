@@ -1,0 +1,229 @@
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import analysis
+from analysis import bench, decay, figures, load, stats
+from analysis_synth import steps_grid, write_our_run, write_reference_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _assert_png(paths):
+    pngs = [Path(p) for p in paths if str(p).endswith(".png")]
+    assert pngs, paths
+    for p in pngs:
+        assert p.stat().st_size > 5000, p  # a blank canvas is smaller than any real plot
+        assert p.read_bytes()[:8] == PNG_MAGIC
+
+
+def _save_ffm_checkpoint(run: Path, alpha_actor, omega_actor, alpha_critic, omega_critic, name="last.pt"):
+    state = {
+        "actor.rnn.memory.alpha": torch.tensor(alpha_actor, dtype=torch.float32),
+        "actor.rnn.memory.omega": torch.tensor(omega_actor, dtype=torch.float32),
+        "critic.rnn.memory.alpha": torch.tensor(alpha_critic, dtype=torch.float32),
+        "critic.rnn.memory.omega": torch.tensor(omega_critic, dtype=torch.float32),
+        # Targets must be ignored: their values would double-count the same network.
+        "actor_target.rnn.memory.alpha": torch.full((4,), 123.0),
+        "critic.q1.weight": torch.zeros(2, 2),
+    }
+    (run / "checkpoints").mkdir(exist_ok=True)
+    torch.save({"agent": state}, run / "checkpoints" / name)
+
+
+@pytest.fixture(scope="module")
+def small_tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree") / "runs"
+    rng = np.random.default_rng(0)
+    for task in ("HopperBLT-P-v0", "WalkerBLT-V-v0", "Pendulum-V-v0"):
+        for algo in ("sac", "td3"):
+            for model, drift in (("ffm", 30.0), ("gru", 20.0)):
+                for seed in range(3):
+                    ret = np.cumsum(rng.normal(drift, 25.0, 12))
+                    run = write_our_run(root, task, algo, model, seed, steps_grid(12), ret)
+                    if model == "ffm":
+                        a = rng.uniform(0.01, 0.5, 8)
+                        _save_ffm_checkpoint(run, a, rng.uniform(0.05, 1.0, 2), a / 10, rng.uniform(0.05, 1.0, 2))
+    write_reference_run(root, "HopperBLT", "P", "sac", "gru", 0, steps_grid(12), np.arange(12.0) * 50,
+                        "05-09:12-34:56.78")
+    (root / "broken").mkdir()
+    (root / "broken" / "progress.csv").write_text("")
+    bench_csv = root.parent / "bench.csv"
+    lines = ["benchmark,shape,model,metric,value,unit"]
+    for shape, scale in (("T64_B64_in64_h128", 1), ("T256_B64_in64_h128", 4)):
+        for model, v in (("ffm", 10.0), ("gru", 30.0), ("lstm", 33.0)):
+            lines += [f"memory,{shape},{model},fwd_bwd_ms,{v * scale},ms", f"memory,{shape},{model},act_us,{v},us",
+                      f"memory,{shape},{model},peak_mem_mb,{v * 2},MB", f"update,{shape},{model},update_ms,{v * 3},ms"]
+    bench_csv.write_text("\n".join(lines) + "\n")
+    return root, bench_csv
+
+
+@pytest.fixture(scope="module")
+def loaded(small_tree):
+    table, _ = load.build_table([small_tree[0]])
+    table = load.separate_sources(table)
+    return table, stats.run_scores(table)
+
+
+def test_bars_png(loaded, tmp_path):
+    table, scores = loaded
+    summary = stats.summarize(scores, n_resamples=200)
+    _assert_png(figures.plot_task_bars(summary, scores, tmp_path / "bars", "Best eval return", ("png",)))
+
+
+@pytest.mark.parametrize("style", ["runmax", "smoothed"])
+def test_lines_png(loaded, tmp_path, style):
+    table, _ = loaded
+    curves = stats.curves_on_grid(table, style=style)
+    band = stats.curve_band(curves, n_resamples=200)
+    _assert_png(figures.plot_curves(curves, band, tmp_path / "lines", "sac", "Return", ("png",)))
+
+
+def test_aggregate_and_profile_png(loaded, tmp_path):
+    _, scores = loaded
+    norm, _ = stats.normalize(scores)
+    agg, _ = stats.aggregate_scores(norm, n_resamples=200)
+    ours = agg[~agg.model.str.endswith("@ref")]
+    assert set(ours["n_tasks"]) == {2}  # Pendulum has no constants
+    assert set(agg.loc[agg.model == "gru@ref", "n_tasks"]) == {1}
+    _assert_png(figures.plot_aggregate(agg, tmp_path / "agg", ("png",)))
+    prof = stats.performance_profile(norm, np.linspace(0, 1, 21), n_resamples=200)
+    _assert_png(figures.plot_profile(prof, tmp_path / "prof", ("png",)))
+
+
+def test_decay_values_and_png(small_tree, loaded, tmp_path):
+    table, _ = loaded
+    runs = table.drop_duplicates("run_id")
+    values, problems = decay.load_decay(runs, beta=0.01)
+    assert values["run_id"].nunique() == 3 * 2 * 3
+    assert not values["key"].str.contains("target").any()
+    assert set(values["module"]) == {"actor", "critic"}
+    assert problems == []
+    _assert_png(figures.plot_decay(values, tmp_path / "decay", "test", 0.01, ("png",)))
+
+
+def test_timescale_formulas():
+    # ln(1/0.01) / alpha steps until a trace is at 1%; 2 pi / |omega| per period.
+    assert decay.timescales("alpha", np.array([math.log(100) / 50]), 0.01) == pytest.approx([50.0])
+    assert decay.timescales("alpha", np.array([math.log(10) / 8]), 0.1) == pytest.approx([8.0])
+    assert decay.timescales("omega", np.array([-2 * math.pi / 16]))[0] == pytest.approx(16.0)
+    assert np.isinf(decay.timescales("alpha", np.array([0.0]))).all()
+    with pytest.raises(ValueError, match="'gamma'"):
+        decay.timescales("gamma", np.array([1.0]))
+
+
+def test_decay_picks_last_pt_and_reports_missing(tmp_path):
+    root = tmp_path / "runs"
+    run = write_our_run(root, "HopperBLT-P-v0", "sac", "ffm", 0, steps_grid(2), [1.0, 2.0])
+    _save_ffm_checkpoint(run, [1.0], [1.0], [1.0], [1.0], name="step_100.pt")
+    _save_ffm_checkpoint(run, [math.log(100) / 20], [2 * math.pi / 7], [0.0], [1.0], name="last.pt")
+    os.utime(run / "checkpoints" / "last.pt", (1, 1))  # older on disk, but last.pt still wins
+    bare = write_our_run(root, "HopperBLT-P-v0", "sac", "ffm", 1, steps_grid(2), [1.0, 2.0])
+    table, _ = load.build_table([root])
+    values, problems = decay.load_decay(table.drop_duplicates("run_id"), beta=0.01)
+    actor = values[values.module == "actor"].set_index("quantity")["steps"]
+    assert actor["t_alpha"] == pytest.approx(20.0) and actor["t_omega"] == pytest.approx(7.0, rel=1e-5)
+    assert (values["checkpoint"] == "last.pt").all()
+    assert (bare.as_posix(), "warning", "FFM run has no checkpoint (*.pt under checkpoints/ or save/)") in problems
+    assert any("no decay" in r for _, _, r in problems)  # critic alpha = 0
+
+
+def test_efficiency_png_and_bad_bench_rows(small_tree, tmp_path):
+    _, bench_csv = small_tree
+    bad = tmp_path / "bad.csv"
+    bad.write_text("benchmark,shape,model,metric,value,unit\nmemory,T1,ffm,fwd_ms,oops,ms\nmemory,T1,ffm,fwd_ms,2,ms\n")
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("a,b\n1,2\n")
+    data, problems = bench.read_bench([bench_csv, bad, wrong])
+    assert any("'oops'" in r for _, _, r in problems)
+    assert any("missing column" in r and k == "skipped" for _, k, r in problems)
+    summary = bench.summarize_bench(data)
+    assert summary.loc[(summary.metric == "fwd_ms"), "value"].tolist() == [2.0]
+    _assert_png(figures.plot_efficiency(summary, tmp_path / "eff", ("png",)))
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        bench.read_bench([tmp_path / "missing.csv"])
+
+
+def _run_cli(*args, cwd):
+    env = dict(os.environ)
+    # Run the package under test even if another checkout is installed in the environment.
+    env["PYTHONPATH"] = str(Path(analysis.__file__).resolve().parent.parent)
+    env["MPLBACKEND"] = "Agg"
+    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_end_to_end(small_tree, tmp_path):
+    root, bench_csv = small_tree
+    out = tmp_path / "out"
+    res = _run_cli(str(root), "--out", str(out), "--bench", str(bench_csv), "--resamples", "200", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    expected = [
+        "tables/runs.csv", "tables/runs.parquet", "tables/summary_runmax.md", "tables/scores_runmax.csv",
+        "tables/bars_runmax.csv", "figures/bars_runmax.png", "figures/bars_runmax.pdf",
+        "figures/lines_runmax_sac.png", "figures/lines_runmax_td3.png", "tables/lines_runmax.csv",
+        "figures/aggregate_runmax.png", "tables/aggregate_runmax.md", "figures/profile_runmax.png",
+        "tables/probability_of_improvement.md", "figures/decay_HopperBLT-P_sac.png", "tables/decay_values.csv",
+        "figures/efficiency.png", "tables/efficiency.md", "report.md", "issues.csv",
+    ]
+    for rel in expected:
+        p = out / rel
+        assert p.is_file() and p.stat().st_size > 0, rel
+        assert f"wrote {p}" in res.stdout, rel
+    report = (out / "report.md").read_text()
+    assert "broken/progress.csv" in report and "empty file" in report
+    assert "Pendulum-V-v0" in report  # excluded from normalised aggregates, with a note
+    assert "empty file" in res.stderr
+
+    summary = pd.read_csv(out / "tables" / "summary_runmax.csv")
+    one_run = summary["n_runs"] == 1
+    assert summary.loc[one_run, "ci_low"].isna().all() and summary.loc[~one_run, "ci_low"].notna().all()
+    assert (out / ".cache").is_dir()
+
+    # A second run with the same seed is served from the cache and gives identical numbers.
+    res2 = _run_cli("table", str(root), "--out", str(out), "--resamples", "200", cwd=tmp_path)
+    assert res2.returncode == 0, res2.stderr
+    assert "figures/" not in res2.stdout
+    pd.testing.assert_frame_equal(summary, pd.read_csv(out / "tables" / "summary_runmax.csv"))
+
+
+def test_cli_single_command_and_options(small_tree, tmp_path):
+    root, _ = small_tree
+    out = tmp_path / "o"
+    res = _run_cli("bars", str(root), "--out", str(out), "--metric", "last20", "--resamples", "100",
+                   "--formats", "png", "--no-cache", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (out / "figures" / "bars_last20.png").stat().st_size > 0
+    assert not (out / "figures" / "bars_last20.pdf").exists()
+    assert not (out / ".cache").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resamples", "0"], "--resamples must be positive, got 0"),
+    (["--formats", "png,jpg"], "'jpg'"),
+    (["--metric", "best"], "invalid choice: 'best'"),
+])
+def test_cli_rejects_bad_options(small_tree, tmp_path, args, message):
+    root, _ = small_tree
+    res = _run_cli(str(root), "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
+    assert res.returncode != 0
+    assert message in res.stderr
+
+
+def test_cli_seed_reproducible(small_tree, tmp_path):
+    root, _ = small_tree
+    outs = []
+    for name, seed in (("a", "5"), ("b", "5"), ("c", "6")):
+        res = _run_cli("aggregate", str(root), "--out", str(tmp_path / name), "--seed", seed, "--resamples", "300",
+                       "--formats", "png", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        outs.append(pd.read_csv(tmp_path / name / "tables" / "aggregate_runmax.csv"))
+    pd.testing.assert_frame_equal(outs[0], outs[1])
+    assert not outs[0]["ci_low"].equals(outs[2]["ci_low"])

@@ -1,0 +1,171 @@
+import os
+
+import pandas as pd
+import pytest
+
+from analysis import load, stats
+from analysis_synth import SAC_HEADER, progress_text, steps_grid, write_our_run, write_reference_run
+
+
+def _reasons(report, kind=None):
+    return [(i.path, i.reason) for i in report.issues if kind is None or i.kind == kind]
+
+
+def _only(report, fragment, kind=None):
+    hits = [r for p, r in _reasons(report, kind) if fragment in p]
+    assert hits, f"no {kind or ''} issue for {fragment!r} in {_reasons(report)}"
+    return hits
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """Two models x 3 seeds of ours on Hopper-P plus two reference-layout GRU runs; runmax = 100*(seed+1) (+1 for ffm)."""
+    root = tmp_path / "runs"
+    for model, bonus in (("ffm", 1.0), ("gru", 0.0)):
+        for seed in range(3):
+            best = 100.0 * (seed + 1) + bonus
+            write_our_run(root, "HopperBLT-P-v0", "sac", model, seed, steps_grid(4), [0.0, best, best / 2, 1.0],
+                          done=seed != 2)
+    write_reference_run(root, "HopperBLT", "P", "sac", "gru", 0, steps_grid(3), [1.0, 50.0, 2.0], "05-09:12-34:56.78")
+    write_reference_run(root, "HopperBLT", "P", "sac", "gru", None, steps_grid(3), [1.0, 70.0, 2.0],
+                        "05-10:12-34:56.78")
+    return root
+
+
+def test_tidy_table_from_mixed_tree(tree):
+    table, report = load.build_table([tree])
+    assert report.n_runs_found == report.n_runs_loaded == 8
+    runs = table.drop_duplicates("run_id")
+    assert len(table) == 6 * 4 + 2 * 3  # only eval rows, train rows dropped
+    assert set(runs["source"]) == {"ours", "reference"}
+    assert set(runs["task"]) == {"HopperBLT-P-v0"}
+    assert set(runs.loc[runs.source == "ours", "seed"]) == {0, 1, 2}
+    ours = runs[runs.source == "ours"]
+    assert ours.loc[ours.seed == 2, "finished"].eq(False).all() and ours.loc[ours.seed < 2, "finished"].all()
+    assert runs.loc[runs.source == "reference", "finished"].isna().all()
+    assert set(table["model_label"]) == {"FFM", "GRU"}
+    assert list(table.columns) == load.TABLE_COLUMNS
+    # Reference run without seed: trial id is its timestamp folder, with a warning.
+    ref = runs[(runs.source == "reference") & runs.seed.isna()]
+    assert ref["trial"].tolist() == ["05-10:12-34:56.78"]
+    assert any("no seed" in r for r in _only(report, "05-10", "warning"))
+    assert not report.skipped
+
+
+def test_known_answers_in_summary(tree):
+    table, _ = load.build_table([tree])
+    table = load.separate_sources(table)
+    scores = stats.run_scores(table)
+    summary = stats.summarize(scores, n_resamples=200, seed=0).set_index("model")
+    assert summary.loc["ffm", "mean"] == pytest.approx(201.0)
+    assert summary.loc["gru", "mean"] == pytest.approx(200.0)
+    assert summary.loc["gru@ref", "mean"] == pytest.approx(60.0)
+    assert summary.loc["gru@ref", "model_label"] == "GRU (ref)"
+    assert summary.loc["ffm", "n_runs"] == 3
+
+
+def test_damaged_files_are_reported_not_fatal(tmp_path):
+    root = tmp_path / "runs"
+    good = write_our_run(root, "WalkerBLT-V-v0", "td3", "gru", 0, steps_grid(3), [1.0, 2.0, 3.0])
+
+    def make(name, text, config=True):
+        run = write_our_run(root, "WalkerBLT-V-v0", "td3", "ffm", 10 + len(os.listdir(root / "WalkerBLT-V-v0")),
+                            [], [], stamp=name, config=config)
+        (run / "progress.csv").write_text(text)
+        return run
+
+    full = progress_text(steps_grid(3), [5.0, 6.0, 7.0])
+    make("empty", "")
+    make("blank", "\n\n\n")
+    make("truncated", full + "0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5,0.5,24000,1")
+    make("noeval", ",".join(SAC_HEADER[:9]) + "\n" + ",".join(["0.1"] * 9) + "\n")
+    make("mixed", full + ",".join(["1"] * (len(SAC_HEADER) + 2)) + "\n")
+    make("rewritten", ",".join(SAC_HEADER[:9]) + "\n" + ",".join(["0.1"] * 9) + "\n" + full)
+    make("garbage", full.replace("6.0", "n/a"))
+    nocfg = write_our_run(root, "WalkerBLT-V-v0", "td3", "lstm", 3, steps_grid(2), [1.0, 9.0], config=False)
+    orphan = tmp_path / "runs" / "somewhere" / "else"
+    orphan.mkdir(parents=True)
+    (orphan / "progress.csv").write_text(full)
+
+    table, report = load.build_table([root])
+    skipped = {p.split("/")[-2]: r for p, r in _reasons(report, "skipped")}
+    assert "0 bytes" in skipped["empty"]
+    assert "blank" in skipped["blank"]
+    assert "no eval rows" in skipped["noeval"]
+    assert "cannot determine" in skipped["else"]
+    assert any("truncated" in r for r in _only(report, "truncated", "warning"))
+    assert any("more fields" in r for r in _only(report, "mixed", "warning"))
+    assert any("header rewritten" in r for r in _only(report, "rewritten", "note"))
+    assert any("'n/a'" in r for r in _only(report, "garbage", "warning"))
+    assert any("no config" in r for r in _only(report, nocfg.name, "warning"))
+
+    loaded = table.groupby("run_id")["eval_return"].apply(list)
+    by_stamp = {rid.split("/")[-1]: v for rid, v in loaded.items()}
+    assert by_stamp["truncated"] == [5.0, 6.0, 7.0]  # the cut-off row is gone, the rest kept
+    assert by_stamp["mixed"] == [5.0, 6.0, 7.0]
+    assert by_stamp["rewritten"] == [5.0, 6.0, 7.0]
+    assert by_stamp["garbage"] == [5.0, 7.0]
+    lstm = table[table.model == "lstm"]
+    assert len(lstm) == 2 and lstm["seed"].iloc[0] == 3  # metadata recovered from the path
+    assert good.name in set(r.split("/")[-1] for r in table["run_id"])
+    assert report.n_runs_found == 10 and report.n_runs_loaded == 6
+
+
+def test_reference_header_padding(tmp_path):
+    # The reference writer rewrites the header when keys appear and pads old rows with empty cells.
+    run = write_reference_run(tmp_path, "AntBLT", "V", "td3", "gru", 4, [], [], "01-01:00-00:00.00")
+    header = ["rl_loss/qf1_loss", "z/env_steps", "metrics/return_eval_total", "rl_loss/q_rnn_grad_norm"]
+    rows = ["0.3,,,", ",12000,10.5,", "0.2,,,0.7", ",16000,11.5,"]
+    (run / "progress.csv").write_text("\n".join([",".join(header), *rows]) + "\n")
+    table, report = load.build_table([tmp_path])
+    assert table["eval_return"].tolist() == [10.5, 11.5]
+    assert table["task"].iloc[0] == "AntBLT-V-v0" and table["seed"].iloc[0] == 4
+    assert not report.skipped and not report.warnings
+
+
+def test_cache_hits_and_is_never_stale(tree, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first, _ = load.load_runs([tree], cache_dir=cache)
+    calls = []
+    real = load.build_table
+    monkeypatch.setattr(load, "build_table", lambda roots: calls.append(1) or real(roots))
+    second, _ = load.load_runs([tree], cache_dir=cache)
+    assert calls == []
+    pd.testing.assert_frame_equal(first, second)
+
+    target = next((tree / "HopperBLT-P-v0" / "sac_ffm" / "seed-0").rglob("progress.csv"))
+    target.write_text(progress_text(steps_grid(2), [1.0, 999.0]))
+    os.utime(target, ns=(target.stat().st_atime_ns, target.stat().st_mtime_ns + 10**9))
+    third, _ = load.load_runs([tree], cache_dir=cache)
+    assert calls == [1]
+    assert 999.0 in third["eval_return"].tolist()
+    assert len(list(cache.glob("runs-*.pkl"))) == 1
+
+    (target.parent / "DONE").unlink()
+    fourth, _ = load.load_runs([tree], cache_dir=cache)
+    assert calls == [1, 1]
+    assert not fourth.loc[fourth.run_dir == target.parent.as_posix(), "finished"].any()
+
+
+def test_export_roundtrip_and_bad_format(tree, tmp_path):
+    table, _ = load.build_table([tree])
+    csv = pd.read_csv(load.export_table(table, tmp_path / "t.csv"))
+    assert len(csv) == len(table)
+    pq = pd.read_parquet(load.export_table(table, tmp_path / "t.parquet"))
+    assert pq["eval_return"].tolist() == table["eval_return"].tolist()
+    with pytest.raises(ValueError, match="'.xlsx'"):
+        load.export_table(table, tmp_path / "t.xlsx")
+
+
+def test_missing_root_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        load.build_table([tmp_path / "nope"])
+
+
+def test_parse_run_path_layouts():
+    ref = load.parse_run_path(["logs", "pomdp", "WalkerBLT", "V", "td3_ffm", "gamma-0.99", "oar", "05-09:1"])
+    assert ref == {"task": "WalkerBLT-V-v0", "layout": "reference", "algo": "td3", "model": "ffm"}
+    ours = load.parse_run_path(["runs", "Pendulum-V-v0", "sac_lstm", "seed-7", "2026"])
+    assert ours == {"task": "Pendulum-V-v0", "algo": "sac", "model": "lstm", "seed": 7}
+    mark = load.parse_run_path(["logs", "pomdp", "HopperBLT", "P", "Markovian_sac", "gamma-0.99", "x"])
+    assert mark["model"] == "mlp" and mark["task"] == "HopperBLT-P-v0"
