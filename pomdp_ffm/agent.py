@@ -1,0 +1,238 @@
+"""Recurrent actor and critic with separate memories, and the SAC/TD3 update they share (spec 3-4).
+
+Shapes: T = sampled sequence length, B = batch, O/A = observation/action dims, H = memory size.
+Training streams are the reference's T+1 extension of a stored window (spec 4.1):
+
+    observs = [o_0, o'_0, ..., o'_{T-1}]      [T+1, B, O]
+    actions = [0,   a_0,  ..., a_{T-1}]       [T+1, B, A]   (previous-action stream)
+    rewards = [0,   r_0,  ..., r_{T-1}]       [T+1, B, 1]
+    dones   = [0,   d_0,  ..., d_{T-1}]       [T+1, B, 1]
+    masks   =      [m_0,  ..., m_{T-1}]       [T,   B, 1]
+"""
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from .algos import build_algorithm
+from .config import PolicyConfig
+from .nets import FeatureExtractor, Mlp
+from .seq_models import build as build_seq_model
+
+
+class Streams(NamedTuple):
+    observs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    dones: torch.Tensor
+    masks: torch.Tensor
+
+    @classmethod
+    def from_batch(cls, batch, device) -> "Streams":
+        """The T+1 alignment with a zero first previous action/reward (spec 4.1)."""
+        t = lambda a: torch.as_tensor(a, device=device)
+        obs, act, rew, term, obs2, mask = (t(x) for x in batch)
+        zero = lambda x: torch.zeros_like(x[:1])
+        return cls(
+            observs=torch.cat([obs[:1], obs2]),
+            actions=torch.cat([zero(act), act]),
+            rewards=torch.cat([zero(rew), rew]),
+            dones=torch.cat([zero(term), term]),
+            masks=mask,
+        )
+
+    def head(self, n: int) -> "Streams":
+        """The first n steps of the history streams (the recurrence is causal)."""
+        return Streams(self.observs[:n], self.actions[:n], self.rewards[:n], self.dones[:n], self.masks)
+
+
+class HistoryEncoder(nn.Module):
+    """Embeds (previous action, previous reward, current observation) and runs the memory over them."""
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: PolicyConfig):
+        super().__init__()
+        self.action_embedder = FeatureExtractor(act_dim, cfg.action_embedding_size)
+        self.reward_embedder = FeatureExtractor(1, cfg.reward_embedding_size)
+        self.observ_embedder = FeatureExtractor(obs_dim, cfg.observ_embedding_size)
+        self.input_size = cfg.action_embedding_size + cfg.reward_embedding_size + cfg.observ_embedding_size
+        self.memory = build_seq_model(cfg.seq_model, input_size=self.input_size, hidden_size=cfg.rnn_hidden_size,
+                                      **cfg.seq_model_options())
+        self.hidden_size = cfg.rnn_hidden_size
+
+    def forward(self, prev_actions, rewards, observs, state=None):
+        x = torch.cat([self.action_embedder(prev_actions), self.reward_embedder(rewards),
+                       self.observ_embedder(observs)], dim=-1)
+        return self.memory(x, state)
+
+    def initial_state(self, batch_size: int, device=None):
+        return self.memory.initial_state(batch_size, device)
+
+
+class Actor(nn.Module):
+    """History branch + observation shortcut -> policy head (spec 3.4)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: PolicyConfig, head: nn.Module):
+        super().__init__()
+        self.encoder = HistoryEncoder(obs_dim, act_dim, cfg)
+        self.shortcut = FeatureExtractor(obs_dim, cfg.observ_embedding_size)
+        self.head = head
+
+    @staticmethod
+    def head_input_size(cfg: PolicyConfig) -> int:
+        return cfg.rnn_hidden_size + cfg.observ_embedding_size
+
+    def forward(self, prev_actions, rewards, observs, state=None):
+        h, state = self.encoder(prev_actions, rewards, observs, state)
+        return self.head(torch.cat([h, self.shortcut(observs)], dim=-1)), state
+
+
+class Critic(nn.Module):
+    """One memory, one [obs, action] shortcut, twin Q heads (spec 3.5)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: PolicyConfig):
+        super().__init__()
+        self.encoder = HistoryEncoder(obs_dim, act_dim, cfg)
+        size = self.encoder.input_size
+        self.shortcut = FeatureExtractor(obs_dim + act_dim, size)
+        head_in = cfg.rnn_hidden_size + size
+        self.qf1 = Mlp(head_in, cfg.dqn_layers, 1)
+        self.qf2 = Mlp(head_in, cfg.dqn_layers, 1)
+
+    def history(self, streams: Streams) -> torch.Tensor:
+        return self.encoder(streams.actions, streams.rewards, streams.observs)[0]
+
+    def q(self, h, observs, actions) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([h, self.shortcut(torch.cat([observs, actions], dim=-1))], dim=-1)
+        return self.qf1(x), self.qf2(x)
+
+
+def masked_mean(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Sum over valid steps divided by their count (spec 4.2); padded steps contribute nothing."""
+    return (x * masks).sum() / masks.sum().clamp(min=1.0)
+
+
+def mean_grad_norm(module: nn.Module) -> float:
+    """The reference's diagnostic: the mean over parameter tensors of each tensor's L2 gradient norm."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.stack(torch._foreach_norm(grads)).mean())
+
+
+def polyak_(target: nn.Module, source: nn.Module, tau: float) -> None:
+    with torch.no_grad():
+        t, s = list(target.parameters()), list(source.parameters())
+        torch._foreach_lerp_(t, s, tau)
+
+
+class RecurrentAgent(nn.Module):
+    """Separate recurrent actor and critic; SAC or TD3 supplies what differs (see algos.py)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: PolicyConfig):
+        super().__init__()
+        self.cfg, self.obs_dim, self.act_dim = cfg, obs_dim, act_dim
+        self.algo = build_algorithm(cfg, act_dim)
+        head = self.algo.make_head(Actor.head_input_size(cfg), cfg.policy_layers, act_dim)
+        self.actor = Actor(obs_dim, act_dim, cfg, head)
+        self.critic = Critic(obs_dim, act_dim, cfg)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if self.algo.uses_target_actor else None
+        self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr)
+        self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=cfg.lr)
+        self.num_updates = 0
+
+    # --------------------------------------------------------------------------------------------
+    def update(self, batch, grad_norms: bool = False) -> dict[str, float]:
+        """One gradient step: critic, actor, targets, temperature (spec 4.4). With a TD3 policy delay d > 1,
+        the actor and both targets move every d-th step only, as in the TD3 paper."""
+        s = Streams.from_batch(batch, self.device)
+        T = s.masks.shape[0]
+        # SAC's actor outputs on these inputs are the same before and after the critic step (the actor
+        # has not changed), so one forward pass serves both the critic target and the actor loss.
+        actor_out = self.algo.shared_actor_pass(self, s)
+        stats = self._critic_step(s, actor_out)
+        if grad_norms:
+            stats["q_grad_norm"] = mean_grad_norm(self.critic)
+            stats["q_rnn_grad_norm"] = mean_grad_norm(self.critic.encoder.memory)
+        self.num_updates += 1
+        if self.num_updates % self.algo.policy_delay == 0:
+            stats.update(self._actor_step(s.head(T), actor_out))
+            if grad_norms:
+                stats["pi_grad_norm"] = mean_grad_norm(self.actor)
+                stats["pi_rnn_grad_norm"] = mean_grad_norm(self.actor.encoder.memory)
+            polyak_(self.critic_target, self.critic, self.cfg.tau)
+            if self.actor_target is not None:
+                polyak_(self.actor_target, self.actor, self.cfg.tau)
+            stats.update(self.algo.update_temperature(stats.pop("_log_prob_mean", None)))
+        return stats
+
+    def _critic_step(self, s: Streams, actor_out) -> dict[str, float]:
+        T = s.masks.shape[0]
+        with torch.no_grad():
+            next_actions, entropy_bonus = self.algo.next_actions(self, s, actor_out)  # [T+1, B, A], [T+1, B, 1]
+            h_target = self.critic_target.history(s)
+            q1_t, q2_t = self.critic_target.q(h_target, s.observs, next_actions)
+            v_next = torch.min(q1_t, q2_t) + entropy_bonus
+            # y_k = r_k + (1 - d_k) * gamma * V_{k+1}: drop the t = 0 entry of the extended stream
+            q_target = (s.rewards + (1.0 - s.dones) * self.cfg.gamma * v_next)[1:]
+        # The online critic needs hidden states 0..T-1 only: run its memory over T steps, not T+1.
+        h = self.critic.history(s.head(T))
+        q1, q2 = self.critic.q(h, s.observs[:T], s.actions[1:])
+        qf1_loss = masked_mean((q1 - q_target).square(), s.masks)
+        qf2_loss = masked_mean((q2 - q_target).square(), s.masks)
+        self.critic_optim.zero_grad(set_to_none=True)
+        (qf1_loss + qf2_loss).backward()
+        self.critic_optim.step()
+        return {"qf1_loss": qf1_loss.item(), "qf2_loss": qf2_loss.item()}
+
+    def _actor_step(self, s: Streams, actor_out) -> dict[str, float]:
+        actions, log_prob = self.algo.policy_actions(self, s, actor_out)  # steps 0..T-1, with grad
+        # The critic's memory sees only stored data, never the actor's actions: no graph through it.
+        with torch.no_grad():
+            h = self.critic.history(s)
+        q1, q2 = self.critic.q(h, s.observs, actions)
+        per_step = self.algo.actor_objective(q1, q2, log_prob)
+        policy_loss = masked_mean(per_step, s.masks)
+        self.actor_optim.zero_grad(set_to_none=True)
+        # Only the actor's gradients are wanted: skip the critic weight gradients the reference computes.
+        actor_params = list(self.actor.parameters())
+        policy_loss.backward(inputs=actor_params)
+        self.actor_optim.step()
+        stats = {"policy_loss": policy_loss.item()}
+        if log_prob is not None:
+            lp = masked_mean(log_prob.detach(), s.masks)
+            stats["_log_prob_mean"] = lp
+            stats["policy_entropy"] = -lp.item()
+        return stats
+
+    # --------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.critic.parameters()).device
+
+    def initial_state(self, batch_size: int = 1):
+        return self.actor.encoder.initial_state(batch_size, self.device)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, prev_action: np.ndarray, prev_reward: float, state, deterministic: bool):
+        """One acting step at batch 1 with the carried memory state; returns (action in [-1, 1], state)."""
+        dev = self.device
+        o = torch.as_tensor(obs, dtype=torch.float32, device=dev).view(1, 1, -1)
+        a = torch.as_tensor(prev_action, dtype=torch.float32, device=dev).view(1, 1, -1)
+        r = torch.tensor([[[prev_reward]]], dtype=torch.float32, device=dev)
+        out, state = self.actor(a, r, o, state)
+        action = self.algo.act(out, deterministic)
+        return action.view(-1).cpu().numpy(), state
+
+    def optimizer_state(self) -> dict:
+        return {"actor": self.actor_optim.state_dict(), "critic": self.critic_optim.state_dict(),
+                **self.algo.optimizer_state()}
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.actor_optim.load_state_dict(state["actor"])
+        self.critic_optim.load_state_dict(state["critic"])
+        self.algo.load_optimizer_state(state)
