@@ -150,7 +150,6 @@ class RecurrentAgent(nn.Module):
         """One gradient step: critic, actor, targets, temperature (spec 4.4). With a TD3 policy delay d > 1,
         the actor and both targets move every d-th step only, as in the TD3 paper."""
         s = Streams.from_batch(batch, self.device)
-        T = s.masks.shape[0]
         # SAC's actor outputs on these inputs are the same before and after the critic step (the actor
         # has not changed), so one forward pass serves both the critic target and the actor loss.
         actor_out = self.algo.shared_actor_pass(self, s)
@@ -160,7 +159,7 @@ class RecurrentAgent(nn.Module):
             stats["q_rnn_grad_norm"] = mean_grad_norm(self.critic.encoder.memory)
         self.num_updates += 1
         if self.num_updates % self.algo.policy_delay == 0:
-            stats.update(self._actor_step(s.head(T), actor_out))
+            stats.update(self._actor_step(s, actor_out))
             if grad_norms:
                 stats["pi_grad_norm"] = mean_grad_norm(self.actor)
                 stats["pi_rnn_grad_norm"] = mean_grad_norm(self.actor.encoder.memory)
@@ -170,7 +169,8 @@ class RecurrentAgent(nn.Module):
             stats.update(self.algo.update_temperature(stats.pop("_log_prob_mean", None)))
         return stats
 
-    def _critic_step(self, s: Streams, actor_out) -> dict[str, float]:
+    def critic_loss(self, s: Streams, actor_out) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masked TD errors of both heads against min-of-targets (spec 4.2)."""
         T = s.masks.shape[0]
         with torch.no_grad():
             next_actions, entropy_bonus = self.algo.next_actions(self, s, actor_out)  # [T+1, B, A], [T+1, B, 1]
@@ -182,25 +182,30 @@ class RecurrentAgent(nn.Module):
         # The online critic needs hidden states 0..T-1 only: run its memory over T steps, not T+1.
         h = self.critic.history(s.head(T))
         q1, q2 = self.critic.q(h, s.observs[:T], s.actions[1:])
-        qf1_loss = masked_mean((q1 - q_target).square(), s.masks)
-        qf2_loss = masked_mean((q2 - q_target).square(), s.masks)
+        return masked_mean((q1 - q_target).square(), s.masks), masked_mean((q2 - q_target).square(), s.masks)
+
+    def actor_loss(self, s: Streams, actor_out) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Masked actor objective over steps 0..T-1 (spec 4.3), and the policy's log-probs (SAC)."""
+        s = s.head(s.masks.shape[0])
+        actions, log_prob = self.algo.policy_actions(self, s, actor_out)
+        # The critic's memory sees only stored data, never the actor's actions: no graph through it.
+        with torch.no_grad():
+            h = self.critic.history(s)
+        q1, q2 = self.critic.q(h, s.observs, actions)
+        return masked_mean(self.algo.actor_objective(q1, q2, log_prob), s.masks), log_prob
+
+    def _critic_step(self, s: Streams, actor_out) -> dict[str, float]:
+        qf1_loss, qf2_loss = self.critic_loss(s, actor_out)
         self.critic_optim.zero_grad(set_to_none=True)
         (qf1_loss + qf2_loss).backward()
         self.critic_optim.step()
         return {"qf1_loss": qf1_loss.item(), "qf2_loss": qf2_loss.item()}
 
     def _actor_step(self, s: Streams, actor_out) -> dict[str, float]:
-        actions, log_prob = self.algo.policy_actions(self, s, actor_out)  # steps 0..T-1, with grad
-        # The critic's memory sees only stored data, never the actor's actions: no graph through it.
-        with torch.no_grad():
-            h = self.critic.history(s)
-        q1, q2 = self.critic.q(h, s.observs, actions)
-        per_step = self.algo.actor_objective(q1, q2, log_prob)
-        policy_loss = masked_mean(per_step, s.masks)
+        policy_loss, log_prob = self.actor_loss(s, actor_out)
         self.actor_optim.zero_grad(set_to_none=True)
         # Only the actor's gradients are wanted: skip the critic weight gradients the reference computes.
-        actor_params = list(self.actor.parameters())
-        policy_loss.backward(inputs=actor_params)
+        policy_loss.backward(inputs=list(self.actor.parameters()))
         self.actor_optim.step()
         stats = {"policy_loss": policy_loss.item()}
         if log_prob is not None:

@@ -217,6 +217,18 @@ class POMDPWrapper(gymnasium.Wrapper):
         # Fancy indexing already copies; the float32 cast makes dtype uniform across base envs.
         return np.asarray(obs)[self._idx].astype(np.float32)
 
+    def rng_state(self) -> dict:
+        """The env's and the action sampler's RNG states, for checkpoints."""
+        return {"env": self.unwrapped.np_random.bit_generator.state,
+                "action_space": self.action_space.np_random.bit_generator.state,
+                "pending_seed": self._pending_seed}
+
+    def set_rng_state(self, state: dict) -> None:
+        """Continue the RNG streams of a checkpoint: the next reset is the one the saved run would have made."""
+        self.unwrapped.np_random.bit_generator.state = state["env"]
+        self.action_space.np_random.bit_generator.state = state["action_space"]
+        self._pending_seed = state["pending_seed"]
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         if seed is None and self._pending_seed is not None:
             seed = self._pending_seed

@@ -282,8 +282,7 @@ class Trainer:
             "last_return": self.last_return,
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                    "env": self.env.unwrapped.np_random.bit_generator.state,
-                    "action_space": self.env.action_space.np_random.bit_generator.state},
+                    "env": self.env.rng_state()},
             "buffer": self.buffer.state_dict() if self.cfg.checkpoint.save_buffer else None,
         }
         _atomic_save(state, path)
@@ -318,8 +317,7 @@ class Trainer:
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         # The env resumes at an episode boundary with its RNG where it was: the next reset matches.
-        self.env.unwrapped.np_random.bit_generator.state = rng["env"]
-        self.env.action_space.np_random.bit_generator.state = rng["action_space"]
+        self.env.set_rng_state(rng["env"])
         log.info("resumed from %s at %d env steps", path, self.counters["env_steps"])
         return state["csv_rows"]
 

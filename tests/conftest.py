@@ -1,0 +1,39 @@
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from pomdp_ffm.config import register_configs
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+register_configs()
+
+# Settings that make a training run take seconds: short windows, a handful of updates, one eval episode.
+TINY = [
+    "train.num_iters=3", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=16",
+    "train.num_updates_per_iter=0.02", "eval.log_interval=1", "env.num_eval_tasks=1", "progress=false",
+    "policy.rnn_hidden_size=32", "policy.dqn_layers=[32,32]", "policy.policy_layers=[32,32]",
+    "checkpoint.interval=1",
+]
+
+
+def compose_cfg(overrides=()):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture
+def run_cfg():
+    """A factory: run_cfg(*overrides, tiny=True) -> a validated RunConfig."""
+
+    def make(*overrides, tiny=True):
+        return OmegaConf.to_object(compose_cfg([*(TINY if tiny else []), *overrides]))
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cwd(tmp_path, monkeypatch):
+    # MuJoCo writes MUJOCO_LOG.TXT into the working directory; keep it out of the checkout.
+    monkeypatch.chdir(tmp_path)

@@ -1,0 +1,152 @@
+"""The training loop end to end: logs, determinism, resume, bad input."""
+import csv
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from pomdp_ffm.logger import TIME_COLUMNS, columns_for
+from pomdp_ffm.trainer import Trainer, TrainingDiverged
+
+
+def train(cfg, run_dir):
+    trainer = Trainer(cfg, run_dir)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
+
+
+def read(run_dir):
+    return pd.read_csv(run_dir / "progress.csv")
+
+
+def eval_rows(df):
+    return df[df["z/env_steps"].notna()]
+
+
+def test_run_writes_reference_log_and_checkpoints(run_cfg, tmp_path):
+    cfg = run_cfg("env=Pendulum-V-v0", "algo=sac")
+    out = train(cfg, tmp_path / "run")
+    df = read(tmp_path / "run")
+    assert list(df.columns) == columns_for("sac", False)
+    ev = eval_rows(df)
+    # pool of 200 steps, then 3 episodes; the env-step clock evaluates at 400, 600, 800
+    assert ev["z/env_steps"].tolist() == [400, 600, 800]
+    assert ev["z/rl_steps"].tolist() == [8, 12, 16]  # int(200 * 0.02) burst, then ceil(200 * 0.02) per episode
+    assert ev["z/rollouts"].tolist() == [2, 3, 4]
+    assert (ev["metrics/total_steps_eval"] == 200).all()
+    train_rows = df[df["z/env_steps"].isna()]
+    assert len(train_rows) == 4 and train_rows["rl_loss/qf1_loss"].notna().all()
+    assert train_rows["rl_loss/alpha"].between(0, 1.5).all()
+    assert (tmp_path / "run" / "DONE").exists() and (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+    assert out["env_steps"] == 800 and not out["stopped"]
+
+
+def test_pool_actions_come_from_the_native_range(run_cfg, tmp_path):
+    trainer = Trainer(run_cfg("env=Pendulum-V-v0"), tmp_path / "r")
+    trainer.collect_episode(random_actions=True)
+    acts = trainer.buffer.state_dict()["actions"]
+    assert abs(acts).max() > 1.0 and abs(acts).max() <= 2.0  # stored unclipped, like the reference
+    trainer.close()
+
+
+def test_same_seed_same_progress(run_cfg, tmp_path):
+    for name in ("a", "b"):
+        train(run_cfg("algo=td3", "seq_model=gru", "seed=3"), tmp_path / name)
+    a, b = read(tmp_path / "a").drop(columns=TIME_COLUMNS), read(tmp_path / "b").drop(columns=TIME_COLUMNS)
+    pd.testing.assert_frame_equal(a, b)
+    train(run_cfg("algo=td3", "seq_model=gru", "seed=4"), tmp_path / "c")
+    assert not read(tmp_path / "c").drop(columns=TIME_COLUMNS).equals(a)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_interrupted_run_resumes_to_the_same_log(run_cfg, tmp_path, algo):
+    overrides = (f"algo={algo}", "seq_model=ffm", "train.num_iters=6")
+    train(run_cfg(*overrides), tmp_path / "full")
+
+    class Interrupt(Trainer):
+        def _iteration(self):
+            super()._iteration()
+            if self.counters["env_steps"] >= 600:
+                self._stop_signal = 15  # what SIGTERM does
+
+    t = Interrupt(run_cfg(*overrides), tmp_path / "cut")
+    assert t.run()["stopped"]
+    t.close()
+    with pytest.raises(FileExistsError, match="resume=true"):
+        train(run_cfg(*overrides), tmp_path / "cut")
+    out = train(run_cfg(*overrides, "resume=true"), tmp_path / "cut")
+    assert not out["stopped"] and out["env_steps"] == 1400
+    cut = read(tmp_path / "cut")
+    steps = eval_rows(cut)["z/env_steps"]
+    assert steps.is_monotonic_increasing and steps.tolist() == [400, 600, 800, 1000, 1200, 1400]
+    # Pendulum is deterministic and every RNG is restored: the resumed run is the uninterrupted one.
+    pd.testing.assert_frame_equal(cut.drop(columns=TIME_COLUMNS), read(tmp_path / "full").drop(columns=TIME_COLUMNS))
+
+
+def test_killed_run_keeps_its_rows(run_cfg, tmp_path):
+    class Kill(Trainer):
+        def evaluate_and_log(self):
+            ret = super().evaluate_and_log()
+            if self.counters["env_steps"] >= 600:
+                raise KeyboardInterrupt  # as if killed right after logging
+            return ret
+
+    t = Kill(run_cfg(), tmp_path / "k")
+    with pytest.raises(KeyboardInterrupt):
+        t.run()
+    t.close()
+    with open(tmp_path / "k" / "progress.csv") as f:
+        rows = list(csv.reader(f))
+    # header + pool train row + (train, eval) rows at 400 and at 600 env steps
+    assert rows[0] == columns_for("sac", False) and len(rows) == 1 + 5
+    assert not (tmp_path / "k" / "DONE").exists()
+
+
+def test_discrete_task_fails_at_start(run_cfg, tmp_path):
+    with pytest.raises(ValueError, match=r"'CartPole-V-v0' has a discrete action space"):
+        Trainer(run_cfg("env.env_name=CartPole-V-v0"), tmp_path / "d")
+
+
+def test_unknown_task_fails_with_the_list(run_cfg, tmp_path):
+    with pytest.raises(ValueError, match=r"HopperBLT-X-v0.*HopperBLT-V-v0"):
+        Trainer(run_cfg("env.env_name=HopperBLT-X-v0"), tmp_path / "u")
+
+
+def test_non_finite_loss_stops_with_checkpoint(run_cfg, tmp_path):
+    t = Trainer(run_cfg(), tmp_path / "nan")
+    real_update = t.agent.update
+    t.agent.update = lambda batch, grad_norms=False: {**real_update(batch, grad_norms), "qf1_loss": math.nan}
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss at update 1 \(env step 200\).*qf1_loss"):
+        t.run()
+    t.close()
+    assert (tmp_path / "nan" / "checkpoints" / "diverged.pt").exists()
+
+
+def test_pybullet_task_end_to_end(run_cfg, tmp_path):
+    cfg = run_cfg("env=HopperBLT-V-v0", "algo=td3", "train.num_iters=1", "train.num_updates_per_iter=0.002",
+                  "eval.log_interval=1")
+    out = train(cfg, tmp_path / "blt")
+    assert out["env_steps"] >= 1000 and out["rollouts"] > 1
+    df = read(tmp_path / "blt")
+    assert df["rl_loss/qf1_loss"].notna().any()
+
+
+def test_hydra_entry_point_smoke(tmp_path):
+    run_dir = tmp_path / "hydra_run"
+    cmd = [sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-P-v0", "algo=td3", "seq_model=lstm",
+           "train.num_iters=2", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=8",
+           "train.num_updates_per_iter=0.02", "env.num_eval_tasks=1", "eval.log_interval=1", "progress=false",
+           f"hydra.run.dir={run_dir}"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=240)
+    assert (run_dir / "config.yaml").exists() and (run_dir / ".hydra" / "config.yaml").exists()
+    assert len(eval_rows(read(run_dir))) == 2
+
+
+def test_misspelt_key_fails_at_start(tmp_path):
+    cmd = [sys.executable, "-m", "pomdp_ffm.train", "train.batch_sise=4", f"hydra.run.dir={tmp_path / 'x'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "batch_sise" in proc.stderr
