@@ -179,8 +179,10 @@ def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_lab
                     continue
                 # The mean is drawn only where every run has data, so it never mixes populations.
                 b = b[b["n_runs"] == b["n_runs"].max()]
+                # Markers when there are few evaluations, so a short run is still visible.
                 ax.plot(b["env_steps"], b["mean"], color=color, linewidth=1.6,
-                        linestyle="--" if model.endswith(C.REF_SUFFIX) else "-")
+                        linestyle="--" if model.endswith(C.REF_SUFFIX) else "-",
+                        marker="o" if len(b) <= 12 else None, markersize=3)
                 ax.fill_between(b["env_steps"], b["ci_low"], b["ci_high"], color=color, alpha=0.2, linewidth=0)
             ax.set_title(task_label(task))
             ax.xaxis.set_major_formatter(fmt)

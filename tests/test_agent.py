@@ -170,3 +170,8 @@ def test_unknown_algorithm_and_model_fail_clearly():
         PolicyConfig(algo_name="ppo")
     with pytest.raises(ValueError, match=r"policy.seq_model='rnn' is not one of \['lstm', 'gru', 'ffm', 'mlp'\]"):
         PolicyConfig(seq_model="rnn")
+
+
+def test_shared_memory_is_refused():
+    with pytest.raises(ValueError, match="policy.separate=false"):
+        PolicyConfig(separate=False)

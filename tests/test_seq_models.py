@@ -78,6 +78,10 @@ def test_ffm_reference_sizing_and_init():
     torch.testing.assert_close(ffm.alpha.detach(), expected_alpha, atol=2e-6, rtol=0)
     expected_omega = torch.tensor([6.2832, 0.14500, 0.073345, 0.049087])
     torch.testing.assert_close(ffm.omega.detach(), expected_omega, atol=1e-4, rtol=1e-4)
+    # the reference code's gamma = exp(a + i b): magnitude exp(-alpha), phase +omega (patches/002)
+    g = ffm.gamma().detach()
+    torch.testing.assert_close(g.abs()[:, 0], torch.exp(-ffm.alpha.detach()))
+    torch.testing.assert_close(torch.angle(g[0, 1:]), ffm.omega.detach()[1:])
     # interpretability: trace durability spans [~6.8, 128] steps, periods [1, 128] steps
     t_alpha = ffm.trace_durability(0.01)
     assert t_alpha.max().item() == pytest.approx(128, rel=1e-4)

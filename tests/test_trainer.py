@@ -43,6 +43,7 @@ def test_run_writes_reference_log_and_checkpoints(run_cfg, tmp_path):
     assert train_rows["rl_loss/alpha"].between(0, 1.5).all()
     assert (tmp_path / "run" / "DONE").exists() and (tmp_path / "run" / "checkpoints" / "last.pt").exists()
     assert out["env_steps"] == 800 and not out["stopped"]
+    assert not (tmp_path / "run" / "tb").exists()  # TensorBoard is opt-in (patches/010)
 
 
 def test_pool_actions_come_from_the_native_range(run_cfg, tmp_path):

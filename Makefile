@@ -1,0 +1,26 @@
+# The two set-up commands of the README, plus a few conveniences. PYTHON may point at any Python >= 3.10.
+PYTHON ?= python3
+DEMO_DIR ?= runs/demo
+
+.PHONY: install demo test test-all bench
+
+install:
+	$(PYTHON) -m pip install -q -e ".[test]"
+
+# A short FFM+SAC run on Pendulum-V (a few minutes on a laptop CPU), then its learning curve.
+demo: install
+	$(PYTHON) -m pomdp_ffm.train env=Pendulum-V-v0 algo=sac seq_model=ffm seed=0 \
+		train.num_iters=15 train.batch_size=16 train.sampled_seq_len=64 hydra.run.dir=$(DEMO_DIR)/run resume=true
+	$(PYTHON) -m analysis lines $(DEMO_DIR)/run --out $(DEMO_DIR)/report --curves runmax
+	@echo "log: $(DEMO_DIR)/run/progress.csv   plot: $(DEMO_DIR)/report/figures/"
+
+# The default suite (minutes); `make test-all` adds the slow tests.
+test: install
+	$(PYTHON) -m pytest -q -m "not slow"
+
+test-all: install
+	$(PYTHON) -m pytest -q
+
+bench: install
+	$(PYTHON) -m pomdp_ffm.bench memory
+	$(PYTHON) -m pomdp_ffm.bench update

@@ -1,0 +1,65 @@
+"""Full-update benchmark: one gradient step (critic, actor, targets, temperature) at the BLT shape.
+
+HopperBLT-V dimensions (obs 6, act 3), batch 64, sampled sequence 64, hidden 128, layers 256x256, for SAC
+and TD3 with FFM, GRU and LSTM memories. Reports the median seconds per update (interleaved rounds),
+matmul FLOPs per update (torch.utils.flop_counter) and the achieved rate beside this machine's plain
+matmul rate at a comparable size.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..agent import RecurrentAgent
+from ..buffer import SeqBatch
+from ..config import PolicyConfig
+from .common import Row, interleaved_medians
+
+OBS, ACT, BATCH, SEQ = 6, 3, 64, 64
+SHAPE = f"HopperBLT-V_B{BATCH}_T{SEQ}_h128"
+
+
+def random_batch(rng: np.random.Generator) -> SeqBatch:
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    mask = np.ones((SEQ, BATCH, 1), np.float32)
+    return SeqBatch(f(SEQ, BATCH, OBS), np.tanh(f(SEQ, BATCH, ACT)), f(SEQ, BATCH, 1),
+                    np.zeros((SEQ, BATCH, 1), np.float32), f(SEQ, BATCH, OBS), mask)
+
+
+def matmul_gflops(device: torch.device, repeats: int = 20) -> float:
+    """Plain fp32 matmul rate at the update's typical size: [B*(T+1), 256] @ [256, 256]."""
+    a = torch.randn(BATCH * (SEQ + 1), 256, device=device)
+    w = torch.randn(256, 256, device=device)
+    med = interleaved_medians({"mm": lambda: a @ w}, repeats, device, inner=10)["mm"]
+    return 2 * a.shape[0] * 256 * 256 / med / 1e9
+
+
+def run(repeats: int, device: torch.device) -> list[Row]:
+    rng = np.random.default_rng(0)
+    batches = [random_batch(rng) for _ in range(4)]
+    agents = {}
+    for algo in ("sac", "td3"):
+        for model in ("ffm", "gru", "lstm"):
+            torch.manual_seed(0)
+            agents[f"{algo}_{model}"] = RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name=algo)).to(device)
+    rows: list[Row] = []
+    for name, agent in agents.items():
+        with FlopCounterMode(display=False) as counter:
+            agent.update(batches[0])
+        rows.append(Row("update", SHAPE, name, "gflop", counter.get_total_flops() / 1e9, "GFLOP"))
+    counter_i = {k: 0 for k in agents}
+
+    def step(k):
+        agents[k].update(batches[counter_i[k] % len(batches)])
+        counter_i[k] += 1
+
+    med = interleaved_medians({k: (lambda k=k: step(k)) for k in agents}, repeats, device, warmup=3)
+    flops = {r.model: r.value for r in rows}
+    for k, v in med.items():
+        rows.append(Row("update", SHAPE, k, "update_ms", v * 1e3, "ms"))
+        rows.append(Row("update", SHAPE, k, "updates_per_s", 1.0 / v, "1/s"))
+        rows.append(Row("update", SHAPE, k, "achieved_gflop_s", flops[k] / v, "GFLOP/s"))
+    rows.append(Row("update", "matmul_4160x256x256", "torch", "matmul_gflop_s", matmul_gflops(device), "GFLOP/s"))
+    return rows
+
