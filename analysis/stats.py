@@ -56,6 +56,16 @@ def _last_fraction_score(steps, returns, grid_start, grid_interval, window, last
     return float(np.mean(smooth[-n_last:]))
 
 
+def _each_run(table: pd.DataFrame, max_steps: float | None):
+    """Each run's eval rows in env-step order (up to ``max_steps``), with steps and returns as arrays."""
+    for _, run in table.groupby("run_id", sort=True):
+        run = run.sort_values("env_steps", kind="stable")
+        if max_steps is not None:
+            run = run[run["env_steps"] <= max_steps]
+        if not run.empty:
+            yield run, run["env_steps"].to_numpy(float), run["eval_return"].to_numpy(float)
+
+
 def run_scores(table: pd.DataFrame, metric: str = C.METRIC_RUNMAX, max_steps: float | None = None,
                grid_start: float = C.DEFAULT_GRID_START, grid_interval: float = C.DEFAULT_GRID_INTERVAL,
                window: int = C.DEFAULT_SMOOTH_WINDOW, last_fraction: float = C.DEFAULT_LAST_FRACTION) -> pd.DataFrame:
@@ -72,14 +82,7 @@ def run_scores(table: pd.DataFrame, metric: str = C.METRIC_RUNMAX, max_steps: fl
         raise ValueError(f"last_fraction must be in (0, 1], got {last_fraction}")
     keys = ["run_id", "source", *GROUP, "model_label", "seed", "trial", "finished"]
     rows = []
-    for run_keys, run in table.groupby("run_id", sort=True):
-        run = run.sort_values("env_steps", kind="stable")
-        if max_steps is not None:
-            run = run[run["env_steps"] <= max_steps]
-        if run.empty:
-            continue
-        steps = run["env_steps"].to_numpy(float)
-        ret = run["eval_return"].to_numpy(float)
+    for run, steps, ret in _each_run(table, max_steps):
         if metric == C.METRIC_RUNMAX:
             score = float(np.max(ret))  # == final value of the running max
         else:
@@ -304,14 +307,8 @@ def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float
     if style not in ("runmax", "smoothed"):
         raise ValueError(f"unknown curve style {style!r}; choose 'runmax' or 'smoothed'")
     frames = []
-    for run_id, run in table.groupby("run_id", sort=True):
-        run = run.sort_values("env_steps", kind="stable")
-        if max_steps is not None:
-            run = run[run["env_steps"] <= max_steps]
-        if run.empty:
-            continue
-        steps = run["env_steps"].to_numpy(float)
-        ret = run["eval_return"].to_numpy(float)
+    for run, steps, ret in _each_run(table, max_steps):
+        run_id = run["run_id"].iloc[0]
         if style == "runmax":
             y_obs = np.maximum.accumulate(ret)
             end = steps.max()
