@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -74,9 +73,10 @@ class Trainer:
         self.buffer = SeqReplayBuffer(int(t.buffer_size), self.obs_dim, self.act_dim, self.seq_len,
                                       t.sample_weight_baseline, seed=cfg.seed)
         self.agent = RecurrentAgent(self.obs_dim, self.act_dim, cfg.policy).to(self.device)
-        per_iter = t.num_rollouts_per_iter * self.max_len
-        self.budget = self.max_len * (t.num_init_rollouts_pool + t.num_iters * t.num_rollouts_per_iter)
-        self.iter_len = per_iter
+        # env-step budget = max_len x (pool + iters x rollouts/iter) (spec 6.9); an "iteration" of the eval clock
+        # is iter_len env steps (spec 6.5).
+        self.iter_len = t.num_rollouts_per_iter * self.max_len
+        self.budget = self.max_len * t.num_init_rollouts_pool + t.num_iters * self.iter_len
         self.counters = {"env_steps": 0, "rollouts": 0, "rl_steps": 0, "last_eval_iters": 0, "elapsed": 0.0,
                          "pool_done": False}
         self.last_return = float("nan")
@@ -364,6 +364,3 @@ def _atomic_save(obj, path: Path) -> None:
     torch.save(obj, tmp)
     os.replace(tmp, path)
 
-
-def config_dict(cfg: RunConfig) -> dict:
-    return asdict(cfg)
