@@ -119,7 +119,9 @@ class TrainConfig:
     num_iters: int = MISSING
     num_init_rollouts_pool: int = MISSING
     num_rollouts_per_iter: int = 1
-    buffer_size: int = 1_000_000
+    # The reference writes 1e6, which YAML 1.2 (and OmegaConf, and Hydra's override parser) read as a float:
+    # any float with an integral value is accepted and stored as an int (patches/100-yaml-numbers.md).
+    buffer_size: Any = 1_000_000
     # A float is a ratio of updates to env steps collected; an int an absolute count per iteration.
     num_updates_per_iter: Any = 1.0
     batch_size: int = MISSING
@@ -127,6 +129,12 @@ class TrainConfig:
     sample_weight_baseline: float = 0.0
 
     def __post_init__(self):
+        size = self.buffer_size
+        if isinstance(size, float) and size.is_integer():
+            size = self.buffer_size = int(size)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"train.buffer_size={self.buffer_size!r} must be a positive whole number "
+                             "(e.g. 1000000 or 1e6)")
         if not isinstance(self.num_updates_per_iter, (int, float)) or isinstance(self.num_updates_per_iter, bool):
             raise ValueError(f"train.num_updates_per_iter={self.num_updates_per_iter!r} must be a number "
                              "(float: updates per env step; int: updates per iteration)")
