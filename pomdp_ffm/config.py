@@ -65,6 +65,13 @@ class FFMConfig:
     init_trace_range: Optional[List[float]] = None
     init_period_range: Optional[List[float]] = None
 
+    def __post_init__(self):
+        for name in ("init_trace_range", "init_period_range"):
+            r = getattr(self, name)
+            if r is not None and not (len(r) == 2 and 0 < r[0] <= r[1]):
+                raise ValueError(f"policy.ffm.{name}={list(r)} must be null or [low, high] in steps with "
+                                 "0 < low <= high, e.g. [32,104]")
+
 
 @dataclass
 class PolicyConfig:
@@ -167,6 +174,20 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def check_known_keys(cfg, schema=RunConfig, prefix: str = "") -> None:
+    """Hydra lets ``+key=value`` append keys that no schema field reads (OmegaConf.to_object then drops them
+    silently): refuse them, so that a misspelt option never looks as if it had been applied."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in cfg.keys():
+        if key not in fields:
+            raise ValueError(f"unknown config key {prefix}{key!r}; {schema.__name__} has {sorted(fields)}")
+        sub = fields[key].default_factory if fields[key].default_factory is not dataclasses.MISSING else None
+        if sub is not None and dataclasses.is_dataclass(sub):
+            check_known_keys(cfg[key], sub, f"{prefix}{key}.")
 
 
 def register_configs() -> None:

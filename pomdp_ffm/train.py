@@ -23,7 +23,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .config import RunConfig, register_configs
+from .config import RunConfig, check_known_keys, register_configs
 from .trainer import DONE, Trainer
 
 register_configs()
@@ -59,11 +59,13 @@ def config_differences(stored: dict, current: dict) -> list[str]:
 
 
 def _attempt(run_dir: Path, event: str) -> None:
+    # The scheduler's id of this attempt: SLURM array task, SLURM job, or submitit's local job.
     job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID", "-")
+    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else \
+        os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "-"
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
     with open(run_dir / ATTEMPTS_FILE, "a") as f:
-        f.write(f"{stamp} host={socket.gethostname()} pid={os.getpid()} slurm_job={job} {event}\n")
+        f.write(f"{stamp} host={socket.gethostname()} pid={os.getpid()} job={job} {event}\n")
 
 
 class SchedulerWarning:
@@ -122,6 +124,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
 
 def _run(cfg: DictConfig, run_dir: Path) -> tuple[dict, SchedulerWarning | None]:
+    check_known_keys(cfg)
     run_cfg: RunConfig = OmegaConf.to_object(cfg)  # validates choices (dataclass __post_init__)
     cfg_path = run_dir / "config.yaml"
     if run_cfg.resume and cfg_path.exists():
