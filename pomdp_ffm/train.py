@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .config import RunConfig, check_known_keys, register_configs
-from .trainer import DONE, Trainer
+from .trainer import CHECKPOINT, DONE, Trainer
 
 register_configs()
 log = logging.getLogger("pomdp_ffm")
@@ -49,9 +49,14 @@ def _flat(d, prefix=""):
 def config_differences(stored: dict, current: dict) -> list[str]:
     """Training-relevant keys whose values differ, as 'key: stored -> current' lines."""
     a, b = _flat(stored), _flat(current)
+    # Options of the algorithm and memory a run does not use cannot change it (a GRU run ignores policy.ffm).
+    policy = stored.get("policy", {})
+    unused = {f"policy.{k}." for k in ("sac", "td3") if k != policy.get("algo_name")}
+    if policy.get("seq_model") != "ffm":
+        unused.add("policy.ffm.")
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if key.split(".")[0] in MAY_DIFFER:
+        if key.split(".")[0] in MAY_DIFFER or any(key.startswith(u) for u in unused):
             continue
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             diffs.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
@@ -127,7 +132,10 @@ def _run(cfg: DictConfig, run_dir: Path) -> tuple[dict, SchedulerWarning | None]
     check_known_keys(cfg)
     run_cfg: RunConfig = OmegaConf.to_object(cfg)  # validates choices (dataclass __post_init__)
     cfg_path = run_dir / "config.yaml"
-    if run_cfg.resume and cfg_path.exists():
+    # Only a checkpoint or a finished run holds results that another config would mix with; an attempt that
+    # failed before its first checkpoint left nothing to protect and is simply started again.
+    started = (run_dir / DONE).exists() or (run_dir / CHECKPOINT).exists()
+    if run_cfg.resume and started and cfg_path.exists():
         diffs = config_differences(OmegaConf.to_container(OmegaConf.load(cfg_path)),
                                    OmegaConf.to_container(cfg, resolve=True))
         if diffs:
@@ -144,7 +152,7 @@ def _run(cfg: DictConfig, run_dir: Path) -> tuple[dict, SchedulerWarning | None]
         raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it "
                               "or choose another run directory")
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
-    if not (run_cfg.resume and cfg_path.exists()):
+    if not (run_cfg.resume and started and cfg_path.exists()):
         cfg_path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     _attempt(run_dir, "start")
     trainer = Trainer(run_cfg, run_dir)
