@@ -176,3 +176,37 @@ def test_scheduler_warning_checkpoints_requeues_and_resumes(tmp_path):
     steps = eval_steps(run)
     assert steps == sorted(set(steps)) and steps[-1] >= 200 * 31  # monotone, no duplicated rows, complete
     assert (run / "DONE").exists()
+
+
+def test_slurm_preset_overrides_reach_sbatch(tmp_path, monkeypatch):
+    # Every resource named in the issue is overridable on the command line and ends up in the sbatch
+    # script. submitit refuses to build a SLURM executor without srun on PATH, hence the stand-in.
+    from hydra import compose, initialize_config_dir
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+    import submitit
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", return_hydra_config=True, overrides=[
+            "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=proj",
+            "hydra.launcher.timeout_min=720", "hydra.launcher.gpus_per_node=2", "hydra.launcher.cpus_per_task=4",
+            "hydra.launcher.mem_gb=32", "hydra.launcher.array_parallelism=10",
+            "+hydra.launcher.additional_parameters.reservation=res1", f"hydra.sweep.dir={tmp_path}"])
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    # The plugin's own mapping (hydra_submitit_launcher.submitit_launcher.BaseSubmititLauncher.launch).
+    ex = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / "submitit",
+                               slurm_max_num_timeout=launcher["max_num_timeout"])
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    ex.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in launcher.items()
+                            if k not in ("_target_", "submitit_folder", "max_num_timeout", "name")}, name="job")
+    text = ex._executor._make_submission_file_text("python -c pass", "uid")
+    for line in ("--partition=gpu", "--account=proj", "--time=720", "--gpus-per-node=2", "--cpus-per-task=4",
+                 "--mem=32GB", "--reservation=res1", f"--signal=USR2@{launcher['signal_delay_s']}"):
+        assert f"#SBATCH {line}\n" in text, (line, text)
+    assert launcher["array_parallelism"] == 10 and launcher["max_num_timeout"] > 0
