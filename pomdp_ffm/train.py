@@ -98,6 +98,11 @@ class SchedulerWarning:
         return self
 
     def _on_warning(self, signum, frame):
+        if not callable(signal.getsignal(signal.SIGUSR1)):
+            # The trainer is not listening (still loading, or already done): nothing new to save, and
+            # SIGUSR1's default action would kill the process before submitit could requeue it.
+            self.requeue(signum, frame)
+            return
         self.caught = (signum, frame)
         os.kill(os.getpid(), signal.SIGUSR1)
 

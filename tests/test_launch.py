@@ -210,3 +210,31 @@ def test_slurm_preset_overrides_reach_sbatch(tmp_path, monkeypatch):
                  "--mem=32GB", "--reservation=res1", f"--signal=USR2@{launcher['signal_delay_s']}"):
         assert f"#SBATCH {line}\n" in text, (line, text)
     assert launcher["array_parallelism"] == 10 and launcher["max_num_timeout"] > 0
+
+
+def test_scheduler_warning_defers_submitit_until_checkpoint():
+    from pomdp_ffm.train import SchedulerWarning
+
+    calls = []
+    old2 = signal.signal(signal.SIGUSR2, lambda s, f: calls.append("requeue"))  # stands in for submitit
+    old1 = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, lambda s, f: calls.append("trainer stops"))
+        with SchedulerWarning() as w:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+            assert calls == ["trainer stops"]  # the requeue waits for the checkpoint
+        w.hand_over()
+        assert calls == ["trainer stops", "requeue"]
+        calls.clear()
+        # While the trainer is not listening, the warning goes straight to submitit.
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        with SchedulerWarning():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+        assert calls == ["requeue"]
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        assert not SchedulerWarning().active  # outside submitit nothing is touched
+    finally:
+        signal.signal(signal.SIGUSR2, old2)
+        signal.signal(signal.SIGUSR1, old1)
