@@ -65,6 +65,13 @@ class FFMConfig:
     init_trace_range: Optional[List[float]] = None
     init_period_range: Optional[List[float]] = None
 
+    def __post_init__(self):
+        for name in ("init_trace_range", "init_period_range"):
+            r = getattr(self, name)
+            if r is not None and not (len(r) == 2 and 0 < r[0] <= r[1]):
+                raise ValueError(f"policy.ffm.{name}={list(r)} must be null or [low, high] in steps with "
+                                 "0 < low <= high, e.g. [32,104]")
+
 
 @dataclass
 class PolicyConfig:
@@ -119,7 +126,9 @@ class TrainConfig:
     num_iters: int = MISSING
     num_init_rollouts_pool: int = MISSING
     num_rollouts_per_iter: int = 1
-    buffer_size: int = 1_000_000
+    # The reference writes 1e6, which YAML 1.2 (and OmegaConf, and Hydra's override parser) read as a float:
+    # any float with an integral value is accepted and stored as an int (patches/100-yaml-numbers.md).
+    buffer_size: Any = 1_000_000
     # A float is a ratio of updates to env steps collected; an int an absolute count per iteration.
     num_updates_per_iter: Any = 1.0
     batch_size: int = MISSING
@@ -127,6 +136,12 @@ class TrainConfig:
     sample_weight_baseline: float = 0.0
 
     def __post_init__(self):
+        size = self.buffer_size
+        if isinstance(size, float) and size.is_integer():
+            size = self.buffer_size = int(size)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"train.buffer_size={self.buffer_size!r} must be a positive whole number "
+                             "(e.g. 1000000 or 1e6)")
         if not isinstance(self.num_updates_per_iter, (int, float)) or isinstance(self.num_updates_per_iter, bool):
             raise ValueError(f"train.num_updates_per_iter={self.num_updates_per_iter!r} must be a number "
                              "(float: updates per env step; int: updates per iteration)")
@@ -159,6 +174,20 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def check_known_keys(cfg, schema=RunConfig, prefix: str = "") -> None:
+    """Hydra lets ``+key=value`` append keys that no schema field reads (OmegaConf.to_object then drops them
+    silently): refuse them, so that a misspelt option never looks as if it had been applied."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in cfg.keys():
+        if key not in fields:
+            raise ValueError(f"unknown config key {prefix}{key!r}; {schema.__name__} has {sorted(fields)}")
+        sub = fields[key].default_factory if fields[key].default_factory is not dataclasses.MISSING else None
+        if sub is not None and dataclasses.is_dataclass(sub):
+            check_known_keys(cfg[key], sub, f"{prefix}{key}.")
 
 
 def register_configs() -> None:

@@ -1,0 +1,56 @@
+#!/usr/bin/env python
+"""Launch the FFM paper's grid (8 PyBullet P/V tasks x {FFM, GRU} x seeds 0-4, per algorithm).
+
+    python launch/paper_grid.py --dry-run                       # list the 160 jobs, start nothing
+    python launch/paper_grid.py --algo sac --launcher local     # 80 SAC runs on this machine
+    python launch/paper_grid.py --launcher slurm hydra.launcher.partition=gpu hydra.launcher.account=me
+
+Anything after the options is passed to Hydra unchanged (overrides, e.g. seed=0,1 or
+hydra.launcher.timeout_min=720). Rerunning the same command skips finished runs and resumes interrupted
+ones; the summary at the end says how many runs are done, failed or still to do.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections import Counter
+
+from pomdp_ffm.grid import sweep_jobs
+
+LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--algo", default="both", choices=["sac", "td3", "both"],
+                    help="algorithm(s) to run (default: both, 160 jobs; one algorithm: 80)")
+    ap.add_argument("--launcher", default="local", choices=LAUNCHERS,
+                    help="hydra/launcher preset (default: local, joblib on this machine)")
+    ap.add_argument("--root", default="runs/paper", help="grid root: runs go to <root>/<task>/<algo>_<model>/seed-<k>")
+    ap.add_argument("--dry-run", action="store_true", help="list the jobs and their status, start nothing")
+    ap.add_argument("overrides", nargs="*", help="further Hydra overrides")
+    args = ap.parse_args(argv)
+
+    preset = "experiment=paper" if args.algo == "both" else f"experiment=paper_{args.algo}"
+    overrides = [preset, f"hydra.sweep.dir={args.root}", *args.overrides]
+    jobs = sweep_jobs(overrides)
+    if args.dry_run:
+        for job in jobs:
+            print(f"{job.status:7s} {job.run_dir}  [{' '.join(job.overrides)}]")
+    counts = Counter(job.status for job in jobs)
+    print(f"{len(jobs)} jobs: " + ", ".join(f"{counts[s]} {s}" for s in ("done", "resume", "failed", "new")))
+    if args.dry_run:
+        return 0
+
+    cmd = [sys.executable, "-m", "pomdp_ffm.train", "--multirun", f"hydra/launcher={args.launcher}", *overrides]
+    print("+", " ".join(cmd), flush=True)
+    rc = subprocess.call(cmd)
+    after = Counter(job.status for job in sweep_jobs(overrides))
+    print(f"after the launch: {after['done']} done, {after['failed']} failed (ERROR.txt in their run "
+          f"directories), {after['resume'] + after['new']} not finished")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

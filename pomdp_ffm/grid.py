@@ -1,0 +1,68 @@
+"""The jobs a multirun would start, and where each of their run directories stands, without starting any.
+
+The job list is expanded by Hydra's own override parser and BasicSweeper from the composed config's
+``hydra.sweeper.params`` plus the command-line overrides, exactly as ``python -m pomdp_ffm.train -m ...``
+would expand them, so a dry run cannot disagree with the real launch about which jobs exist.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from .config import register_configs
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+# Config-group choices and the config keys they set (each conf/<group>/<choice>.yaml sets its key to the
+# choice's name; tests/test_config.py checks that).
+_GROUP_KEYS = {"env": "env.env_name", "algo": "policy.algo_name", "seq_model": "policy.seq_model"}
+
+
+@dataclass
+class Job:
+    overrides: list[str]
+    run_dir: Path
+    status: str  # done | failed | resume | new
+
+
+def run_status(run_dir: Path) -> str:
+    if (run_dir / "DONE").exists():
+        return "done"
+    if (run_dir / "ERROR.txt").exists():
+        return "failed"
+    if (run_dir / "checkpoints" / "last.pt").exists():
+        return "resume"
+    return "new"
+
+
+def sweep_jobs(overrides: list[str]) -> list[Job]:
+    register_configs()
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(list(overrides))
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=fixed, return_hydra_config=True)
+    params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()] + list(overrides)
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(params), None)
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    subdir = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)["subdir"]
+    base = {"env": {"env_name": cfg.env.env_name},
+            "policy": {"algo_name": cfg.policy.algo_name, "seq_model": cfg.policy.seq_model},
+            "seed": cfg.seed}
+    jobs = []
+    for batch in batches:
+        for job in batch:
+            values = OmegaConf.create(base)
+            for o in parser.parse_overrides(job):
+                key = _GROUP_KEYS.get(o.key_or_group, o.key_or_group)
+                if OmegaConf.select(values, key, default=None) is not None:
+                    OmegaConf.update(values, key, o.value())
+            values["_subdir"] = subdir
+            run_dir = sweep_dir / str(values._subdir)
+            jobs.append(Job(list(job), run_dir, run_status(run_dir)))
+    return jobs

@@ -1,0 +1,240 @@
+"""Launching: the paper grid's dry run, real multiruns through joblib and submitit's local backend,
+failure isolation, skip-finished, and checkpoint-requeue-resume on the scheduler's warning signal."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pomdp_ffm.grid import sweep_jobs
+from pomdp_ffm.train import config_differences
+
+ROOT = Path(__file__).resolve().parent.parent
+BLT_PAPER = {f"{n}BLT-{v}-v0" for n in ("Ant", "HalfCheetah", "Hopper", "Walker") for v in "PV"}
+
+
+def _paper_grid():
+    spec = importlib.util.spec_from_file_location("paper_grid", ROOT / "launch" / "paper_grid.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def train(cwd: Path, *overrides: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", *overrides], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def eval_steps(run: Path) -> list[int]:
+    with open(run / "progress.csv", newline="") as f:
+        return [int(r["z/env_steps"]) for r in csv.DictReader(f) if r["z/env_steps"]]
+
+
+# ---------------------------------------------------------------------------------------------------------
+def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
+    grid = _paper_grid()
+    root = tmp_path / "grid"
+    assert grid.main(["--dry-run", "--root", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "160 jobs: 0 done, 0 resume, 0 failed, 160 new"
+    jobs = [l.split()[1] for l in lines[:-1]]
+    assert len(set(jobs)) == 160  # one directory per (task, algo, model, seed): reruns find them again
+    parts = {tuple(Path(j).relative_to(root).parts) for j in jobs}
+    assert {p[0] for p in parts} == BLT_PAPER
+    assert {p[1] for p in parts} == {"sac_ffm", "sac_gru", "td3_ffm", "td3_gru"}
+    assert {p[2] for p in parts} == {f"seed-{k}" for k in range(5)}
+    for algo in ("sac", "td3"):
+        assert grid.main(["--dry-run", "--algo", algo, "--root", str(root)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[-1] == "80 jobs: 0 done, 0 resume, 0 failed, 80 new"
+        assert all(f"/{algo}_" in l for l in out[:-1])
+    assert not root.exists()  # a dry run starts nothing
+
+
+def test_dry_run_reports_run_status(tmp_path):
+    root = tmp_path / "grid"
+    done = root / "HopperBLT-P-v0" / "sac_ffm" / "seed-0"
+    resume = root / "HopperBLT-P-v0" / "sac_gru" / "seed-3"
+    failed = root / "AntBLT-V-v0" / "td3_ffm" / "seed-1"
+    for d in (done, resume / "checkpoints", failed):
+        d.mkdir(parents=True)
+    (done / "DONE").write_text("env_steps=1510000\n")
+    (resume / "checkpoints" / "last.pt").write_bytes(b"")
+    (failed / "ERROR.txt").write_text("Traceback ...")
+    status = {j.run_dir: j.status for j in sweep_jobs(["experiment=paper", f"hydra.sweep.dir={root}"])}
+    assert (status[done], status[resume], status[failed]) == ("done", "resume", "failed")
+    assert sum(s == "new" for s in status.values()) == 157
+    # Command-line sweeps override the preset's, as in Hydra's BasicSweeper.
+    assert len(sweep_jobs(["experiment=paper_td3", "seed=0,1", f"hydra.sweep.dir={root}"])) == 32
+
+
+def test_config_differences_ignore_where_it_runs():
+    a = {"seed": 0, "device": "cpu", "resume": True, "policy": {"lr": 3e-4, "ffm": {"beta": 0.01}},
+         "checkpoint": {"interval": 20}}
+    b = {"seed": 0, "device": "cuda", "resume": True, "policy": {"lr": 1e-3, "ffm": {"beta": 0.01}},
+         "checkpoint": {"interval": 5}}
+    assert config_differences(a, b) == ["policy.lr: 0.0003 -> 0.001"]
+    assert config_differences(a, a) == []
+    # A GRU run never reads policy.ffm; an FFM run does.
+    gru = {"policy": {"seq_model": "gru", "algo_name": "sac", "ffm": {"beta": 0.01}, "td3": {"target_noise": 0.2}}}
+    changed = {"policy": {"seq_model": "gru", "algo_name": "sac", "ffm": {"beta": 0.1}, "td3": {"target_noise": 0.3}}}
+    assert config_differences(gru, changed) == []
+    gru["policy"]["seq_model"] = changed["policy"]["seq_model"] = "ffm"
+    assert config_differences(gru, changed) == ["policy.ffm.beta: 0.01 -> 0.1"]
+
+
+def test_failed_job_leaves_error_and_others_run(tmp_path):
+    # Job #0 (FFM) fails at construction on a bad FFM option; job #1 (GRU ignores FFM options) must still
+    # run after it under the sequential launcher, and the sweep must end with a non-zero exit.
+    root = tmp_path / "sweep"
+    proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
+                 "policy.ffm.context=bogus", check=False)
+    assert proc.returncode != 0
+    bad, good = root / "Pendulum-V-v0" / "sac_ffm" / "seed-0", root / "Pendulum-V-v0" / "sac_gru" / "seed-0"
+    err = (bad / "ERROR.txt").read_text()
+    assert "Traceback" in err and "context='bogus' is not one of" in err
+    assert not (bad / "DONE").exists() and "failed" in (bad / "attempts.log").read_text()
+    assert (good / "DONE").exists() and len(eval_steps(good)) > 0
+    # Fixing the option and rerunning retries the failed run (it had no checkpoint, so the new config is
+    # taken); the finished GRU run, which never read policy.ffm, is skipped.
+    train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
+          "policy.ffm.context=learned")
+    assert (bad / "DONE").exists() and not (bad / "ERROR.txt").exists()
+    assert "context: learned" in (bad / "config.yaml").read_text()
+    assert (good / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
+
+
+def _check_smoke_grid(root: Path) -> None:
+    runs = sorted(root.glob("Pendulum-V-v0/sac_*/seed-*"))
+    assert [str(r.relative_to(root)) for r in runs] == [
+        "Pendulum-V-v0/sac_ffm/seed-0", "Pendulum-V-v0/sac_ffm/seed-1",
+        "Pendulum-V-v0/sac_gru/seed-0", "Pendulum-V-v0/sac_gru/seed-1"]
+    for run in runs:
+        steps = eval_steps(run)
+        assert steps and steps == sorted(steps)
+        assert (run / "DONE").exists() and (run / "config.yaml").exists()
+        assert (run / ".hydra" / "config.yaml").exists() and (run / ".hydra" / "overrides.yaml").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["local", "slurm_local"])
+def test_smoke_multirun_and_rerun_skips(tmp_path, launcher):
+    root = tmp_path / "sweep"
+    train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", f"hydra/launcher={launcher}")
+    _check_smoke_grid(root)
+    if launcher == "slurm_local":
+        assert list((root / ".submitit").iterdir())  # the jobs really went through submitit
+    before = {p: p.read_text() for p in root.glob("*/*/*/progress.csv")}
+    train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", f"hydra/launcher={launcher}")
+    for p, text in before.items():
+        assert p.read_text() == text
+        assert (p.parent / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
+
+
+@pytest.mark.slow
+def test_scheduler_warning_checkpoints_requeues_and_resumes(tmp_path):
+    # submitit's local backend runs the cluster code path: its signal handler, the pickled job and the
+    # requeue (a restart of the same job). USR2 is submitit's warning signal (SLURM's --signal=USR2@delay).
+    root = tmp_path / "sweep"
+    run = root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"
+    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", "experiment=smoke", f"hydra.sweep.dir={root}",
+                             "hydra/launcher=slurm_local", "seed=0", "seq_model=ffm", "train.num_iters=30"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not ((run / "progress.csv").exists() and len(eval_steps(run)) >= 2):
+            time.sleep(0.2)
+        assert len(eval_steps(run)) >= 2, "the job did not start"
+        start = [l for l in (run / "attempts.log").read_text().splitlines() if l.endswith(" start")][-1]
+        os.kill(int(start.split("pid=")[1].split()[0]), signal.SIGUSR2)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    attempts = (run / "attempts.log").read_text().splitlines()
+    events = [" ".join(l.split()[4:]) for l in attempts]
+    assert events[0] == "start" and events[1].startswith("stopped at") and events[2] == "start"
+    assert events[3].startswith("finished at")
+    assert len({l.split()[2] for l in attempts[:2]} | {l.split()[2] for l in attempts[2:]}) == 2  # a new process
+    log = (run / "experiment.log").read_text()
+    assert "checkpoint saved" in log and "resumed from" in log
+    steps = eval_steps(run)
+    assert steps == sorted(set(steps)) and steps[-1] >= 200 * 31  # monotone, no duplicated rows, complete
+    assert (run / "DONE").exists()
+
+
+def test_slurm_preset_overrides_reach_sbatch(tmp_path, monkeypatch):
+    # Every resource named in the issue is overridable on the command line and ends up in the sbatch
+    # script. submitit refuses to build a SLURM executor without srun on PATH, hence the stand-in.
+    from hydra import compose, initialize_config_dir
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+    import submitit
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", return_hydra_config=True, overrides=[
+            "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=proj",
+            "hydra.launcher.timeout_min=720", "hydra.launcher.gpus_per_node=2", "hydra.launcher.cpus_per_task=4",
+            "hydra.launcher.mem_gb=32", "hydra.launcher.array_parallelism=10",
+            "+hydra.launcher.additional_parameters.reservation=res1", f"hydra.sweep.dir={tmp_path}"])
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    # The plugin's own mapping (hydra_submitit_launcher.submitit_launcher.BaseSubmititLauncher.launch).
+    ex = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / "submitit",
+                               slurm_max_num_timeout=launcher["max_num_timeout"])
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    ex.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in launcher.items()
+                            if k not in ("_target_", "submitit_folder", "max_num_timeout", "name")}, name="job")
+    text = ex._executor._make_submission_file_text("python -c pass", "uid")
+    for line in ("--partition=gpu", "--account=proj", "--time=720", "--gpus-per-node=2", "--cpus-per-task=4",
+                 "--mem=32GB", "--reservation=res1", f"--signal=USR2@{launcher['signal_delay_s']}"):
+        assert f"#SBATCH {line}\n" in text, (line, text)
+    assert launcher["array_parallelism"] == 10 and launcher["max_num_timeout"] > 0
+
+
+def test_scheduler_warning_defers_submitit_until_checkpoint():
+    from pomdp_ffm.train import SchedulerWarning
+
+    calls = []
+    old2 = signal.signal(signal.SIGUSR2, lambda s, f: calls.append("requeue"))  # stands in for submitit
+    old1 = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, lambda s, f: calls.append("trainer stops"))
+        with SchedulerWarning() as w:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+            assert calls == ["trainer stops"]  # the requeue waits for the checkpoint
+        w.hand_over()
+        assert calls == ["trainer stops", "requeue"]
+        calls.clear()
+        # While the trainer is not listening, the warning goes straight to submitit.
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        with SchedulerWarning():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.05)
+        assert calls == ["requeue"]
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        assert not SchedulerWarning().active  # outside submitit nothing is touched
+    finally:
+        signal.signal(signal.SIGUSR2, old2)
+        signal.signal(signal.SIGUSR1, old1)
