@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..seq_models import build
+from ..seq_models import FFM, build
 from .common import Row, interleaved_medians, saved_tensor_bytes
 
 SHAPES = {
@@ -35,12 +35,21 @@ class LoopGRU(nn.Module):
         return torch.stack(ys), h
 
 
+class FFMDenseFloor(FFM):
+    """FFM with its aggregator replaced by a broadcast of the gated input: every dense layer, gate and norm
+    of the cell, no recurrence. What an FFM cell cannot go below without faster dense kernels."""
+
+    def _aggregate(self, u, gamma, s0):
+        return torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(*u.shape, self.context_size)
+
+
 def variants(input_size: int, hidden_size: int, device) -> dict[str, nn.Module]:
     models = {
         "ffm": build("ffm", input_size=input_size, hidden_size=hidden_size),
         "ffm-scan": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="scan"),
         "ffm-loop": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="loop"),
         "ffm-closed": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="closed"),
+        "ffm-dense": FFMDenseFloor(input_size, hidden_size),
         "gru": build("gru", input_size=input_size, hidden_size=hidden_size),
         "lstm": build("lstm", input_size=input_size, hidden_size=hidden_size),
         "gru-loop": LoopGRU(input_size, hidden_size),
