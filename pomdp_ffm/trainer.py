@@ -190,6 +190,7 @@ class Trainer:
         if n <= 0 or len(self.buffer) == 0:
             return
         sums: dict[str, float] = {}
+        counts: dict[str, int] = {}  # with a TD3 policy delay, actor statistics come from fewer updates
         t0 = time.time()
         for i in range(n):
             stats = self.agent.update(self.buffer.sample(self.cfg.train.batch_size), grad_norms=(i == n - 1))
@@ -199,8 +200,9 @@ class Trainer:
             for k, v in stats.items():
                 if not k.endswith("grad_norm"):
                     sums[k] = sums.get(k, 0.0) + v
+                    counts[k] = counts.get(k, 0) + 1
         self.counters["rl_steps"] += n
-        row = {f"rl_loss/{k}": v / n for k, v in sums.items()}
+        row = {f"rl_loss/{k}": v / counts[k] for k, v in sums.items()}
         row.update({f"rl_loss/{k}": v for k, v in stats.items() if k.endswith("grad_norm")})
         self.csv.write(row)
         if self.tb is not None:
