@@ -151,3 +151,10 @@ def test_misspelt_key_fails_at_start(tmp_path):
     cmd = [sys.executable, "-m", "pomdp_ffm.train", "train.batch_sise=4", f"hydra.run.dir={tmp_path / 'x'}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "batch_sise" in proc.stderr
+
+
+def test_tensorboard_logging_when_asked(run_cfg, tmp_path):
+    pytest.importorskip("tensorboard")
+    train(run_cfg("eval.log_tensorboard=true", "train.num_iters=1"), tmp_path / "tb_run")
+    events = list((tmp_path / "tb_run" / "tb").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
