@@ -43,9 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "last20 = mean of last 20%% of the smoothed curve (reference rundown)")
     p.add_argument("--max-steps", type=float, default=None,
                    help=f"ignore evaluations after this many env steps (BLT budget: {C.BLT_BUDGET})")
-    p.add_argument("--grid-start", type=float, default=C.DEFAULT_GRID_START)
-    p.add_argument("--grid-interval", type=float, default=C.DEFAULT_GRID_INTERVAL)
-    p.add_argument("--window", type=int, default=C.DEFAULT_SMOOTH_WINDOW, help="rolling-mean window (grid points)")
+    p.add_argument("--grid-start", type=float, default=None,
+                   help="first grid point in env steps (default: the reference's per task, 12000 or 2000 on Pendulum)")
+    p.add_argument("--grid-interval", type=float, default=None,
+                   help="grid spacing in env steps (default: the reference's per task, 4000 or 1000 on Pendulum)")
+    p.add_argument("--window", type=int, default=None,
+                   help="rolling-mean window in grid points (default: the reference's per task, 20 or 3 on Pendulum)")
     p.add_argument("--last-frac", type=float, default=C.DEFAULT_LAST_FRACTION,
                    help="fraction of the grid averaged by --metric last20")
     p.add_argument("--curves", choices=["runmax", "smoothed"], default="runmax",
@@ -108,7 +111,7 @@ def _validate(args: argparse.Namespace, command: str) -> None:
         raise SystemExit(f"--last-frac must be in (0, 1], got {args.last_frac}")
     if not 0 < args.beta < 1:
         raise SystemExit(f"--beta must be in (0, 1), got {args.beta}")
-    if args.window < 1 or args.grid_interval <= 0:
+    if (args.window is not None and args.window < 1) or (args.grid_interval is not None and args.grid_interval <= 0):
         raise SystemExit(f"--window must be >= 1 and --grid-interval > 0, got {args.window}, {args.grid_interval}")
     bad = [f for f in args.formats.split(",") if f.strip() not in ("png", "pdf", "svg")]
     if bad:

@@ -51,6 +51,16 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_GRID_START = 12_000
 DEFAULT_GRID_INTERVAL = 4_000
 DEFAULT_SMOOTH_WINDOW = 20
+# The reference's merge/plot settings per task family (facts sheet 7.1, eval.sh): grid start, interval and
+# smoothing window. 1000-step locomotion tasks evaluate every 4 iterations from 12k steps; Pendulum every
+# 1000 steps from 2k.
+PENDULUM_CURVE = (2_000, 1_000, 3)
+LOCOMOTION_CURVE = (DEFAULT_GRID_START, DEFAULT_GRID_INTERVAL, DEFAULT_SMOOTH_WINDOW)
+
+
+def curve_defaults(task: str) -> tuple[float, float, int]:
+    """(grid start, grid interval, smoothing window) the reference used for this task's family."""
+    return PENDULUM_CURVE if str(task).startswith("Pendulum") else LOCOMOTION_CURVE
 DEFAULT_LAST_FRACTION = 0.2
 DEFAULT_BETA = 0.01
 BLT_BUDGET = 1_500_000

@@ -56,6 +56,13 @@ def _last_fraction_score(steps, returns, grid_start, grid_interval, window, last
     return float(np.mean(smooth[-n_last:]))
 
 
+def _curve_settings(run: pd.DataFrame, grid_start, grid_interval, window) -> tuple[float, float, int]:
+    """Explicit settings win; otherwise the reference's for the run's task family (constants.curve_defaults)."""
+    start, interval, win = C.curve_defaults(run["task"].iloc[0])
+    return (start if grid_start is None else grid_start, interval if grid_interval is None else grid_interval,
+            win if window is None else window)
+
+
 def _each_run(table: pd.DataFrame, max_steps: float | None):
     """Each run's eval rows in env-step order (up to ``max_steps``), with steps and returns as arrays."""
     for _, run in table.groupby("run_id", sort=True):
@@ -67,8 +74,8 @@ def _each_run(table: pd.DataFrame, max_steps: float | None):
 
 
 def run_scores(table: pd.DataFrame, metric: str = C.METRIC_RUNMAX, max_steps: float | None = None,
-               grid_start: float = C.DEFAULT_GRID_START, grid_interval: float = C.DEFAULT_GRID_INTERVAL,
-               window: int = C.DEFAULT_SMOOTH_WINDOW, last_fraction: float = C.DEFAULT_LAST_FRACTION) -> pd.DataFrame:
+               grid_start: float | None = None, grid_interval: float | None = None,
+               window: int | None = None, last_fraction: float = C.DEFAULT_LAST_FRACTION) -> pd.DataFrame:
     """One final score per run.
 
     ``metric="runmax"``: the final value of the running maximum of the eval
@@ -86,7 +93,8 @@ def run_scores(table: pd.DataFrame, metric: str = C.METRIC_RUNMAX, max_steps: fl
         if metric == C.METRIC_RUNMAX:
             score = float(np.max(ret))  # == final value of the running max
         else:
-            score = _last_fraction_score(steps, ret, grid_start, grid_interval, window, last_fraction, max_steps)
+            score = _last_fraction_score(steps, ret, *_curve_settings(run, grid_start, grid_interval, window),
+                                         last_fraction, max_steps)
         first = run.iloc[0]
         rows.append({**{k: first[k] for k in keys}, "score": score,
                      "final_env_steps": float(steps[-1]), "n_evals": len(run)})
@@ -295,8 +303,8 @@ def performance_profile(norm: pd.DataFrame, taus: np.ndarray, confidence: float 
 
 # --------------------------------------------------------------------------- curves
 
-def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float = C.DEFAULT_GRID_START,
-                   grid_interval: float = C.DEFAULT_GRID_INTERVAL, window: int = C.DEFAULT_SMOOTH_WINDOW,
+def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float | None = None,
+                   grid_interval: float | None = None, window: int | None = None,
                    max_steps: float | None = None) -> pd.DataFrame:
     """Per-run curves on a common env-step grid, for line plots with a CI band.
 
@@ -306,9 +314,11 @@ def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float
     """
     if style not in ("runmax", "smoothed"):
         raise ValueError(f"unknown curve style {style!r}; choose 'runmax' or 'smoothed'")
+    start, interval, win = grid_start, grid_interval, window
     frames = []
     for run, steps, ret in _each_run(table, max_steps):
         run_id = run["run_id"].iloc[0]
+        grid_start, grid_interval, window = _curve_settings(run, start, interval, win)
         if style == "runmax":
             y_obs = np.maximum.accumulate(ret)
             end = steps.max()

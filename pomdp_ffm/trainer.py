@@ -82,6 +82,7 @@ class Trainer:
         self.last_return = float("nan")
         self._stop_signal: int | None = None
         self.bar = None
+        self._updates_per_s = 0.0
 
     # ------------------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -208,9 +209,12 @@ class Trainer:
         if self.tb is not None:
             for k, v in row.items():
                 self.tb.add_scalar(k, v, self.counters["env_steps"])
+        self._updates_per_s = n / max(time.time() - t0, 1e-9)
+        self._show_status()
+
+    def _show_status(self) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"upd/s={n / max(time.time() - t0, 1e-9):.0f} eval={self.last_return:.1f}",
-                                     refresh=False)
+            self.bar.set_postfix_str(f"upd/s={self._updates_per_s:.0f} eval={self.last_return:.1f}", refresh=False)
 
     def _diverged(self, bad: dict) -> None:
         path = self.save_checkpoint(name="diverged.pt")
@@ -257,6 +261,7 @@ class Trainer:
             for k, v in row.items():
                 self.tb.add_scalar(k, v, c["env_steps"])
         self.last_return = ret
+        self._show_status()
         log.info("env steps %d  updates %d  eval return %.2f  length %.1f", c["env_steps"], c["rl_steps"], ret,
                  length)
         return ret

@@ -209,3 +209,14 @@ def test_curves_runmax_step_function_and_band():
 def test_curve_style_is_validated():
     with pytest.raises(ValueError, match="'ema'"):
         stats.curves_on_grid(_run_table([1.0]), style="ema")
+
+
+def test_pendulum_curves_use_the_reference_pendulum_grid():
+    # eval.sh: Pendulum is merged on a 2000 / 1000 grid with a window of 3, the locomotion tasks on 12000 / 4000.
+    import pandas as pd
+    from analysis import stats
+    table = pd.DataFrame({"run_id": "r", "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm", "trial": "0",
+                          "env_steps": [2000.0, 3000.0, 4000.0], "eval_return": [-1500.0, -1000.0, -1200.0]})
+    curves = stats.curves_on_grid(table, "runmax")
+    assert curves["env_steps"].tolist() == [2000.0, 3000.0, 4000.0]
+    assert curves["value"].tolist() == [-1500.0, -1000.0, -1000.0]
