@@ -35,7 +35,10 @@ AGGREGATORS = ("auto", "loop", "scan", "closed")
 PARAM_MODES = ("learned", "fixed", "none")
 GAMMA_FORMS = ("outer", "hadamard")
 
-# The paper's ablation table, as option sets for ``build("ffm", ..., **ABLATIONS[name])``.
+# The paper's ablation table, as option sets for ``build("ffm", ..., **ABLATIONS[name])``. A removed gate is
+# a gate fixed open (NI: x~ = l1(x); NO: y = LN(z)); "none" fixes omega (NC) or alpha (ND) at zero; "fixed"
+# keeps the initial values untrained (FC, FD); HP learns alpha and omega per (row, column) of S, initialised
+# to the outer-product values.
 ABLATIONS: dict[str, dict] = {
     "FFM": {},
     "FFM-NI": {"input_gate": False},
