@@ -153,6 +153,15 @@ def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_lab
 
 # --------------------------------------------------------------------------- learning curves
 
+def _model_legend(fig, models, title: str) -> None:
+    """One legend above the panels: a line per model (dashed for the reference implementation's runs)."""
+    handles = [plt.Line2D([], [], color=C.model_color(m), linewidth=1.6,
+                          linestyle="--" if m.endswith(C.REF_SUFFIX) else "-", label=C.model_label(m))
+               for m in models]
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(models), frameon=False,
+               title=title)
+
+
 def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_label: str,
                 formats=DEFAULT_FORMATS, confidence: float = C.DEFAULT_CONFIDENCE) -> list[Path]:
     """One panel per task: thin line per run, mean over runs and its CI band, per model."""
@@ -192,11 +201,8 @@ def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_lab
                 ax.set_ylabel(y_label)
         for k in range(len(tasks), nrows * ncols):
             axes[k // ncols, k % ncols].set_visible(False)
-        handles = [plt.Line2D([], [], color=C.model_color(m), linewidth=1.6,
-                              linestyle="--" if m.endswith(C.REF_SUFFIX) else "-", label=C.model_label(m))
-                   for m in models]
-        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(models), frameon=False,
-                   title=f"{C.algo_label(algo)}: thin = runs, thick = mean, band = {confidence:.0%} bootstrap CI")
+        _model_legend(fig, models, f"{C.algo_label(algo)}: thin = runs, thick = mean, band = {confidence:.0%} "
+                                   "bootstrap CI")
         fig.tight_layout()
         return _save(fig, base, formats)
 
@@ -254,11 +260,7 @@ def plot_profile(profile: pd.DataFrame, base, formats=DEFAULT_FORMATS,
             ax.set_xlabel(r"Normalised score threshold $\tau$")
             ax.set_ylim(-0.02, 1.02)
         axes[0, 0].set_ylabel(r"Fraction of runs with score $> \tau$")
-        handles = [plt.Line2D([], [], color=C.model_color(m), linewidth=1.5,
-                              linestyle="--" if m.endswith(C.REF_SUFFIX) else "-", label=C.model_label(m))
-                   for m in models]
-        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(models), frameon=False,
-                   title=f"Band: {confidence:.0%} stratified-bootstrap CI")
+        _model_legend(fig, models, f"Band: {confidence:.0%} stratified-bootstrap CI")
         fig.tight_layout()
         return _save(fig, base, formats)
 
