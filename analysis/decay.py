@@ -11,6 +11,7 @@ state only repeats them.
 from __future__ import annotations
 
 import math
+import pickle
 import re
 from pathlib import Path
 
@@ -21,6 +22,18 @@ from . import constants as C
 
 FFM_KEY_RE = re.compile(r"^(?P<module>actor|critic)\..*memory\.(?P<param>alpha|omega)$")
 CHECKPOINT_DIRS = ("checkpoints", "save")
+
+
+def _load(ckpt: Path):
+    """Tensors-only loading first. Resume checkpoints (checkpoints/last.pt) also hold the replay buffer and
+    numpy RNG states, which the tensors-only unpickler refuses; those files are the user's own run outputs
+    found under the run directories they named, so they are then loaded in full."""
+    import torch
+
+    try:
+        return torch.load(ckpt, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        return torch.load(ckpt, map_location="cpu", weights_only=False)
 
 
 def newest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -85,7 +98,7 @@ def load_decay(runs: pd.DataFrame, beta: float = C.DEFAULT_BETA) -> tuple[pd.Dat
             problems.append((run.run_dir, "warning", "FFM run has no checkpoint (*.pt under checkpoints/ or save/)"))
             continue
         try:
-            obj = torch.load(ckpt, map_location="cpu", weights_only=True)
+            obj = _load(ckpt)
         except Exception as exc:  # any unreadable checkpoint is reported, not fatal
             problems.append((str(ckpt), "warning", f"cannot load checkpoint: {type(exc).__name__}: {exc}"[:300]))
             continue

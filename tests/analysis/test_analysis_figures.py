@@ -227,3 +227,20 @@ def test_cli_seed_reproducible(small_tree, tmp_path):
         outs.append(pd.read_csv(tmp_path / name / "tables" / "aggregate_runmax.csv"))
     pd.testing.assert_frame_equal(outs[0], outs[1])
     assert not outs[0]["ci_low"].equals(outs[2]["ci_low"])
+
+
+def test_decay_reads_resume_checkpoints(tmp_path):
+    # The trainer's checkpoints/last.pt also holds numpy RNG states and the replay buffer, which the
+    # tensors-only unpickler refuses; the figure must still read the FFM parameters from it.
+    import pandas as pd
+    import torch
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    agent = {"actor.encoder.memory.alpha": torch.tensor([math.log(100) / 20.0]),
+             "actor.encoder.memory.omega": torch.tensor([2 * math.pi / 8.0])}
+    torch.save({"agent": agent, "rng": np.random.get_state(), "buffer": {"obs": np.zeros((3, 2))}},
+               run / "checkpoints" / "last.pt")
+    runs = pd.DataFrame([{"run_id": "r", "run_dir": str(run), "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm"}])
+    values, problems = decay.load_decay(runs, beta=0.01)
+    assert problems == []
+    assert sorted(values["steps"].round(6).tolist()) == [8.0, 20.0]
