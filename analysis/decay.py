@@ -28,7 +28,7 @@ def _load(ckpt: Path):
     """Tensors-only loading first. Resume checkpoints (checkpoints/last.pt) also hold the replay buffer and
     numpy RNG states, which the tensors-only unpickler refuses; those files are the user's own run outputs
     found under the run directories they named, so they are then loaded in full."""
-    import torch
+    import torch  # heavy; only this figure needs it
 
     try:
         return torch.load(ckpt, map_location="cpu", weights_only=True)
@@ -87,8 +87,6 @@ def load_decay(runs: pd.DataFrame, beta: float = C.DEFAULT_BETA) -> tuple[pd.Dat
     Returns the long table and ``(path, kind, reason)`` problems (no checkpoint,
     unreadable file, no FFM parameters, non-decaying entries).
     """
-    import torch  # torch is heavy; only this figure needs it
-
     problems: list[tuple[str, str, str]] = []
     frames = []
     ffm = runs[runs["model"].map(C.base_model) == "ffm"].drop_duplicates("run_id")
