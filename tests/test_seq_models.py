@@ -147,6 +147,18 @@ def test_parallel_form_equals_recurrence(T, decay, aggregate):
     assert err < 1e-5, f"relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("aggregate", [aggregate_loop, aggregate_scan, aggregate_closed])
+def test_aggregators_create_tensors_on_their_inputs_device(aggregate):
+    # The meta device stands in for a GPU on a CPU-only machine: a helper tensor made on the default
+    # device (the CPU) instead of the inputs' device fails here exactly as it would on CUDA.
+    u = torch.empty(16, 2, 8, device="meta", requires_grad=True)
+    gamma = torch.empty(8, 3, dtype=torch.complex64, device="meta", requires_grad=True)
+    s0 = torch.empty(2, 8, 3, dtype=torch.complex64, device="meta")
+    S = aggregate(u, gamma, s0)
+    torch.view_as_real(S).sum().backward()
+    assert S.device.type == "meta" and S.shape == (16, 2, 8, 3)
+
+
 def test_reference_closed_form_matches_where_it_is_defined():
     torch.manual_seed(0)
     gamma = gamma_from(torch.linspace(0.6, 0.03, 8), torch.tensor([0.3, 0.1]))

@@ -151,7 +151,7 @@ def aggregate_loop(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> to
 def _powers(gamma: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
     """gamma^k for each k, as exp(k log gamma) in complex128: exact to the last bit of complex64 even for
     large k, where repeated float32 multiplication would accumulate phase error."""
-    k = exponents.to(torch.float64).view(-1, *([1] * gamma.dim()))
+    k = exponents.to(device=gamma.device, dtype=torch.float64).view(-1, *([1] * gamma.dim()))
     return torch.exp(k * torch.log(gamma.to(torch.complex128))).to(gamma.dtype)
 
 
@@ -160,11 +160,11 @@ def aggregate_scan(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> to
     S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1) * torch.ones_like(gamma)
     k = 1
     while k < T:
-        g = _powers(gamma, torch.tensor([k]))[0]
+        g = _powers(gamma, torch.tensor([k], device=gamma.device))[0]
         S = torch.cat([S[:k], S[k:] + g * S[:-k]], dim=0)
         k *= 2
     # gamma^(t+1): magnitudes stay <= 1 for any t.
-    return S + _powers(gamma, torch.arange(1, T + 1)).unsqueeze(1) * s0
+    return S + _powers(gamma, torch.arange(1, T + 1, device=gamma.device)).unsqueeze(1) * s0
 
 
 def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
