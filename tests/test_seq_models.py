@@ -195,7 +195,8 @@ def test_gradients_match_float64_recurrence(T):
     del ffm
 
 
-def test_custom_backward_passes_gradcheck():
+@pytest.mark.parametrize("method", ["loop", "scan"])
+def test_custom_backward_passes_gradcheck(method):
     from pomdp_ffm.seq_models.ffm import _LinearRecurrence
 
     torch.manual_seed(0)
@@ -204,7 +205,7 @@ def test_custom_backward_passes_gradcheck():
         g = torch.polar(torch.rand(3, 2, dtype=torch.float64) * 0.5 + 0.5,
                         torch.randn(3, 2, dtype=torch.float64)).requires_grad_()
         s0 = torch.randn(2, 3, 2, dtype=torch.complex128, requires_grad=True)
-        assert torch.autograd.gradcheck(_LinearRecurrence.apply, (u, g, s0))
+        assert torch.autograd.gradcheck(lambda *a: _LinearRecurrence.apply(*a, method), (u, g, s0))
 
 
 def test_million_step_recurrence_stays_finite():

@@ -109,6 +109,36 @@ def _scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None, reve
             X[t].addcmul_(X[t - 1], gamma)
 
 
+def _doubling_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None,
+                    reverse: bool = False) -> None:
+    """The same recurrence as `_scan_`, in ceil(log2 T) data-parallel steps (Hillis-Steele): after step i,
+    X[t] holds the sum over the last 2^(i+1) inputs, and step i adds gamma^(2^i) times the partial sum
+    2^i steps back. O(T log T) work but only ~2 log2 T kernels: on a GPU the per-step loop is
+    launch-bound, this is not. Every factor gamma^(2^i) has modulus <= 1 and is computed exactly."""
+    T = X.shape[0]
+    if s_in is not None:
+        X[T - 1 if reverse else 0].addcmul_(s_in, gamma)
+    if T == 1:
+        return
+    levels = (T - 1).bit_length()
+    powers = _powers(gamma, 2 ** torch.arange(levels, device=gamma.device))
+    src, dst = X, torch.empty_like(X)
+    for i in range(levels):
+        k = 1 << i
+        # Rows already complete (the first k forwards, the last k backwards) carry over unchanged; the
+        # destination holds the output of step i - 2, in which the first k // 2 of them were complete.
+        lo = 0 if i == 0 else k // 2
+        done = slice(T - k, T - lo) if reverse else slice(lo, k)
+        if reverse:
+            torch.addcmul(src[:-k], src[k:], powers[i], out=dst[:-k])
+        else:
+            torch.addcmul(src[k:], src[:-k], powers[i], out=dst[k:])
+        dst[done].copy_(src[done])
+        src, dst = dst, src
+    if src is not X:
+        X.copy_(src)
+
+
 def _chunk(T: int) -> int:
     return T if T <= 16 else math.isqrt(T)
 
@@ -117,12 +147,14 @@ class _LinearRecurrence(torch.autograd.Function):
     """S_t = gamma * S_{t-1} + u_t (u real, broadcast over the c context columns), S_{-1} = s0."""
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, method: str = "loop") -> torch.Tensor:
         T, B, m = u.shape
+        run_ = _RUN[method]
         # real inputs, broadcast over the context columns (the cheapest way to build it, measured)
         S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(T, B, m, gamma.shape[-1]).contiguous()
-        _scan_(S, gamma, s0)
+        run_(S, gamma, s0)
         ctx.save_for_backward(gamma, s0, S)
+        ctx.run_ = run_
         return S
 
     @staticmethod
@@ -131,7 +163,7 @@ class _LinearRecurrence(torch.autograd.Function):
         T = grad_S.shape[0]
         # The adjoint A_t = dL/dS_t + conj(gamma) A_{t+1}: the same recurrence run backwards in time.
         A = grad_S.clone()
-        _scan_(A, gamma.conj().resolve_conj(), None, reverse=True)
+        ctx.run_(A, gamma.conj().resolve_conj(), None, reverse=True)
         grad_u = torch.view_as_real(A)[..., 0].sum(-1) if ctx.needs_input_grad[0] else None
         grad_gamma = grad_s0 = None
         if ctx.needs_input_grad[1]:
@@ -141,7 +173,10 @@ class _LinearRecurrence(torch.autograd.Function):
                 grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].flatten(0, 1), A[1:].flatten(0, 1), dim=0)
         if ctx.needs_input_grad[2]:
             grad_s0 = A[0] * gamma.conj()
-        return grad_u, grad_gamma, grad_s0
+        return grad_u, grad_gamma, grad_s0, None
+
+
+_RUN = {"loop": _scan_, "scan": _doubling_scan_}
 
 
 def aggregate_loop(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
@@ -156,15 +191,7 @@ def _powers(gamma: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate_scan(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
-    T = u.shape[0]
-    S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1) * torch.ones_like(gamma)
-    k = 1
-    while k < T:
-        g = _powers(gamma, torch.tensor([k], device=gamma.device))[0]
-        S = torch.cat([S[:k], S[k:] + g * S[:-k]], dim=0)
-        k *= 2
-    # gamma^(t+1): magnitudes stay <= 1 for any t.
-    return S + _powers(gamma, torch.arange(1, T + 1, device=gamma.device)).unsqueeze(1) * s0
+    return _LinearRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous(), "scan")
 
 
 def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
