@@ -31,3 +31,17 @@ def test_memory_benchmark_command_writes_rows(tmp_path):
     assert {"ffm", "gru", "lstm", "gru-loop"} <= models
     assert {r["metric"] for r in rows} == {"fwd_bwd_ms", "fwd_ms", "peak_mem_mb", "act_us"}
     assert all(float(r["value"]) > 0 for r in rows)
+
+
+def test_interleaved_rounds_rotate_the_starting_variant():
+    import torch
+
+    from pomdp_ffm.bench.common import interleaved_medians
+
+    order = []
+    fns = {k: (lambda k=k: order.append(k)) for k in "abc"}
+    med = interleaved_medians(fns, repeats=6, device=torch.device("cpu"), warmup=0)
+    assert set(med) == {"a", "b", "c"} and all(v >= 0 for v in med.values())
+    firsts = order[::3]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+    assert sorted(order) == sorted("abc" * 6)

@@ -18,9 +18,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 CUDA = torch.device("cuda")
 
 
-def test_ffm_picks_the_scan_on_cuda():
-    ffm = build("ffm", input_size=4, hidden_size=32).to(CUDA)
-    assert ffm.resolved_aggregator(CUDA) == "scan"
+@pytest.mark.parametrize("aggregator", ["auto", "scan"])
+def test_ffm_module_on_cuda_matches_cpu(aggregator):
+    torch.manual_seed(2)
+    ffm = build("ffm", input_size=6, hidden_size=64, aggregator=aggregator)
+    gpu = copy.deepcopy(ffm).to(CUDA)
+    x, s0 = torch.randn(700, 3, 6), torch.randn(3, 32, 2, dtype=torch.complex64)
+    y_gpu, s_gpu = gpu(x.to(CUDA), s0.to(CUDA))
+    y_cpu, s_cpu = ffm(x, s0)
+    torch.testing.assert_close(y_gpu.cpu(), y_cpu, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s_gpu.cpu(), s_cpu, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("T", [1, 64, 1024, 8192])

@@ -25,13 +25,18 @@ def _sync(device: torch.device) -> None:
 
 def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device: torch.device,
                         warmup: int = 2, inner: int = 1) -> dict[str, float]:
-    """Median seconds per call of each function, timed round-robin so drift hits all variants alike."""
+    """Median seconds per call of each function, timed round-robin so drift hits all variants alike.
+
+    The starting variant rotates from round to round: on a GPU the first call after the previous round's last
+    variant ran measurably slower (one H200 showed the same FFM variant 20-60% slower in the first slot)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+    names = list(fns)
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
+    for r in range(repeats):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            fn = fns[k]
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(inner):

@@ -54,10 +54,7 @@ def variants(input_size: int, hidden_size: int, device) -> dict[str, nn.Module]:
         "lstm": build("lstm", input_size=input_size, hidden_size=hidden_size),
         "gru-loop": LoopGRU(input_size, hidden_size),
     }
-    if device.type == "cuda":
-        models.pop("ffm-loop" if models["ffm"].resolved_aggregator(device) == "loop" else "ffm-scan")
-    else:
-        models.pop("ffm-loop")  # on a CPU "ffm" (auto) is the loop
+    models.pop(f"ffm-{models['ffm'].resolved_aggregator(device)}")  # already timed as "ffm" (auto)
     return {k: v.to(device) for k, v in models.items()}
 
 

@@ -14,11 +14,12 @@ The reference evaluates the aggregator with a float64 closed form that multiplie
 overflows unless decay is bounded and sequences are chunked. Here the default aggregators never multiply
 by |gamma| > 1, so any length is exact in complex64:
 
-* ``loop``: the recurrence itself, inside a custom autograd Function whose backward is the adjoint
-  recurrence (the gradient of S_t = g S_{t-1} + u_t is the reversed recurrence with conj(g)), stepped in
-  sqrt(T) chunks to cut kernel launches; fastest on a CPU.
-* ``scan``: a log-depth (Hillis-Steele) scan over powers gamma^(2^k); few, large kernels; fastest on a GPU
-  where a per-step loop is launch-bound.
+* ``loop`` (what ``auto`` picks on a CPU): the recurrence itself, inside a custom autograd Function whose backward is
+  the adjoint recurrence (the gradient of S_t = g S_{t-1} + u_t is the reversed recurrence with conj(g)),
+  stepped in sqrt(T) chunks to cut kernel launches.
+* ``scan`` (what ``auto`` picks on a GPU): the same Function with a log-depth (Hillis-Steele) scan over
+  powers gamma^(2^k) in place of the chunked loop: ~2 log2 T kernels but O(T log T) work, which pays where
+  kernel launches, not arithmetic, bound the time (docs/benchmarks.md has the measurements).
 * ``closed``: the reference's closed form in complex128 with 1024-step chunks, kept for comparison.
 """
 from __future__ import annotations
@@ -338,6 +339,8 @@ class FFM(SeqModel):
                     a.clamp_(DECAY_MIN, self.decay_limit)
 
     def resolved_aggregator(self, device: torch.device) -> str:
+        # Measured (docs/benchmarks.md): the chunked loop wins on a CPU; on a GPU both are launch-bound and
+        # the scan's ~2 log2 T kernels beat the loop's ~2 sqrt(T) from T = 1024 on, with a tie at T = 64.
         if self.aggregator != "auto":
             return self.aggregator
         return "scan" if device.type == "cuda" else "loop"
