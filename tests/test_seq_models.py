@@ -208,6 +208,26 @@ def test_custom_backward_passes_gradcheck(method):
         assert torch.autograd.gradcheck(lambda *a: _LinearRecurrence.apply(*a, method), (u, g, s0))
 
 
+@pytest.mark.parametrize("aggregate", [aggregate_loop, aggregate_scan])
+def test_backward_accepts_expanded_and_conjugate_view_gradients(aggregate):
+    # The backward works in place on its own copy of dL/dS: a broadcast (stride-0) or lazily conjugated
+    # incoming gradient must give exactly what the materialised one gives.
+    torch.manual_seed(0)
+    u = torch.randn(40, 3, 8, dtype=torch.float64, requires_grad=True)
+    g = torch.polar(torch.rand(8, 2, dtype=torch.float64) * 0.5 + 0.5, torch.randn(8, 2, dtype=torch.float64))
+    g.requires_grad_()
+    s0 = torch.randn(3, 8, 2, dtype=torch.complex128, requires_grad=True)
+    S = aggregate(u, g, s0)
+    ones = torch.ones(S.shape, dtype=torch.float64)
+    G = torch.randn(S.shape, dtype=torch.complex128)
+    for lazy, dense in ((torch.complex(ones[:1], ones[:1]).expand(S.shape), torch.complex(ones, ones)),
+                        (G.conj(), G.conj().resolve_conj())):
+        got = torch.autograd.grad(S, (u, g, s0), grad_outputs=lazy, retain_graph=True)
+        want = torch.autograd.grad(S, (u, g, s0), grad_outputs=dense, retain_graph=True)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_million_step_recurrence_stays_finite():
     gamma = gamma_from(torch.tensor([DECAY_MIN, reference_decay_limit()]), torch.tensor([6.2832, 0.05]))
     S = aggregate_loop(torch.ones(10**6, 1, 2), gamma, torch.zeros(1, 2, 2, dtype=torch.complex64))

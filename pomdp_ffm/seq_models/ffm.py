@@ -161,19 +161,28 @@ class _LinearRecurrence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_S: torch.Tensor):
         gamma, s0, S = ctx.saved_tensors
-        T = grad_S.shape[0]
-        # The adjoint A_t = dL/dS_t + conj(gamma) A_{t+1}: the same recurrence run backwards in time.
-        A = grad_S.clone()
-        ctx.run_(A, gamma.conj().resolve_conj(), None, reverse=True)
-        grad_u = torch.view_as_real(A)[..., 0].sum(-1) if ctx.needs_input_grad[0] else None
-        grad_gamma = grad_s0 = None
+        T, B, m, c = grad_S.shape
+        # The adjoint A_t = dL/dS_t + conj(gamma) A_{t+1} is the same recurrence run backwards in time. It is
+        # run on its conjugate, C_t = conj(A_t) = conj(dL/dS_t) + gamma C_{t+1}: the copy that conjugates the
+        # incoming gradient replaces the clone the in-place scan needs anyway, and then grad_gamma below is a
+        # plain dot product of S and C (vecdot of a lazily conjugated S), not one that materialises conj(S).
+        C = torch.conj_physical(grad_S)  # always a fresh tensor: the scan below works in place
+        ctx.run_(C, gamma, None, reverse=True)
+        grad_u = grad_gamma = grad_s0 = None
+        if ctx.needs_input_grad[0]:
+            # sum over the context columns of Re(A) = Re(C), as a matrix-vector product over the interleaved
+            # (re, im) pairs: faster than a strided reduction
+            pick_re = torch.zeros(2 * c, dtype=S.real.dtype, device=S.device)
+            pick_re[::2] = 1
+            grad_u = (torch.view_as_real(C).reshape(-1, 2 * c) @ pick_re).view(T, B, m)
         if ctx.needs_input_grad[1]:
-            # sum over time and batch of A_t * conj(S_{t-1}), with S_{-1} = s0
-            grad_gamma = torch.linalg.vecdot(s0, A[0], dim=0)
+            # sum over time and batch of A_t * conj(S_{t-1}) = conj(C_t * S_{t-1}), with S_{-1} = s0
+            grad_gamma = torch.linalg.vecdot(s0.conj(), C[0], dim=0)
             if T > 1:
-                grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].flatten(0, 1), A[1:].flatten(0, 1), dim=0)
+                grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].flatten(0, 1).conj(), C[1:].flatten(0, 1), dim=0)
+            grad_gamma = grad_gamma.conj().resolve_conj()
         if ctx.needs_input_grad[2]:
-            grad_s0 = A[0] * gamma.conj()
+            grad_s0 = (C[0] * gamma).conj().resolve_conj()
         return grad_u, grad_gamma, grad_s0, None
 
 
