@@ -77,7 +77,7 @@ class SchedulerWarning:
     """Inside a submitit job, the scheduler's warning signal (USR2 unless SUBMITIT_PREEMPT_SIGNAL says
     otherwise) makes submitit requeue the job and exit at once, losing everything since the last periodic
     checkpoint. While training, this defers submitit's handler: the signal is turned into the trainer's own
-    stop signal (SIGUSR1: finish the iteration, save checkpoints/last.pt) and submitit's handler, which
+    stop signal (SIGUSR1: finish the update in hand, save checkpoints/last.pt) and submitit's handler, which
     requeues the job with its timeout accounting, runs only after the checkpoint is on disk.
     Outside submitit (no Python handler on that signal) it does nothing.
     """

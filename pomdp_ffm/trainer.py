@@ -51,6 +51,10 @@ class TrainingDiverged(FloatingPointError):
     pass
 
 
+class _StopRequested(Exception):
+    """Raised between two updates (or before an iteration) once a stop signal has arrived."""
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: str | Path):
         self.cfg, self.run_dir = cfg, Path(run_dir)
@@ -78,7 +82,7 @@ class Trainer:
         self.iter_len = t.num_rollouts_per_iter * self.max_len
         self.budget = self.max_len * t.num_init_rollouts_pool + t.num_iters * self.iter_len
         self.counters = {"env_steps": 0, "rollouts": 0, "rl_steps": 0, "last_eval_iters": 0, "elapsed": 0.0,
-                         "pool_done": False}
+                         "pool_done": False, "burst": None}
         self.last_return = float("nan")
         self._stop_signal: int | None = None
         self.bar = None
@@ -100,15 +104,20 @@ class Trainer:
                    disable=not self.cfg.progress, mininterval=2.0, desc=self.cfg.env.env_name)
         self.bar = bar
         try:
-            if not self.counters["pool_done"]:
-                self._initial_pool()
-            while self.counters["env_steps"] < self.budget:
-                self._iteration()
-                if self._stop_signal is not None:
-                    self.save_checkpoint()
-                    log.info("stopped by signal %d at %d env steps; checkpoint saved", self._stop_signal,
-                             self.counters["env_steps"])
-                    return {"stopped": True, **self.counters}
+            try:
+                if not self.counters["pool_done"]:
+                    self._initial_pool()
+                elif self.counters["burst"] is not None:  # stopped inside an iteration's updates
+                    self._finish_iteration()
+                while self.counters["env_steps"] < self.budget:
+                    if self._stop_signal is not None:
+                        raise _StopRequested
+                    self._iteration()
+            except _StopRequested:
+                self.save_checkpoint()
+                log.info("stopped by signal %d at %d env steps, %d updates; checkpoint saved", self._stop_signal,
+                         self.counters["env_steps"], self.counters["rl_steps"])
+                return {"stopped": True, **self.counters}
             self._snapshot(self.last_return)
             self.save_checkpoint()
             (self.run_dir / DONE).write_text(f"env_steps={self.counters['env_steps']}\n")
@@ -129,15 +138,20 @@ class Trainer:
         while self.counters["env_steps"] < t.num_init_rollouts_pool * self.max_len:
             self.collect_episode(random_actions=True)
         # A float ratio means int(steps * ratio) updates at once after the pool (spec 6.2).
-        n = self._num_updates(self.counters["env_steps"], burst=True)
-        self._update_and_log(n)
+        if self.counters["burst"] is None:
+            self._start_burst(self._num_updates(self.counters["env_steps"], burst=True))
+        self._run_burst()
         self.counters["pool_done"] = True
 
     def _iteration(self) -> None:
         steps = 0
         for _ in range(self.cfg.train.num_rollouts_per_iter):
             steps += self.collect_episode(random_actions=False)
-        self._update_and_log(self._num_updates(steps, burst=False))
+        self._start_burst(self._num_updates(steps, burst=False))
+        self._finish_iteration()
+
+    def _finish_iteration(self) -> None:
+        self._run_burst()
         iters = self.counters["env_steps"] // self.iter_len  # the reference's env-step clock (spec 6.5)
         if iters != self.counters["last_eval_iters"] and iters % self.cfg.eval.log_interval == 0:
             self.counters["last_eval_iters"] = iters
@@ -187,29 +201,40 @@ class Trainer:
             self.bar.update(L)
         return L
 
-    def _update_and_log(self, n: int) -> None:
+    def _start_burst(self, n: int) -> None:
+        # The burst lives in the counters, so a checkpoint taken inside it (a stop signal between two updates)
+        # resumes with the updates still owed and the partial loss sums of the row it will log.
+        self.counters["burst"] = {"n": n, "done": 0, "sums": {}, "counts": {}}
+
+    def _run_burst(self) -> None:
+        burst = self.counters["burst"]
+        n, start = burst["n"], burst["done"]
         if n <= 0 or len(self.buffer) == 0:
+            self.counters["burst"] = None
             return
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}  # with a TD3 policy delay, actor statistics come from fewer updates
+        sums, counts = burst["sums"], burst["counts"]  # with a TD3 policy delay, actor stats come from fewer updates
         t0 = time.time()
-        for i in range(n):
+        for i in range(start, n):
+            if self._stop_signal is not None:
+                raise _StopRequested
             stats = self.agent.update(self.buffer.sample(self.cfg.train.batch_size), grad_norms=(i == n - 1))
             bad = {k: v for k, v in stats.items() if not math.isfinite(v)}
             if bad:
                 self._diverged(bad)
+            self.counters["rl_steps"] += 1
             for k, v in stats.items():
                 if not k.endswith("grad_norm"):
                     sums[k] = sums.get(k, 0.0) + v
                     counts[k] = counts.get(k, 0) + 1
-        self.counters["rl_steps"] += n
+            burst["done"] = i + 1
+        self.counters["burst"] = None
         row = {f"rl_loss/{k}": v / counts[k] for k, v in sums.items()}
         row.update({f"rl_loss/{k}": v for k, v in stats.items() if k.endswith("grad_norm")})
         self.csv.write(row)
         if self.tb is not None:
             for k, v in row.items():
                 self.tb.add_scalar(k, v, self.counters["env_steps"])
-        self._updates_per_s = n / max(time.time() - t0, 1e-9)
+        self._updates_per_s = (n - start) / max(time.time() - t0, 1e-9)
         self._show_status()
 
     def _show_status(self) -> None:
@@ -315,7 +340,7 @@ class Trainer:
         if state["alpha"] is not None:
             self.agent.algo.alpha = state["alpha"]
         self.buffer.load_state_dict(state["buffer"])
-        self.counters = state["counters"]
+        self.counters = {"burst": None, **state["counters"]}
         self.last_return = state["last_return"]
         rng = state["rng"]
         torch.set_rng_state(rng["torch"].cpu())
@@ -347,7 +372,7 @@ class Trainer:
         return SummaryWriter(str(self.run_dir / "tb"))
 
     def _install_signal_handlers(self) -> dict:
-        # SIGTERM/SIGUSR1 (a scheduler's warning) finish the current iteration, checkpoint and stop.
+        # SIGTERM/SIGUSR1 (a scheduler's warning) finish the current update or episode, checkpoint and stop.
         def handler(signum, frame):
             self._stop_signal = signum
 

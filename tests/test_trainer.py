@@ -158,3 +158,33 @@ def test_tensorboard_logging_when_asked(run_cfg, tmp_path):
     train(run_cfg("eval.log_tensorboard=true", "train.num_iters=1"), tmp_path / "tb_run")
     events = list((tmp_path / "tb_run" / "tb").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize("stop_at_update", [2, 6])  # inside the post-pool burst; inside an iteration's burst
+def test_stop_between_two_updates_resumes_to_the_same_log(run_cfg, tmp_path, stop_at_update):
+    # A scheduler's warning can come in the middle of a long burst of updates (BLT: 10k after the pool):
+    # the run stops after the update in hand, and the resumed run owes exactly the remaining ones.
+    overrides = ("algo=sac", "seq_model=gru", "train.num_iters=4")
+    train(run_cfg(*overrides), tmp_path / "full")
+
+    class StopMidBurst(Trainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            update, calls = self.agent.update, [0]
+
+            def counted(*args, **kwargs):
+                calls[0] += 1
+                if calls[0] == stop_at_update:
+                    self._stop_signal = 10
+                return update(*args, **kwargs)
+
+            self.agent.update = counted
+
+    t = StopMidBurst(run_cfg(*overrides), tmp_path / "cut")
+    out = t.run()
+    t.close()
+    assert out["stopped"] and out["rl_steps"] == stop_at_update and out["burst"]["done"] > 0
+    out = train(run_cfg(*overrides, "resume=true"), tmp_path / "cut")
+    assert not out["stopped"] and out["burst"] is None
+    pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
+                                  read(tmp_path / "full").drop(columns=TIME_COLUMNS))
