@@ -1,5 +1,6 @@
-"""The same claims on a GPU: FFM's default CUDA aggregator (the scan) equals the float64 recurrence, the agent
-updates on CUDA, and a run with device=cuda trains, checkpoints and resumes on a CPU. Skipped without CUDA."""
+"""The same claims on a GPU: FFM on CUDA computes what it computes on a CPU (outputs, gradients, acting steps),
+the agent updates on CUDA, and a run with device=cuda trains, checkpoints and resumes on a CPU. Skipped
+without CUDA; the aggregator-level checks run on CUDA from tests/test_seq_models.py."""
 import copy
 import math
 
@@ -9,10 +10,10 @@ import pytest
 import torch
 
 from pomdp_ffm.seq_models import build
-from pomdp_ffm.seq_models.ffm import DECAY_MIN, aggregate_loop, aggregate_scan, reference_decay_limit
+from pomdp_ffm.seq_models.ffm import DECAY_MIN, reference_decay_limit
 
 from test_agent import make_agent, make_batch
-from test_seq_models import EXTREME_ALPHAS, gamma_from, sequential_reference
+from test_trainer import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -30,22 +31,6 @@ def test_ffm_module_on_cuda_matches_cpu(aggregator):
     torch.testing.assert_close(s_gpu.cpu(), s_cpu, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("T", [1, 64, 1024, 8192])
-@pytest.mark.parametrize("decay", list(EXTREME_ALPHAS))
-@pytest.mark.parametrize("aggregate", [aggregate_loop, aggregate_scan])
-def test_parallel_form_equals_recurrence_on_cuda(T, decay, aggregate):
-    torch.manual_seed(T)
-    alpha, omega = EXTREME_ALPHAS[decay], torch.tensor([2 * math.pi, 0.145, 0.049])
-    gamma = gamma_from(alpha, omega)
-    u = torch.randn(T, 2, 8)
-    s0 = torch.randn(2, 8, 3, dtype=torch.complex64) * 5
-    ref = sequential_reference(u, gamma, s0)
-    got = aggregate(u.to(CUDA), gamma.to(CUDA), s0.to(CUDA)).cpu()
-    assert torch.isfinite(torch.view_as_real(got)).all()
-    err = (got.to(torch.complex128) - ref).abs().max() / ref.abs().max()
-    assert err < 1e-5, f"relative error {err:.2e}"
-
-
 def test_ffm_gradients_on_cuda_match_cpu():
     torch.manual_seed(0)
     ffm = build("ffm", input_size=6, hidden_size=64)
@@ -61,20 +46,6 @@ def test_ffm_gradients_on_cuda_match_cpu():
         grads.append({k: p.grad.cpu() for k, p in model.named_parameters()})
     for k in grads[0]:
         torch.testing.assert_close(grads[1][k], grads[0][k], rtol=2e-3, atol=2e-4, msg=f"grad of {k}")
-
-
-def test_ffm_steps_equal_sequence_on_cuda():
-    torch.manual_seed(5)
-    ffm = build("ffm", input_size=6, hidden_size=64).to(CUDA)
-    x, s0 = torch.randn(300, 2, 6, device=CUDA), torch.randn(2, 32, 2, dtype=torch.complex64, device=CUDA)
-    with torch.no_grad():
-        y_seq, s_seq = ffm(x, s0)
-        state, ys = s0, []
-        for t in range(300):
-            y, state = ffm(x[t:t + 1], state)
-            ys.append(y)
-    torch.testing.assert_close(torch.cat(ys), y_seq, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(state, s_seq, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
@@ -102,15 +73,6 @@ def test_agent_on_cuda_matches_cpu_and_updates(algo, model):
 
 
 def test_cuda_run_trains_and_resumes_on_cpu(run_cfg, tmp_path):
-    from pomdp_ffm.trainer import Trainer
-
-    def train(cfg, run_dir):
-        trainer = Trainer(cfg, run_dir)
-        try:
-            return trainer.run()
-        finally:
-            trainer.close()
-
     out = train(run_cfg("env=Pendulum-V-v0", "algo=sac", "seq_model=ffm", "device=cuda"), tmp_path / "run")
     assert out["env_steps"] == 800
     df = pd.read_csv(tmp_path / "run" / "progress.csv")

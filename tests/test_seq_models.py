@@ -131,17 +131,22 @@ EXTREME_ALPHAS = {
 }
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="needs a CUDA device"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("T", [1, 64, 1024, 8192])
 @pytest.mark.parametrize("decay", list(EXTREME_ALPHAS))
 @pytest.mark.parametrize("aggregate", [aggregate_loop, aggregate_scan])
-def test_parallel_form_equals_recurrence(T, decay, aggregate):
+def test_parallel_form_equals_recurrence(T, decay, aggregate, device):
     torch.manual_seed(T)
     alpha, omega = EXTREME_ALPHAS[decay], torch.tensor([2 * math.pi, 0.145, 0.049])
     gamma = gamma_from(alpha, omega)
     u = torch.randn(T, 2, 8)
     s0 = torch.randn(2, 8, 3, dtype=torch.complex64) * 5  # a non-zero incoming state
     ref = sequential_reference(u, gamma, s0)
-    got = aggregate(u, gamma, s0)
+    got = aggregate(u.to(device), gamma.to(device), s0.to(device)).cpu()
     assert torch.isfinite(torch.view_as_real(got)).all()
     err = (got.to(torch.complex128) - ref).abs().max() / ref.abs().max()
     assert err < 1e-5, f"relative error {err:.2e}"
@@ -248,10 +253,11 @@ def test_million_step_acting_loop_stays_finite():
     assert torch.isfinite(y).all() and torch.isfinite(torch.view_as_real(state)).all()
 
 
-def test_ffm_module_parallel_equals_steps_with_incoming_state():
+@pytest.mark.parametrize("device", DEVICES)
+def test_ffm_module_parallel_equals_steps_with_incoming_state(device):
     torch.manual_seed(5)
-    ffm = build("ffm", input_size=6, hidden_size=64)
-    x, s0 = torch.randn(300, 2, 6), torch.randn(2, 32, 2, dtype=torch.complex64)
+    ffm = build("ffm", input_size=6, hidden_size=64).to(device)
+    x, s0 = torch.randn(300, 2, 6, device=device), torch.randn(2, 32, 2, dtype=torch.complex64, device=device)
     y_seq, s_seq = ffm(x, s0)
     state, ys = s0, []
     with torch.no_grad():
