@@ -129,6 +129,10 @@ def _load(ctx: Context) -> None:
         table, report = load.load_runs(a.runs, cache_dir=cache)
     except (FileNotFoundError, ValueError) as exc:
         raise SystemExit(str(exc)) from exc
+    if table.empty:
+        skipped = "".join(f"\n  skipped {i.path}: {i.reason}" for i in report.skipped)
+        raise SystemExit(f"no usable runs (folders with a {load.PROGRESS} holding evaluations) under "
+                         f"{', '.join(map(str, a.runs))}{skipped}")
     if not a.pool_sources:
         table = load.separate_sources(table)
     ctx.table, ctx.report = table, report

@@ -112,7 +112,15 @@ def find_run_dirs(roots: Iterable[str | Path]) -> list[tuple[Path, Path]]:
             if root.name != PROGRESS:
                 raise ValueError(f"{str(root)!r} is a file but not a {PROGRESS}")
             root = root.parent
-        for dirpath, dirnames, filenames in os.walk(root):
+        walked: set[str] = set()
+        # Links are followed (people gather runs from several disks with symlinks); a folder reached twice,
+        # e.g. through a link cycle, is walked once.
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            real = os.path.realpath(dirpath)
+            if real in walked:
+                dirnames[:] = []
+                continue
+            walked.add(real)
             # Checkpoint and source-copy folders never hold runs; skipping them keeps big trees fast.
             dirnames[:] = sorted(d for d in dirnames if d not in ("checkpoints", "save", "policies", "__pycache__"))
             if PROGRESS in filenames:
@@ -290,8 +298,10 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
         cfg, cfg_file = loaded, candidate
         break
 
-    rel = run_dir.resolve().relative_to(root.resolve()) if run_dir.resolve() != root.resolve() else Path()
-    parts = [root.resolve().name, *rel.parts]
+    # Absolute but not resolved: a run reached through a symlink keeps the names of the path it was found by.
+    run_abs, root_abs = Path(os.path.abspath(run_dir)), Path(os.path.abspath(root))
+    rel = run_abs.relative_to(root_abs) if run_abs != root_abs else Path()
+    parts = [root_abs.name, *rel.parts]
     from_path = parse_run_path(parts)
     meta: dict = {}
     if cfg is not None:

@@ -45,3 +45,13 @@ def test_interleaved_rounds_rotate_the_starting_variant():
     firsts = order[::3]
     assert firsts == ["a", "b", "c", "a", "b", "c"]
     assert sorted(order) == sorted("abc" * 6)
+
+
+def test_memory_bench_variant_subset_and_unknown_name():
+    import pytest
+    import torch
+
+    from pomdp_ffm.bench import memory
+
+    with pytest.raises(ValueError, match=r"unknown variant\(s\) \['nope'\].*'gru-loop'"):
+        memory.run(["rl"], 1, torch.device("cpu"), ["ffm", "nope"])

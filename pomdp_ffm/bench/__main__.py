@@ -32,6 +32,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds")
     p.add_argument("--shapes", nargs="+", default=None, help="memory: rl paper (default both)")
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="memory: time only these (e.g. ffm gru gru-loop); default all")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file")
     args = p.parse_args(argv)
 
@@ -47,7 +49,7 @@ def main(argv=None) -> None:
     if args.which == "memory":
         from . import memory
 
-        rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device)
+        rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants)
         print_table(rows, baseline="gru")
     else:
         from . import update

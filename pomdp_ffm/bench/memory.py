@@ -58,12 +58,17 @@ def variants(input_size: int, hidden_size: int, device) -> dict[str, nn.Module]:
     return {k: v.to(device) for k, v in models.items()}
 
 
-def run(shape_names, repeats: int, device: torch.device) -> list[Row]:
+def run(shape_names, repeats: int, device: torch.device, only: list[str] | None = None) -> list[Row]:
     rows: list[Row] = []
     for shape_name in shape_names:
         T, B, I, H = SHAPES[shape_name]
         shape = f"T{T}_B{B}_in{I}_h{H}"
         models = variants(I, H, device)
+        if only:
+            unknown = sorted(set(only) - set(models))
+            if unknown:
+                raise ValueError(f"unknown variant(s) {unknown}; on {device.type} they are {sorted(models)}")
+            models = {k: m for k, m in models.items() if k in only}
         x = torch.randn(T, B, I, device=device)
         out_grad = torch.randn(T, B, H, device=device)
 

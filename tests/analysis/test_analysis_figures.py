@@ -244,3 +244,10 @@ def test_decay_reads_resume_checkpoints(tmp_path):
     values, problems = decay.load_decay(runs, beta=0.01)
     assert problems == []
     assert sorted(values["steps"].round(6).tolist()) == [8.0, 20.0]
+
+
+def test_cli_folder_without_runs_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    res = _run_cli("lines", str(tmp_path / "empty"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert res.returncode != 0
+    assert "no usable runs" in res.stderr and "empty" in res.stderr and "Traceback" not in res.stderr

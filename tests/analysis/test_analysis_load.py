@@ -169,3 +169,16 @@ def test_parse_run_path_layouts():
     assert ours == {"task": "Pendulum-V-v0", "algo": "sac", "model": "lstm", "seed": 7}
     mark = load.parse_run_path(["logs", "pomdp", "HopperBLT", "P", "Markovian_sac", "gamma-0.99", "x"])
     assert mark["model"] == "mlp" and mark["task"] == "HopperBLT-P-v0"
+
+
+def test_runs_behind_symlinks_are_found_once(tmp_path):
+    store = tmp_path / "disk2"
+    run = write_our_run(store, "Pendulum-V-v0", "td3", "ffm", 0, steps_grid(3), [1.0, 2.0, 3.0])
+    gathered = tmp_path / "gathered"
+    gathered.mkdir()
+    (gathered / "td3_ffm").symlink_to(run.parent.parent, target_is_directory=True)
+    (gathered / "loop").symlink_to(gathered, target_is_directory=True)  # a cycle must not hang discovery
+    found = load.find_run_dirs([gathered])
+    assert [r for _, r in found] == [gathered / "td3_ffm" / "seed-0" / run.name]
+    table, _ = load.build_table([gathered])
+    assert set(table["model"]) == {"ffm"} and set(table["algo"]) == {"td3"} and set(table["seed"]) == {0}
