@@ -1,6 +1,6 @@
-"""The same claims on a GPU: FFM on CUDA computes what it computes on a CPU (outputs, gradients, acting steps),
-the agent updates on CUDA, and a run with device=cuda trains, checkpoints and resumes on a CPU. Skipped
-without CUDA; the aggregator-level checks run on CUDA from tests/test_seq_models.py."""
+"""The same claims on a GPU: FFM on CUDA computes what it computes on a CPU (outputs, gradients), the agent
+updates on CUDA, and a run with device=cuda trains, checkpoints and resumes on a CPU. Skipped without CUDA;
+the aggregator and step-by-step checks also run on CUDA, as device parameters in tests/test_seq_models.py."""
 import copy
 import math
 
