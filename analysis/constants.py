@@ -57,13 +57,14 @@ DEFAULT_SMOOTH_WINDOW = 20
 PENDULUM_CURVE = (2_000, 1_000, 3)
 LOCOMOTION_CURVE = (DEFAULT_GRID_START, DEFAULT_GRID_INTERVAL, DEFAULT_SMOOTH_WINDOW)
 
+DEFAULT_LAST_FRACTION = 0.2
+DEFAULT_BETA = 0.01
+BLT_BUDGET = 1_500_000
+
 
 def curve_defaults(task: str) -> tuple[float, float, int]:
     """(grid start, grid interval, smoothing window) the reference used for this task's family."""
     return PENDULUM_CURVE if str(task).startswith("Pendulum") else LOCOMOTION_CURVE
-DEFAULT_LAST_FRACTION = 0.2
-DEFAULT_BETA = 0.01
-BLT_BUDGET = 1_500_000
 
 METRIC_RUNMAX = "runmax"
 METRIC_LAST20 = "last20"

@@ -314,21 +314,20 @@ def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float
     """
     if style not in ("runmax", "smoothed"):
         raise ValueError(f"unknown curve style {style!r}; choose 'runmax' or 'smoothed'")
-    start, interval, win = grid_start, grid_interval, window
     frames = []
     for run, steps, ret in _each_run(table, max_steps):
         run_id = run["run_id"].iloc[0]
-        grid_start, grid_interval, window = _curve_settings(run, start, interval, win)
+        start, interval, win = _curve_settings(run, grid_start, grid_interval, window)
         if style == "runmax":
             y_obs = np.maximum.accumulate(ret)
             end = steps.max()
-            grid = np.arange(grid_start, end + 1e-9, grid_interval, dtype=float) if end >= grid_start else steps[-1:]
+            grid = np.arange(start, end + 1e-9, interval, dtype=float) if end >= start else steps[-1:]
             # Between evaluations the best-so-far is the last evaluation's value (a step function).
             idx = np.searchsorted(steps, grid, side="right") - 1
             keep = idx >= 0
             grid, y = grid[keep], y_obs[idx[keep]]
         else:
-            grid, y = reference_curve(steps, ret, grid_start, grid_interval, window, max_steps)
+            grid, y = reference_curve(steps, ret, start, interval, win, max_steps)
         first = run.iloc[0]
         frames.append(pd.DataFrame({"run_id": run_id, "task": first["task"], "algo": first["algo"],
                                     "model": first["model"], "trial": first["trial"],

@@ -189,8 +189,12 @@ class _LinearRecurrence(torch.autograd.Function):
 _RUN = {"loop": _scan_, "scan": _doubling_scan_}
 
 
+def _recurrence(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, method: str) -> torch.Tensor:
+    return _LinearRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous(), method)
+
+
 def aggregate_loop(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
-    return _LinearRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous())
+    return _recurrence(u, gamma, s0, "loop")
 
 
 def _powers(gamma: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
@@ -201,7 +205,7 @@ def _powers(gamma: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate_scan(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
-    return _LinearRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous(), "scan")
+    return _recurrence(u, gamma, s0, "scan")
 
 
 def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
