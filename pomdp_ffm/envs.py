@@ -37,7 +37,6 @@ class TaskSpec:
     max_episode_steps: int
     # Excluded from hashing because dicts are unhashable; the spec stays usable as a dict key.
     make_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
-    discrete: bool = False
 
     @property
     def id(self) -> str:
@@ -57,19 +56,14 @@ def _r(start: int, stop: int) -> tuple[int, ...]:
     return tuple(range(start, stop))
 
 
-# (family, base id, max steps, discrete, make kwargs, {variant: indices})
-_FAMILIES: list[tuple[str, str, int, bool, dict[str, Any], dict[str, tuple[int, ...]]]] = [
+# (family, base id, max steps, make kwargs, {variant: indices})
+_FAMILIES: list[tuple[str, str, int, dict[str, Any], dict[str, tuple[int, ...]]]] = [
     # --- reference (POMDP-Baselines envs/pomdp), index lists copied exactly ---
-    ("Pendulum", "Pendulum-v1", 200, False, {}, {"F": (0, 1, 2), "P": (0, 1), "V": (2,)}),
-    ("CartPole", "CartPole-v0", 200, True, {}, {"F": (0, 1, 2, 3), "P": (0, 2), "V": (1, 3)}),
-    # The reference used LunarLander-v2, which Gymnasium 1.x replaced by v3 (same layout).
-    # Leg-contact dims 6 and 7 are intentionally in both P and V, as in the reference.
+    # The reference's discrete tasks (CartPole, LunarLander) are not registered: they need SAC-discrete,
+    # which this project does not implement (patches/009-continuous-separate-only.md).
+    ("Pendulum", "Pendulum-v1", 200, {}, {"F": (0, 1, 2), "P": (0, 1), "V": (2,)}),
     (
-        "LunarLander", "LunarLander-v3", 1000, True, {},
-        {"F": _r(0, 8), "P": (0, 1, 4, 6, 7), "V": (2, 3, 5, 6, 7)},
-    ),
-    (
-        "HopperBLT", "HopperBulletEnv-v0", 1000, False, {},
+        "HopperBLT", "HopperBulletEnv-v0", 1000, {},
         {
             "F": _r(0, 15),
             "P": (0, 1, 2, 6, 7, 8, 10, 12, 14),
@@ -77,7 +71,7 @@ _FAMILIES: list[tuple[str, str, int, bool, dict[str, Any], dict[str, tuple[int, 
         },
     ),
     (
-        "WalkerBLT", "Walker2DBulletEnv-v0", 1000, False, {},
+        "WalkerBLT", "Walker2DBulletEnv-v0", 1000, {},
         {
             "F": _r(0, 22),
             "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21),
@@ -85,7 +79,7 @@ _FAMILIES: list[tuple[str, str, int, bool, dict[str, Any], dict[str, tuple[int, 
         },
     ),
     (
-        "AntBLT", "AntBulletEnv-v0", 1000, False, {},
+        "AntBLT", "AntBulletEnv-v0", 1000, {},
         {
             "F": _r(0, 28),
             "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25, 26, 27),
@@ -93,7 +87,7 @@ _FAMILIES: list[tuple[str, str, int, bool, dict[str, Any], dict[str, tuple[int, 
         },
     ),
     (
-        "HalfCheetahBLT", "HalfCheetahBulletEnv-v0", 1000, False, {},
+        "HalfCheetahBLT", "HalfCheetahBulletEnv-v0", 1000, {},
         {
             "F": _r(0, 26),
             "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21, 22, 23, 24, 25),
@@ -103,18 +97,18 @@ _FAMILIES: list[tuple[str, str, int, bool, dict[str, Any], dict[str, tuple[int, 
     # --- MuJoCo v5 (not in the reference). Default v5 observations are qpos without the
     # root x (Ant: without x and y) followed by qvel, so P is the leading block and V the rest.
     # Hopper: nq=6, nv=6 -> 5 + 6.
-    ("HopperMJ", "Hopper-v5", 1000, False, {}, {"F": _r(0, 11), "P": _r(0, 5), "V": _r(5, 11)}),
+    ("HopperMJ", "Hopper-v5", 1000, {}, {"F": _r(0, 11), "P": _r(0, 5), "V": _r(5, 11)}),
     # Walker2d: nq=9, nv=9 -> 8 + 9.
-    ("Walker2dMJ", "Walker2d-v5", 1000, False, {}, {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)}),
+    ("Walker2dMJ", "Walker2d-v5", 1000, {}, {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)}),
     # HalfCheetah: nq=9, nv=9 -> 8 + 9.
     (
-        "HalfCheetahMJ", "HalfCheetah-v5", 1000, False, {},
+        "HalfCheetahMJ", "HalfCheetah-v5", 1000, {},
         {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)},
     ),
     # Ant: nq=15, nv=14 -> 13 + 14. The 78 contact-force dims are switched off because they are
     # neither positions nor velocities and would otherwise leak into F only.
     (
-        "AntMJ", "Ant-v5", 1000, False, {"include_cfrc_ext_in_observation": False},
+        "AntMJ", "Ant-v5", 1000, {"include_cfrc_ext_in_observation": False},
         {"F": _r(0, 27), "P": _r(0, 13), "V": _r(13, 27)},
     ),
 ]
@@ -122,7 +116,7 @@ _FAMILIES: list[tuple[str, str, int, bool, dict[str, Any], dict[str, tuple[int, 
 
 def _build_tasks() -> dict[str, TaskSpec]:
     tasks: dict[str, TaskSpec] = {}
-    for family, base_id, max_steps, discrete, kwargs, variants in _FAMILIES:
+    for family, base_id, max_steps, kwargs, variants in _FAMILIES:
         for variant in ("F", "P", "V"):
             name = f"{family}-{variant}-v0"
             tasks[name] = TaskSpec(
@@ -131,7 +125,6 @@ def _build_tasks() -> dict[str, TaskSpec]:
                 obs_indices=tuple(int(i) for i in variants[variant]),
                 max_episode_steps=max_steps,
                 make_kwargs=dict(kwargs),
-                discrete=discrete,
             )
     return tasks
 
@@ -192,15 +185,10 @@ class POMDPWrapper(gymnasium.Wrapper):
         )
 
         act = env.action_space
-        if isinstance(act, spaces.Box):
-            self._act_low = act.low.astype(np.float64)
-            self._act_high = act.high.astype(np.float64)
-        elif isinstance(act, spaces.Discrete):
-            self._act_low = self._act_high = None
-        else:
-            raise ValueError(
-                f"Unsupported action space {act!r} for {spec.base_id!r}; allowed: Box, Discrete"
-            )
+        if not isinstance(act, spaces.Box):
+            raise ValueError(f"Unsupported action space {act!r} for {spec.base_id!r}; allowed: Box")
+        self._act_low = act.low.astype(np.float64)
+        self._act_high = act.high.astype(np.float64)
 
         self._pending_seed = seed
         if seed is not None:
@@ -250,8 +238,7 @@ class POMDPWrapper(gymnasium.Wrapper):
         return a.astype(self.env.action_space.dtype)
 
     def step(self, action: Any):
-        if self._act_low is not None:
-            action = self._rescale(action)
+        action = self._rescale(action)
         obs, reward, terminated, truncated, info = self.env.step(action)
         return self._observe(obs), reward, terminated, truncated, info
 
