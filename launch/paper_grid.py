@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from pomdp_ffm.grid import sweep_jobs
+from pomdp_ffm.grid import STATUSES, sweep_jobs
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
 
@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     jobs = sweep_jobs(overrides)
     if args.dry_run:
         for job in jobs:
-            print(f"{job.status:7s} {job.run_dir}  [{' '.join(job.overrides)}]")
+            print(f"{job.status:9s} {job.run_dir}  [{' '.join(job.overrides)}]")
     counts = Counter(job.status for job in jobs)
-    print(f"{len(jobs)} jobs: " + ", ".join(f"{counts[s]} {s}" for s in ("done", "resume", "failed", "new")))
+    print(f"{len(jobs)} jobs: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES))
     if args.dry_run:
         return 0
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = subprocess.call(cmd)
     after = Counter(job.status for job in sweep_jobs(overrides))
     print(f"after the launch: {after['done']} done, {after['failed']} failed (ERROR.txt in their run "
-          f"directories), {after['resume'] + after['new']} not finished")
+          f"directories), {after['running']} still running, {after['resumable'] + after['new']} not finished")
     return rc
 
 

@@ -1,7 +1,8 @@
-"""Recurrent actor and critic with separate memories, and the SAC/TD3 update they share (spec 3-4).
+"""Recurrent actor and critic with separate memories, and the SAC/TD3 update they share
+(docs/reference.md#architecture, docs/reference.md#losses-and-batch-alignment).
 
 Shapes: T = sampled sequence length, B = batch, O/A = observation/action dims, H = memory size.
-Training streams are the reference's T+1 extension of a stored window (spec 4.1):
+Training streams are the reference's T+1 extension of a stored window (docs/reference.md#batch-alignment):
 
     observs = [o_0, o'_0, ..., o'_{T-1}]      [T+1, B, O]
     actions = [0,   a_0,  ..., a_{T-1}]       [T+1, B, A]   (previous-action stream)
@@ -33,7 +34,7 @@ class Streams(NamedTuple):
 
     @classmethod
     def from_batch(cls, batch, device) -> "Streams":
-        """The T+1 alignment with a zero first previous action/reward (spec 4.1)."""
+        """The T+1 alignment with a zero first previous action/reward (docs/reference.md#batch-alignment)."""
         t = lambda a: torch.as_tensor(a, device=device)
         obs, act, rew, term, obs2, mask = (t(x) for x in batch)
         zero = lambda x: torch.zeros_like(x[:1])
@@ -73,7 +74,7 @@ class HistoryEncoder(nn.Module):
 
 
 class Actor(nn.Module):
-    """History branch + observation shortcut -> policy head (spec 3.4)."""
+    """History branch + observation shortcut -> policy head (docs/reference.md#actor)."""
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: PolicyConfig, head: nn.Module):
         super().__init__()
@@ -91,7 +92,7 @@ class Actor(nn.Module):
 
 
 class Critic(nn.Module):
-    """One memory, one [obs, action] shortcut, twin Q heads (spec 3.5)."""
+    """One memory, one [obs, action] shortcut, twin Q heads (docs/reference.md#critic)."""
 
     def __init__(self, obs_dim: int, act_dim: int, cfg: PolicyConfig):
         super().__init__()
@@ -111,7 +112,8 @@ class Critic(nn.Module):
 
 
 def masked_mean(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    """Sum over valid steps divided by their count (spec 4.2); padded steps contribute nothing."""
+    """Sum over valid steps divided by their count (docs/reference.md#critic-loss); padded steps contribute
+    nothing."""
     return (x * masks).sum() / masks.sum().clamp(min=1.0)
 
 
@@ -147,8 +149,8 @@ class RecurrentAgent(nn.Module):
 
     # --------------------------------------------------------------------------------------------
     def update(self, batch, grad_norms: bool = False) -> dict[str, float]:
-        """One gradient step: critic, actor, targets, temperature (spec 4.4). With a TD3 policy delay d > 1,
-        the actor and both targets move every d-th step only, as in the TD3 paper."""
+        """One gradient step: critic, actor, targets, temperature (docs/reference.md#update-order). With a TD3
+        policy delay d > 1, the actor and both targets move every d-th step only, as in the TD3 paper."""
         s = Streams.from_batch(batch, self.device)
         # SAC's actor outputs on these inputs are the same before and after the critic step (the actor
         # has not changed), so one forward pass serves both the critic target and the actor loss.
@@ -170,7 +172,7 @@ class RecurrentAgent(nn.Module):
         return stats
 
     def critic_loss(self, s: Streams, actor_out) -> tuple[torch.Tensor, torch.Tensor]:
-        """Masked TD errors of both heads against min-of-targets (spec 4.2)."""
+        """Masked TD errors of both heads against min-of-targets (docs/reference.md#critic-loss)."""
         T = s.masks.shape[0]
         with torch.no_grad():
             next_actions, entropy_bonus = self.algo.next_actions(self, s, actor_out)  # [T+1, B, A], [T+1, B, 1]
@@ -185,7 +187,8 @@ class RecurrentAgent(nn.Module):
         return masked_mean((q1 - q_target).square(), s.masks), masked_mean((q2 - q_target).square(), s.masks)
 
     def actor_loss(self, s: Streams, actor_out) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Masked actor objective over steps 0..T-1 (spec 4.3), and the policy's log-probs (SAC)."""
+        """Masked actor objective over steps 0..T-1 (docs/reference.md#actor-loss), and the policy's log-probs
+        (SAC)."""
         s = s.head(s.masks.shape[0])
         actions, log_prob = self.algo.policy_actions(self, s, actor_out)
         # The critic's memory sees only stored data, never the actor's actions: no graph through it.
@@ -223,15 +226,19 @@ class RecurrentAgent(nn.Module):
         return self.actor.encoder.initial_state(batch_size, self.device)
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, prev_action: np.ndarray, prev_reward: float, state, deterministic: bool):
-        """One acting step at batch 1 with the carried memory state; returns (action in [-1, 1], state)."""
+    def act(self, obs, prev_action, prev_reward, state, deterministic: bool):
+        """One acting step with the carried memory state, for one env (obs [O], prev_action [A], prev_reward a
+        float) or a batch of envs stepped together (obs [B, O], prev_action [B, A], prev_reward [B]).
+        Returns (actions in [-1, 1] with the batch shape of obs, state)."""
         dev = self.device
-        o = torch.as_tensor(obs, dtype=torch.float32, device=dev).view(1, 1, -1)
-        a = torch.as_tensor(prev_action, dtype=torch.float32, device=dev).view(1, 1, -1)
-        r = torch.tensor([[[prev_reward]]], dtype=torch.float32, device=dev)
+        o = torch.as_tensor(obs, dtype=torch.float32, device=dev)
+        single = o.dim() == 1
+        o = o.view(1, -1, self.obs_dim)  # [1, B, O]: one time step
+        a = torch.as_tensor(prev_action, dtype=torch.float32, device=dev).view(1, -1, self.act_dim)
+        r = torch.as_tensor(prev_reward, dtype=torch.float32, device=dev).view(1, -1, 1)
         out, state = self.actor(a, r, o, state)
-        action = self.algo.act(out, deterministic)
-        return action.view(-1).cpu().numpy(), state
+        action = self.algo.act(out, deterministic).view(-1, self.act_dim).cpu().numpy()
+        return (action[0] if single else action), state
 
     def optimizer_state(self) -> dict:
         return {"actor": self.actor_optim.state_dict(), "critic": self.critic_optim.state_dict(),
@@ -241,3 +248,13 @@ class RecurrentAgent(nn.Module):
         self.actor_optim.load_state_dict(state["actor"])
         self.critic_optim.load_state_dict(state["critic"])
         self.algo.load_optimizer_state(state)
+
+    def training_state(self) -> dict:
+        """Everything an update depends on, as tensors and plain containers: the weights (actor, critic, targets,
+        SAC's log-temperature), the optimisers and the update count (TD3's policy delay)."""
+        return {"modules": self.state_dict(), "optim": self.optimizer_state(), "num_updates": self.num_updates}
+
+    def load_training_state(self, state: dict) -> None:
+        self.load_state_dict(state["modules"])
+        self.load_optimizer_state(state["optim"])  # also re-derives SAC's temperature from its log
+        self.num_updates = int(state["num_updates"])

@@ -18,6 +18,8 @@ ALGORITHMS = ("sac", "td3")
 class SAC(nn.Module):
     uses_target_actor = False
     policy_delay = 1
+    # The statistics update() reports, in progress.csv's column order (the reference's SAC columns).
+    stat_keys = ("qf1_loss", "qf2_loss", "policy_loss", "policy_entropy", "alpha")
 
     def __init__(self, cfg: PolicyConfig, act_dim: int):
         super().__init__()
@@ -79,6 +81,7 @@ class SAC(nn.Module):
 
 class TD3(nn.Module):
     uses_target_actor = True
+    stat_keys = ("qf1_loss", "qf2_loss", "policy_loss")
 
     def __init__(self, cfg: PolicyConfig, act_dim: int):
         super().__init__()
@@ -119,9 +122,18 @@ class TD3(nn.Module):
         pass
 
 
+_REGISTRY = {"sac": SAC, "td3": TD3}
+
+
+def _lookup(name: str):
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown algo_name {name!r}; available: {list(ALGORITHMS)}")
+    return _REGISTRY[name]
+
+
+def stat_keys(name: str) -> tuple[str, ...]:
+    return _lookup(name).stat_keys
+
+
 def build_algorithm(cfg: PolicyConfig, act_dim: int) -> nn.Module:
-    if cfg.algo_name == "sac":
-        return SAC(cfg, act_dim)
-    if cfg.algo_name == "td3":
-        return TD3(cfg, act_dim)
-    raise ValueError(f"unknown algo_name {cfg.algo_name!r}; available: {list(ALGORITHMS)}")
+    return _lookup(cfg.algo_name)(cfg, act_dim)

@@ -15,6 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from .config import register_configs
+from .rundir import STATUSES, RunDir
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -27,17 +28,14 @@ _GROUP_KEYS = {"env": "env.env_name", "algo": "policy.algo_name", "seq_model": "
 class Job:
     overrides: list[str]
     run_dir: Path
-    status: str  # done | failed | resume | new
+    status: str  # one of rundir.STATUSES
 
 
 def run_status(run_dir: Path) -> str:
-    if (run_dir / "DONE").exists():
-        return "done"
-    if (run_dir / "ERROR.txt").exists():
-        return "failed"
-    if (run_dir / "checkpoints" / "last.pt").exists():
-        return "resume"
-    return "new"
+    return RunDir(run_dir).status()
+
+
+__all__ = ["Job", "STATUSES", "run_status", "sweep_jobs"]
 
 
 def sweep_jobs(overrides: list[str]) -> list[Job]:

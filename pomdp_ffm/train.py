@@ -3,36 +3,50 @@
 ``--cfg job`` prints the composed config; ``experiment=<preset>`` runs a grid (conf/experiment/);
 ``hydra/launcher=<basic|local|slurm|slurm_local>`` chooses where its jobs run (launch/README.md).
 
-With ``resume=true`` (the presets set it) a run directory is a unit of work that can be started any number
-of times: a finished run (``DONE``) is skipped, an interrupted one continues from ``checkpoints/last.pt``,
-and a config that differs from the one the directory was started with is refused. Every start is recorded
-in ``attempts.log``; a failure leaves its traceback in ``ERROR.txt`` and is re-raised, so Hydra marks the job
-failed while the other jobs of a multirun go on.
+Every setting is checked before anything is written (a bad one is a one-line error naming the key, the value
+and what is allowed). A run directory (``pomdp_ffm.rundir``) is then locked for the life of the run: a second
+process is refused, naming the holder. With ``resume=true`` (the presets set it) a run directory is a unit of
+work that can be started any number of times: a finished run (DONE) is skipped; an interrupted one continues
+from checkpoints/last.pt once the checkpoint, config.yaml and progress.csv agree with each other and with the
+config asked for; anything else is refused, naming the file and the fix. Every start is recorded in
+attempts.log; a failure leaves its traceback in ERROR.txt.
+
+Exit codes of a single run (a multirun reports each job's failure through Hydra instead):
+
+    0   finished (DONE written), or skipped because it had finished
+    1   failed: an error while training (traceback in ERROR.txt)
+    2   refused: a bad setting, or a run directory that is in use, damaged, or holds another experiment
+    3   diverged: a non-finite loss (checkpoints/diverged.pt saved, message in ERROR.txt)
+    75  stopped by SIGTERM/SIGUSR1 (or the scheduler's warning) with its checkpoint saved: rerun to resume
 """
 from __future__ import annotations
 
 import datetime
 import logging
-import os
-import signal
-import socket
+import sys
 import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config import RunConfig, check_known_keys, register_configs
-from .trainer import CHECKPOINT, DONE, Trainer
+from .rundir import CheckpointError, RunDir, RunDirError, load_checkpoint
+from .signals import StopSignals
+from .trainer import CHECKPOINT_FORMAT, Outcome, Trainer, TrainingDiverged, resolve_device
 
 register_configs()
 log = logging.getLogger("pomdp_ffm")
 
-ERROR_FILE = "ERROR.txt"
-ATTEMPTS_FILE = "attempts.log"
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_DIVERGED, EXIT_STOPPED = 0, 1, 2, 3, 75
 # Keys that may change between the starts of one run directory: where and how it runs, not what it learns.
 MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint")
+
+
+class Refused(Exception):
+    """The run was not started: a bad setting or an unusable run directory. Nothing was written."""
 
 
 def _flat(d, prefix=""):
@@ -63,114 +77,191 @@ def config_differences(stored: dict, current: dict) -> list[str]:
     return diffs
 
 
-def _attempt(run_dir: Path, event: str) -> None:
-    # The scheduler's id of this attempt: SLURM array task, SLURM job, or submitit's local job.
-    job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else \
-        os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "-"
-    stamp = datetime.datetime.now().isoformat(timespec="seconds")
-    with open(run_dir / ATTEMPTS_FILE, "a") as f:
-        f.write(f"{stamp} host={socket.gethostname()} pid={os.getpid()} job={job} {event}\n")
-
-
-class SchedulerWarning:
-    """Inside a submitit job, the scheduler's warning signal (USR2 unless SUBMITIT_PREEMPT_SIGNAL says
-    otherwise) makes submitit requeue the job and exit at once, losing everything since the last periodic
-    checkpoint. While training, this defers submitit's handler: the signal is turned into the trainer's own
-    stop signal (SIGUSR1: finish the update in hand, save checkpoints/last.pt) and submitit's handler, which
-    requeues the job with its timeout accounting, runs only after the checkpoint is on disk.
-    Outside submitit (no Python handler on that signal) it does nothing.
-    """
-
-    def __init__(self):
-        name = "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
-        self.signum = getattr(signal, name, None)
-        self.requeue = signal.getsignal(self.signum) if self.signum is not None else None
-        self.caught: tuple | None = None
-
-    @property
-    def active(self) -> bool:
-        return callable(self.requeue) and self.signum != signal.SIGUSR1
-
-    def __enter__(self):
-        if self.active:
-            signal.signal(self.signum, self._on_warning)
-        return self
-
-    def _on_warning(self, signum, frame):
-        if not callable(signal.getsignal(signal.SIGUSR1)):
-            # The trainer is not listening (still loading, or already done): nothing new to save, and
-            # SIGUSR1's default action would kill the process before submitit could requeue it.
-            self.requeue(signum, frame)
-            return
-        self.caught = (signum, frame)
-        os.kill(os.getpid(), signal.SIGUSR1)
-
-    def __exit__(self, *exc):
-        if self.active:
-            signal.signal(self.signum, self.requeue)
-        return False
-
-    def hand_over(self) -> None:
-        """Let submitit requeue (it exits the process)."""
-        if self.caught is not None:
-            self.requeue(*self.caught)
-
-
-def run(cfg: DictConfig, run_dir: Path) -> dict:
-    run_dir.mkdir(parents=True, exist_ok=True)
+def validate(cfg: DictConfig) -> RunConfig:
+    """Every setting, checked without touching the disk; raises Refused with a one-line message."""
     try:
-        result, warning = _run(cfg, run_dir)
-    except Exception:
-        (run_dir / ERROR_FILE).write_text(traceback.format_exc())
-        _attempt(run_dir, f"failed (see {ERROR_FILE})")
-        raise
-    if result.get("stopped"):
-        _attempt(run_dir, f"stopped at {result['env_steps']} env steps (checkpoint saved)")
-        warning.hand_over()
-    elif not result.get("skipped"):
-        _attempt(run_dir, f"finished at {result['env_steps']} env steps")
-    return result
+        check_known_keys(cfg)
+        run_cfg: RunConfig = OmegaConf.to_object(cfg)  # each schema's __post_init__ checks its values
+        resolve_device(run_cfg.device)
+    except ValueError as e:
+        raise Refused(str(e)) from None
+    return run_cfg
 
 
-def _run(cfg: DictConfig, run_dir: Path) -> tuple[dict, SchedulerWarning | None]:
-    check_known_keys(cfg)
-    run_cfg: RunConfig = OmegaConf.to_object(cfg)  # validates choices (dataclass __post_init__)
-    cfg_path = run_dir / "config.yaml"
-    # Only a checkpoint or a finished run holds results that another config would mix with; an attempt that
-    # failed before its first checkpoint left nothing to protect and is simply started again.
-    started = (run_dir / DONE).exists() or (run_dir / CHECKPOINT).exists()
-    if run_cfg.resume and started and cfg_path.exists():
-        diffs = config_differences(OmegaConf.to_container(OmegaConf.load(cfg_path)),
-                                   OmegaConf.to_container(cfg, resolve=True))
+# --- what a start of a run directory does -------------------------------------------------------------------
+def _stored_config(run: RunDir) -> dict:
+    try:
+        stored = OmegaConf.to_container(OmegaConf.load(run.config))
+    except Exception as e:  # a YAML or OmegaConf parse error
+        raise RunDirError(f"{run.config} cannot be read ({str(e).splitlines()[0]}); restore it with "
+                          f"`python -m pomdp_ffm.rundir restore-config {run.path}` or use another run directory")
+    if not isinstance(stored, dict):
+        raise RunDirError(f"{run.config} does not hold a config mapping; restore it with "
+                          f"`python -m pomdp_ffm.rundir restore-config {run.path}`")
+    return stored
+
+
+def _refuse_other_experiment(run: RunDir, stored: dict, composed: dict, what: str) -> None:
+    diffs = config_differences(stored, composed)
+    if diffs:
+        raise RunDirError(f"{run.path} {what} a different config ({RunDir.CONFIG}); continuing it with this one "
+                          "would mix two experiments. Choose another directory (hydra.run.dir=... / "
+                          "hydra.sweep.dir=...). Differences:  " + ";  ".join(diffs))
+
+
+def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | None]:
+    """Decide, reading only, what this start does: ('skip', None), ('resume', checkpoint) or ('fresh', None).
+    Raises RunDirError, naming the file and the fix, for anything it cannot continue faithfully."""
+    holds_run = any(p.exists() for p in (run.done, run.checkpoint, run.progress, run.config))
+    if not run_cfg.resume:
+        if holds_run:
+            raise RunDirError(f"{run.path} already holds a run; pass resume=true to continue it or choose "
+                              "another run directory")
+        return "fresh", None
+    if run.done.exists():
+        if not run.config.exists():
+            raise RunDirError(f"{run.path} is finished but {RunDir.CONFIG} is missing, so it cannot be checked "
+                              f"against this config; restore it with `python -m pomdp_ffm.rundir restore-config "
+                              f"{run.path}`")
+        _refuse_other_experiment(run, _stored_config(run), composed, "was finished with")
+        return "skip", None
+    if run.checkpoint.exists():
+        try:
+            state = load_checkpoint(run.checkpoint)
+        except CheckpointError as e:
+            raise RunDirError(f"{e}: it cannot be resumed. Delete it to start this run again from scratch, or "
+                              "choose another run directory") from None
+        if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
+            raise RunDirError(f"{run.checkpoint} was written by another version of pomdp-ffm (format "
+                              f"{state.get('format')!r}, this one reads {CHECKPOINT_FORMAT}); resume it with that "
+                              "version, or delete it to start again")
+        if not run.config.exists():
+            raise RunDirError(f"{run.config} is missing, so the checkpoint cannot be checked against it; restore it "
+                              f"from the checkpoint's copy with `python -m pomdp_ffm.rundir restore-config "
+                              f"{run.path}`")
+        diffs = config_differences(state["config"], _stored_config(run))
         if diffs:
-            raise ValueError(f"{run_dir} was started with a different config ({cfg_path}); resuming it with "
-                             "this one would mix two experiments. Differences:\n  " + "\n  ".join(diffs)
-                             + "\nChoose another directory (hydra.sweep.dir=... / hydra.run.dir=...).")
-        if (run_dir / DONE).exists():
-            # A successful start or skip supersedes the error of an earlier attempt.
-            (run_dir / ERROR_FILE).unlink(missing_ok=True)
-            log.info("%s is finished (%s exists): skipping", run_dir, DONE)
-            _attempt(run_dir, "skipped (finished)")
-            return {"skipped": True}, None
-    elif not run_cfg.resume and (run_dir / "progress.csv").exists():
-        raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it "
-                              "or choose another run directory")
-    (run_dir / ERROR_FILE).unlink(missing_ok=True)
-    if not (run_cfg.resume and started and cfg_path.exists()):
-        cfg_path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    _attempt(run_dir, "start")
-    trainer = Trainer(run_cfg, run_dir)
+            raise RunDirError(f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(diffs)}); "
+                              f"restore it with `python -m pomdp_ffm.rundir restore-config {run.path}`")
+        _refuse_other_experiment(run, state["config"], composed, "was started with")
+        return "resume", state
+    if run.config.exists():
+        _refuse_other_experiment(run, _stored_config(run), composed, "was started with")
+    return "fresh", None
+
+
+def _set_aside_orphans(run: RunDir) -> None:
+    """A run killed before its first checkpoint left rows that cannot be continued: keep them, say so."""
+    if run.progress.exists():
+        with open(run.progress) as f:
+            n = max(sum(1 for _ in f) - 1, 0)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        aside = run.progress.with_name(f"{RunDir.PROGRESS}.no-checkpoint-{stamp}")
+        run.progress.replace(aside)
+        log.warning("%s held %d row(s) of an attempt that stopped before its first checkpoint; they cannot be "
+                    "continued, so the run starts again (the rows are kept in %s)", run.progress, n, aside.name)
+
+
+def _file_log(run: RunDir) -> logging.Handler:
+    handler = logging.FileHandler(run / RunDir.LOG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler
+
+
+def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer) -> dict:
+    """Validate, lock, verify and train one run directory. Raises Refused (nothing written), TrainingDiverged,
+    or the error that stopped training (recorded in ERROR.txt). Returns a summary dict. ``trainer_cls`` lets
+    tests put an instrumented trainer on the real path."""
+    run_cfg = validate(cfg)
+    composed = OmegaConf.to_container(cfg, resolve=True)
+    run = RunDir(run_dir)
     try:
-        with SchedulerWarning() as warning:
-            return trainer.run(), warning
+        trainer = trainer_cls(run_cfg, run)  # also checks what only the task can tell (e.g. the eval clock)
+    except ValueError as e:
+        raise Refused(str(e)) from None
+    try:
+        try:
+            stale = run.acquire()
+            action, state = plan(run, run_cfg, composed)
+        except RunDirError as e:
+            raise Refused(str(e)) from None
+        if action == "skip":
+            log.info("%s is finished (%s exists): skipping", run.path, RunDir.DONE)
+            run.error.unlink(missing_ok=True)  # a finished run supersedes an earlier attempt's error
+            run.record_attempt("skipped (finished)")
+            return {"skipped": True}
+        return _train(trainer, run, action, state, composed, stale)
     finally:
         trainer.close()
+        run.release()
+
+
+def _train(trainer: Trainer, run: RunDir, action: str, state: dict | None, composed: dict,
+           stale: str | None) -> dict:
+    handler = _file_log(run)
+    try:
+        if stale:
+            log.warning("%s: %s", run.path, stale)
+        run.error.unlink(missing_ok=True)
+        if action == "fresh":
+            _set_aside_orphans(run)
+            run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(composed)))
+        run.record_attempt("start")
+        trainer.config_copy = composed if state is None else state["config"]
+        with StopSignals() as stop:
+            trainer.stop = stop
+            try:
+                outcome: Outcome = trainer.train(resume=state)
+                c = outcome.counters
+                if not outcome.stopped and trainer.metrics.num_eval_rows == 0:
+                    raise RuntimeError("the budget was reached without a single evaluation logged")
+            except KeyboardInterrupt:
+                run.record_attempt("interrupted (KeyboardInterrupt)")
+                raise
+            except BaseException as e:
+                run.record_error(traceback.format_exc())
+                kind = "diverged" if isinstance(e, TrainingDiverged) else "failed"
+                run.record_attempt(f"{kind} (see {RunDir.ERROR})")
+                raise
+        if outcome.stopped:
+            run.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps (checkpoint saved)")
+        else:
+            run.write_text(run.done, f"env_steps={c.env_steps}\n")
+            run.record_attempt(f"finished at {c.env_steps} env steps")
+        return {"skipped": False, "stopped": outcome.stopped, "signal": outcome.signal, "stop": stop,
+                **vars(c)}
+    finally:
+        log.removeHandler(handler)
+        handler.close()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
-    return run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        result = run(cfg, run_dir)
+    except Refused as e:
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # Hydra made it for us; a refused start leaves nothing behind
+        if multirun:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
+    except TrainingDiverged as e:
+        if multirun:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_DIVERGED)
+    if result.get("stopped"):
+        result["stop"].hand_over()  # inside submitit: requeue now that the checkpoint is on disk (exits)
+        if not multirun:
+            sys.exit(EXIT_STOPPED)
+    result.pop("stop", None)
+    return result
 
 
 if __name__ == "__main__":

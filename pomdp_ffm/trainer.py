@@ -1,19 +1,21 @@
-"""The training loop of the reference (spec 6), as an object that owns env, buffer, agent and logs.
+"""The training loop of the reference (its policies/learner.py), as an object that owns env, buffer, agent and
+metrics (docs/reference.md#training-loop):
 
-    random pool -> a burst of updates -> [collect one episode -> updates per env step -> maybe eval]*
+    random pool -> [float ratio: one burst of updates] -> [collect one episode -> updates -> maybe eval]*
 
-Run directory: config.yaml, progress.csv, experiment.log, checkpoints/last.pt (resume), save/agent_*.pt (the
-reference's snapshots), DONE when finished.
+The run directory (file names, lock, atomic writes) belongs to ``RunDir``; ``pomdp_ffm.train`` verifies it and
+hands the trainer a locked directory and, on resume, the loaded checkpoint.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import os
 import random
-import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,13 +24,15 @@ from tqdm import tqdm
 from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .config import RunConfig
-from .envs import get_task, make_env
-from .logger import ProgressCSV, columns_for
+from .envs import make_env
+from .logger import MetricsWriter, columns_for
+from .rollout import AgentPolicy, RandomPolicy, run_episodes
+from .rundir import RunDir
+from .signals import StopSignals
 
 log = logging.getLogger("pomdp_ffm")
 
-CHECKPOINT = Path("checkpoints") / "last.pt"
-DONE = "DONE"
+CHECKPOINT_FORMAT = 2
 
 
 def resolve_device(name: str) -> torch.device:
@@ -52,347 +56,290 @@ class TrainingDiverged(FloatingPointError):
 
 
 class _StopRequested(Exception):
-    """Raised between two updates (or before an iteration) once a stop signal has arrived."""
+    """Raised between two updates (or before an episode) once a stop signal has arrived."""
+
+
+@dataclass
+class Counters:
+    """Where the run stands; saved whole in the checkpoint."""
+
+    env_steps: int = 0
+    rollouts: int = 0
+    rl_steps: int = 0
+    last_eval_iters: int = 0  # the eval clock's value at the last evaluation
+    last_eval_env_steps: int = 0
+    last_return: float = math.nan
+    elapsed: float = 0.0  # wall seconds trained, over all attempts
+    pool_done: bool = False
+    # The burst of updates in hand: {"n", "done", "sums", "counts"}. A checkpoint taken inside it (a stop
+    # signal between two updates) resumes with the updates still owed and the partial sums of its row.
+    burst: dict | None = None
+
+
+@dataclass
+class Outcome:
+    stopped: bool = False
+    signal: int | None = None
+    counters: Counters = field(default_factory=Counters)
+
+    def __getitem__(self, key: str) -> Any:  # convenient in tests and logs: outcome["env_steps"]
+        return self.stopped if key == "stopped" else getattr(self.counters, key)
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, run_dir: str | Path):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
-        task = get_task(cfg.env.env_name)
-        if task.discrete:
-            raise ValueError(f"task {task.name!r} has a discrete action space; {cfg.policy.algo_name} needs "
-                             "continuous actions (SAC-discrete is not part of this project)")
+    def __init__(self, cfg: RunConfig, run_dir: RunDir | str | Path, stop: StopSignals | None = None):
+        """Builds everything and checks what only the task can tell; writes nothing."""
+        self.cfg = cfg
+        self.run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+        self.stop = stop if stop is not None else StopSignals()
         torch.set_num_threads(cfg.num_threads)
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
         # One env instance for training and evaluation, as in the reference.
-        self.env = make_env(task.name, seed=cfg.seed)
+        self.env = make_env(cfg.env.env_name, seed=cfg.seed)
         self.max_len = self.env.max_episode_steps
         self.obs_dim = self.env.observation_space.shape[0]
         self.act_dim = self.env.action_space.shape[0]
         t = cfg.train
         self.seq_len = self.max_len if t.sampled_seq_len == -1 else t.sampled_seq_len
-        if self.seq_len < 2:
-            raise ValueError(f"train.sampled_seq_len={t.sampled_seq_len} must be -1 or >= 2")
         self.buffer = SeqReplayBuffer(int(t.buffer_size), self.obs_dim, self.act_dim, self.seq_len,
                                       t.sample_weight_baseline, seed=cfg.seed)
         self.agent = RecurrentAgent(self.obs_dim, self.act_dim, cfg.policy).to(self.device)
-        # env-step budget = max_len x (pool + iters x rollouts/iter) (spec 6.9); an "iteration" of the eval clock
-        # is iter_len env steps (spec 6.5).
+        # The env-step budget is max_len x (pool + iters x rollouts/iter); the eval clock counts "iterations"
+        # of iter_len env steps (docs/reference.md#evaluation).
         self.iter_len = t.num_rollouts_per_iter * self.max_len
         self.budget = self.max_len * t.num_init_rollouts_pool + t.num_iters * self.iter_len
-        self.counters = {"env_steps": 0, "rollouts": 0, "rl_steps": 0, "last_eval_iters": 0, "elapsed": 0.0,
-                         "pool_done": False, "burst": None}
-        self.last_return = float("nan")
-        self._stop_signal: int | None = None
+        last_iters = self.budget // self.iter_len
+        if last_iters < cfg.eval.log_interval:
+            raise ValueError(f"eval.log_interval={cfg.eval.log_interval} is more than the {last_iters} iterations "
+                             f"of this budget on {cfg.env.env_name}: no evaluation would ever be logged")
+        self.columns = columns_for(self.agent.algo.stat_keys, cfg.eval.eval_stochastic)
+        self.counters = Counters()
+        self.metrics: MetricsWriter | None = None
+        self.config_copy: dict | None = None  # the composed config, stored in every checkpoint
         self.bar = None
         self._updates_per_s = 0.0
 
     # ------------------------------------------------------------------------------------------------
-    def run(self) -> dict:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._setup_logging()
-        resumed_rows = self._maybe_resume()
-        self.csv = ProgressCSV(self.run_dir / "progress.csv",
-                               columns_for(self.cfg.policy.algo_name, self.cfg.eval.eval_stochastic),
-                               keep_rows=resumed_rows)
-        self.tb = self._tensorboard()
-        self._t0 = time.time() - self.counters["elapsed"]
-        self._last_eval = (time.time(), self.counters["env_steps"])
-        old_handlers = self._install_signal_handlers()
-        bar = tqdm(total=self.budget, initial=self.counters["env_steps"], unit="step", dynamic_ncols=True,
-                   disable=not self.cfg.progress, mininterval=2.0, desc=self.cfg.env.env_name)
-        self.bar = bar
+    def train(self, resume: dict | None = None) -> Outcome:
+        """Train to the budget, or until a stop signal (then checkpoint). The run directory must be locked."""
+        if resume is not None:
+            self._restore(resume)
+        self.metrics = MetricsWriter(self.run.progress, self.columns,
+                                     self.run / RunDir.TENSORBOARD if self.cfg.eval.log_tensorboard else None,
+                                     checkpoint_rows=None if resume is None else resume["progress_rows"])
+        self._t0 = time.time() - self.counters.elapsed
+        self._last_eval_time = time.time()
+        c = self.counters
+        self.bar = tqdm(total=self.budget, initial=c.env_steps, unit="step", dynamic_ncols=True,
+                        disable=not self.cfg.progress, mininterval=2.0, desc=self.cfg.env.env_name)
         try:
             try:
-                if not self.counters["pool_done"]:
+                if not c.pool_done:
                     self._initial_pool()
-                elif self.counters["burst"] is not None:  # stopped inside an iteration's updates
+                elif c.burst is not None:  # stopped inside an iteration's updates
                     self._finish_iteration()
-                while self.counters["env_steps"] < self.budget:
-                    if self._stop_signal is not None:
-                        raise _StopRequested
+                while c.env_steps < self.budget:
+                    self._check_stop()
                     self._iteration()
             except _StopRequested:
                 self.save_checkpoint()
-                log.info("stopped by signal %d at %d env steps, %d updates; checkpoint saved", self._stop_signal,
-                         self.counters["env_steps"], self.counters["rl_steps"])
-                return {"stopped": True, **self.counters}
-            self._snapshot(self.last_return)
+                log.info("stopped by signal %d at %d env steps, %d updates; checkpoint saved", self.stop.requested,
+                         c.env_steps, c.rl_steps)
+                return Outcome(stopped=True, signal=self.stop.requested, counters=c)
+            self._snapshot(c.last_return)
             self.save_checkpoint()
-            (self.run_dir / DONE).write_text(f"env_steps={self.counters['env_steps']}\n")
-            log.info("finished: %d env steps, %d updates, last eval return %.2f", self.counters["env_steps"],
-                     self.counters["rl_steps"], self.last_return)
-            return {"stopped": False, **self.counters, "last_return": self.last_return}
+            log.info("finished: %d env steps, %d updates, last eval return %.2f", c.env_steps, c.rl_steps,
+                     c.last_return)
+            return Outcome(counters=c)
         finally:
-            bar.close()
-            self.csv.close()
-            if self.tb is not None:
-                self.tb.close()
-            for sig, h in old_handlers.items():
-                signal.signal(sig, h)
+            self.bar.close()
+            self.metrics.close()
+
+    def _check_stop(self) -> None:
+        if self.stop.requested is not None:
+            raise _StopRequested
 
     # ------------------------------------------------------------------------------------------------
     def _initial_pool(self) -> None:
-        t = self.cfg.train
-        while self.counters["env_steps"] < t.num_init_rollouts_pool * self.max_len:
+        t, c = self.cfg.train, self.counters
+        while c.env_steps < t.num_init_rollouts_pool * self.max_len:
             self.collect_episode(random_actions=True)
-        # A float ratio means int(steps * ratio) updates at once after the pool (spec 6.2).
-        if self.counters["burst"] is None:
-            self._start_burst(self._num_updates(self.counters["env_steps"], burst=True))
-        self._run_burst()
-        self.counters["pool_done"] = True
+        # The reference bursts int(steps x ratio) updates after the pool for a float ratio only; an int count
+        # of updates per iteration starts with the first iteration.
+        if isinstance(t.num_updates_per_iter, float):
+            if c.burst is None:
+                self._start_burst(int(c.env_steps * t.num_updates_per_iter))
+            self._run_burst()
+        c.pool_done = True
 
     def _iteration(self) -> None:
         steps = 0
         for _ in range(self.cfg.train.num_rollouts_per_iter):
             steps += self.collect_episode(random_actions=False)
-        self._start_burst(self._num_updates(steps, burst=False))
+        ratio = self.cfg.train.num_updates_per_iter
+        self._start_burst(ratio if isinstance(ratio, int) else math.ceil(steps * ratio))
         self._finish_iteration()
 
     def _finish_iteration(self) -> None:
         self._run_burst()
-        iters = self.counters["env_steps"] // self.iter_len  # the reference's env-step clock (spec 6.5)
-        if iters != self.counters["last_eval_iters"] and iters % self.cfg.eval.log_interval == 0:
-            self.counters["last_eval_iters"] = iters
+        c, ev = self.counters, self.cfg.eval
+        iters = c.env_steps // self.iter_len  # the reference's env-step clock
+        if iters != c.last_eval_iters and iters % ev.log_interval == 0:
+            c.last_eval_iters = iters
             self.evaluate_and_log()
-            if self.cfg.eval.save_interval > 0 and self.counters["env_steps"] > 0.75 * self.budget \
-                    and iters % self.cfg.eval.save_interval == 0:
-                self._snapshot(self.last_return)
+            if ev.save_interval > 0 and c.env_steps > 0.75 * self.budget and iters % ev.save_interval == 0:
+                self._snapshot(c.last_return)
             if iters % self.cfg.checkpoint.interval == 0:
                 self.save_checkpoint()
 
-    def _num_updates(self, steps: int, burst: bool) -> int:
-        ratio = self.cfg.train.num_updates_per_iter
-        if isinstance(ratio, int):
-            return ratio
-        return int(steps * ratio) if burst else math.ceil(steps * ratio)
-
     # ------------------------------------------------------------------------------------------------
     def collect_episode(self, random_actions: bool) -> int:
-        env, agent = self.env, self.agent
-        obs, _ = env.reset()
-        prev_action, prev_reward = np.zeros(self.act_dim, np.float32), 0.0
-        state = agent.initial_state(1)
-        O, A, R, D, O2 = [], [], [], [], []
-        ep_return, done = 0.0, False
-        while not done:
-            if random_actions:
-                # The native action space (Pendulum: [-2, 2]), stored unclipped like the reference.
-                action = env.action_space.sample()
-            else:
-                action, state = agent.act(obs, prev_action, prev_reward, state, deterministic=False)
-            next_obs, reward, terminated, truncated, _ = env.step(action)
-            done = terminated or truncated
-            O.append(obs), A.append(action), R.append(reward), O2.append(next_obs)
-            D.append(terminated and not truncated)  # a time-out bootstraps, a fall does not
-            obs, prev_action, prev_reward = next_obs, action, float(reward)
-            ep_return += float(reward)
-        L = len(O)
-        if L >= 2:
-            self.buffer.add_episode(np.asarray(O, np.float32), np.asarray(A, np.float32),
-                                    np.asarray(R, np.float32), np.asarray(D, np.float32),
-                                    np.asarray(O2, np.float32))
+        envs = [self.env]
+        policy = RandomPolicy(envs) if random_actions else AgentPolicy(self.agent, deterministic=False)
+        (ep,) = run_episodes(envs, policy, record=True, on_step=self.bar.update if self.bar else None)
+        if ep.length >= 2:
+            self.buffer.add_episode(ep.observs, ep.actions, ep.rewards, ep.terminals, ep.next_observs)
         else:
-            log.warning("episode of length %d not stored (the sequence buffer needs >= 2 steps)", L)
-        self.counters["env_steps"] += L
-        self.counters["rollouts"] += 1
-        if self.bar is not None:
-            self.bar.update(L)
-        return L
+            # Counted in env_steps like every step taken (patches/011-length-1-episodes.md).
+            log.warning("episode of length %d not stored (the sequence buffer needs >= 2 steps)", ep.length)
+        self.counters.env_steps += ep.length
+        self.counters.rollouts += 1
+        return ep.length
 
     def _start_burst(self, n: int) -> None:
-        # The burst lives in the counters, so a checkpoint taken inside it (a stop signal between two updates)
-        # resumes with the updates still owed and the partial loss sums of the row it will log.
-        self.counters["burst"] = {"n": n, "done": 0, "sums": {}, "counts": {}}
+        self.counters.burst = {"n": n, "done": 0, "sums": {}, "counts": {}}
 
     def _run_burst(self) -> None:
-        burst = self.counters["burst"]
+        c = self.counters
+        burst = c.burst
         n, start = burst["n"], burst["done"]
         if n <= 0 or len(self.buffer) == 0:
-            self.counters["burst"] = None
+            c.burst = None
             return
         sums, counts = burst["sums"], burst["counts"]  # with a TD3 policy delay, actor stats come from fewer updates
         t0 = time.time()
         for i in range(start, n):
-            if self._stop_signal is not None:
-                raise _StopRequested
+            self._check_stop()
             stats = self.agent.update(self.buffer.sample(self.cfg.train.batch_size), grad_norms=(i == n - 1))
             bad = {k: v for k, v in stats.items() if not math.isfinite(v)}
             if bad:
                 self._diverged(bad)
-            self.counters["rl_steps"] += 1
+            c.rl_steps += 1
             for k, v in stats.items():
                 if not k.endswith("grad_norm"):
                     sums[k] = sums.get(k, 0.0) + v
                     counts[k] = counts.get(k, 0) + 1
             burst["done"] = i + 1
-        self.counters["burst"] = None
+        c.burst = None
         row = {f"rl_loss/{k}": v / counts[k] for k, v in sums.items()}
         row.update({f"rl_loss/{k}": v for k, v in stats.items() if k.endswith("grad_norm")})
-        self.csv.write(row)
-        if self.tb is not None:
-            for k, v in row.items():
-                self.tb.add_scalar(k, v, self.counters["env_steps"])
+        self.metrics.write(row, c.env_steps)
         self._updates_per_s = (n - start) / max(time.time() - t0, 1e-9)
         self._show_status()
 
     def _show_status(self) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"upd/s={self._updates_per_s:.0f} eval={self.last_return:.1f}", refresh=False)
+            self.bar.set_postfix_str(f"upd/s={self._updates_per_s:.0f} eval={self.counters.last_return:.1f}",
+                                     refresh=False)
 
     def _diverged(self, bad: dict) -> None:
-        path = self.save_checkpoint(name="diverged.pt")
-        msg = (f"non-finite loss at update {self.counters['rl_steps'] + 1} "
-               f"(env step {self.counters['env_steps']}): {bad}; checkpoint saved to {path}")
+        path = self.save_checkpoint(self.run / RunDir.DIVERGED)
+        msg = (f"non-finite loss at update {self.counters.rl_steps + 1} "
+               f"(env step {self.counters.env_steps}): {bad}; checkpoint saved to {path}")
         log.error(msg)
         raise TrainingDiverged(msg)
 
     # ------------------------------------------------------------------------------------------------
     def evaluate(self, deterministic: bool = True) -> tuple[float, float, float]:
-        """Mean return, mean length and success rate over num_eval_tasks episodes (spec 6.5)."""
-        returns, lengths, successes = [], [], []
-        for _ in range(self.cfg.env.num_eval_tasks):
-            obs, _ = self.env.reset()
-            prev_action, prev_reward = np.zeros(self.act_dim, np.float32), 0.0
-            state, done, ret, steps, success = self.agent.initial_state(1), False, 0.0, 0, False
-            while not done:
-                action, state = self.agent.act(obs, prev_action, prev_reward, state, deterministic)
-                obs, reward, terminated, truncated, info = self.env.step(action)
-                done = terminated or truncated
-                prev_action, prev_reward = action, float(reward)
-                ret += float(reward)
-                steps += 1
-                success = success or bool(info.get("success", False))
-            returns.append(ret), lengths.append(steps), successes.append(success)
-        return float(np.mean(returns)), float(np.mean(lengths)), float(np.mean(successes))
+        """Mean return, mean length and success rate over num_eval_tasks episodes, played one after another on
+        the training env, as in the reference (docs/reference.md#evaluation)."""
+        policy = AgentPolicy(self.agent, deterministic)
+        eps = [run_episodes([self.env], policy, record=False)[0] for _ in range(self.cfg.env.num_eval_tasks)]
+        return (float(np.mean([e.ret for e in eps])), float(np.mean([e.length for e in eps])),
+                float(np.mean([e.success for e in eps])))
 
     def evaluate_and_log(self) -> float:
         ret, length, success = self.evaluate(deterministic=True)
         now, c = time.time(), self.counters
-        row = {"z/env_steps": c["env_steps"], "z/rollouts": c["rollouts"], "z/rl_steps": c["rl_steps"],
+        row = {"z/env_steps": c.env_steps, "z/rollouts": c.rollouts, "z/rl_steps": c.rl_steps,
                "metrics/total_steps_eval": length, "metrics/return_eval_total": ret,
                "metrics/success_rate_eval": success}
         if self.cfg.eval.eval_stochastic:
             r_s, l_s, s_s = self.evaluate(deterministic=False)
             row.update({"metrics/total_steps_eval_sto": l_s, "metrics/return_eval_total_sto": r_s,
                         "metrics/success_rate_eval_sto": s_s})
-        last_t, last_steps = self._last_eval
         row["z/time_cost"] = int(now - self._t0)
-        row["z/fps"] = (c["env_steps"] - last_steps) / max(now - last_t, 1e-9)
-        self._last_eval = (now, c["env_steps"])
-        self.csv.write(row)
-        if self.tb is not None:
-            for k, v in row.items():
-                self.tb.add_scalar(k, v, c["env_steps"])
-        self.last_return = ret
+        row["z/fps"] = (c.env_steps - c.last_eval_env_steps) / max(now - self._last_eval_time, 1e-9)
+        self._last_eval_time, c.last_eval_env_steps = now, c.env_steps
+        self.metrics.write(row, c.env_steps)
+        c.last_return = ret
         self._show_status()
-        log.info("env steps %d  updates %d  eval return %.2f  length %.1f", c["env_steps"], c["rl_steps"], ret,
-                 length)
+        log.info("env steps %d  updates %d  eval return %.2f  length %.1f", c.env_steps, c.rl_steps, ret, length)
         return ret
 
     # ------------------------------------------------------------------------------------------------
     def _snapshot(self, perf: float) -> None:
-        """The reference's agent snapshot: save/agent_<iters>_perf<return>.pt."""
-        iters = self.counters["env_steps"] // self.iter_len
-        path = self.run_dir / "save" / f"agent_{iters}_perf{perf:.3f}.pt"
-        path.parent.mkdir(exist_ok=True)
-        _atomic_save({"agent": self.agent.state_dict()}, path)
+        """The reference's agent snapshot: save/agent_<iters>_perf<return>.pt (weights only)."""
+        self.run.save({"agent": self.agent.state_dict()},
+                      self.run.snapshot(self.counters.env_steps // self.iter_len, perf))
 
-    def save_checkpoint(self, name: str | None = None) -> Path:
-        path = self.run_dir / (CHECKPOINT if name is None else CHECKPOINT.parent / name)
-        path.parent.mkdir(exist_ok=True)
-        self.counters["elapsed"] = time.time() - self._t0
-        state = {
-            "agent": self.agent.state_dict(),
-            "optim": self.agent.optimizer_state(),
-            "num_updates": self.agent.num_updates,
-            "alpha": getattr(self.agent.algo, "alpha", None),
-            "counters": dict(self.counters),
-            "csv_rows": self.csv.rows,
-            "last_eval_env_steps": self._last_eval[1],
-            "last_return": self.last_return,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+    def checkpoint_state(self) -> dict:
+        """Everything a resumed run needs, as tensors and plain containers only (loadable tensors-only)."""
+        self.counters.elapsed = time.time() - self._t0
+        env_rng = self.env.rng_state()
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config_copy,
+            "agent": self.agent.training_state(),
+            "counters": dataclasses.asdict(self.counters),
+            "progress_rows": [list(r) for r in self.metrics.rows],
+            "rng": {"torch": torch.get_rng_state(), "numpy": _numpy_rng_to_plain(np.random.get_state()),
+                    "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                    "env": self.env.rng_state()},
-            "buffer": self.buffer.state_dict() if self.cfg.checkpoint.save_buffer else None,
+                    "env": env_rng},
+            "buffer": _arrays_to_tensors(self.buffer.state_dict()) if self.cfg.checkpoint.save_buffer else None,
         }
-        _atomic_save(state, path)
-        return path
 
-    def _maybe_resume(self) -> int | None:
-        path = self.run_dir / CHECKPOINT
-        if not self.cfg.resume:
-            if (self.run_dir / "progress.csv").exists():
-                raise FileExistsError(f"{self.run_dir} already holds a run; pass resume=true to continue it "
-                                      "or choose another run directory")
-            return None
-        if not path.exists():
-            log.info("resume=true but %s does not exist: starting from scratch", path)
-            return None
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        if state["buffer"] is None:
-            raise ValueError(f"{path} was saved without its replay buffer (checkpoint.save_buffer=false); "
-                             "it cannot be resumed faithfully")
-        self.agent.load_state_dict(state["agent"])
-        self.agent.load_optimizer_state(state["optim"])
-        self.agent.num_updates = state["num_updates"]
-        if state["alpha"] is not None:
-            self.agent.algo.alpha = state["alpha"]
+    def save_checkpoint(self, path: Path | None = None) -> Path:
+        return self.run.save(self.checkpoint_state(), path or self.run.checkpoint)
+
+    def _restore(self, state: dict) -> None:
+        if state.get("buffer") is None:
+            raise ValueError(f"{self.run.checkpoint} was saved without its replay buffer "
+                             "(checkpoint.save_buffer=false); it cannot be resumed faithfully")
+        self.agent.load_training_state(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
-        self.counters = {"burst": None, **state["counters"]}
-        self.last_return = state["last_return"]
+        self.counters = Counters(**state["counters"])
         rng = state["rng"]
         torch.set_rng_state(rng["torch"].cpu())
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
+        np.random.set_state(_numpy_rng_from_plain(rng["numpy"]))
+        random.setstate(_as_tuples(rng["python"]))
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         # The env resumes at an episode boundary with its RNG where it was: the next reset matches.
         self.env.set_rng_state(rng["env"])
-        log.info("resumed from %s at %d env steps", path, self.counters["env_steps"])
-        return state["csv_rows"]
-
-    # ------------------------------------------------------------------------------------------------
-    def _setup_logging(self) -> None:
-        handler = logging.FileHandler(self.run_dir / "experiment.log")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        self._log_handler = handler
-
-    def _tensorboard(self):
-        if not self.cfg.eval.log_tensorboard:
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as e:
-            raise ImportError("eval.log_tensorboard=true needs the tensorboard package: "
-                              "pip install 'pomdp-ffm[tensorboard]'") from e
-        return SummaryWriter(str(self.run_dir / "tb"))
-
-    def _install_signal_handlers(self) -> dict:
-        # SIGTERM/SIGUSR1 (a scheduler's warning) finish the current update or episode, checkpoint and stop.
-        def handler(signum, frame):
-            self._stop_signal = signum
-
-        old = {}
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            try:
-                old[sig] = signal.signal(sig, handler)
-            except ValueError:  # not the main thread
-                pass
-        return old
+        log.info("resumed from %s at %d env steps", self.run.checkpoint, self.counters.env_steps)
 
     def close(self) -> None:
         self.env.close()
-        if getattr(self, "_log_handler", None) is not None:
-            log.removeHandler(self._log_handler)
-            self._log_handler.close()
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+# --- plain containers for the tensors-only checkpoint -------------------------------------------------------
+def _arrays_to_tensors(d: dict) -> dict:
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in d.items()}
 
+
+def _numpy_rng_to_plain(state: tuple) -> dict:
+    kind, keys, pos, has_gauss, cached = state
+    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _numpy_rng_from_plain(d: dict) -> tuple:
+    return (d["kind"], d["keys"].numpy().astype(np.uint32), d["pos"], d["has_gauss"], d["cached_gaussian"])
+
+
+def _as_tuples(x):
+    # random.setstate wants the tuples it gave; a round trip through a checkpoint keeps them, this is a guard.
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x

@@ -24,6 +24,16 @@ def compose_cfg(overrides=()):
 
 
 @pytest.fixture
+def composed():
+    """A factory: composed(*overrides, tiny=True) -> the composed DictConfig, as the entry point gets it."""
+
+    def make(*overrides, tiny=True):
+        return compose_cfg([*(TINY if tiny else []), *overrides])
+
+    return make
+
+
+@pytest.fixture
 def run_cfg():
     """A factory: run_cfg(*overrides, tiny=True) -> a validated RunConfig."""
 

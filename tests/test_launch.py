@@ -50,7 +50,7 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
     root = tmp_path / "grid"
     assert grid.main(["--dry-run", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "160 jobs: 0 done, 0 resume, 0 failed, 160 new"
+    assert lines[-1] == "160 jobs: 0 done, 0 running, 0 failed, 0 resumable, 160 new"
     jobs = [l.split()[1] for l in lines[:-1]]
     assert len(set(jobs)) == 160  # one directory per (task, algo, model, seed): reruns find them again
     parts = {tuple(Path(j).relative_to(root).parts) for j in jobs}
@@ -60,7 +60,7 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
     for algo in ("sac", "td3"):
         assert grid.main(["--dry-run", "--algo", algo, "--root", str(root)]) == 0
         out = capsys.readouterr().out.splitlines()
-        assert out[-1] == "80 jobs: 0 done, 0 resume, 0 failed, 80 new"
+        assert out[-1] == "80 jobs: 0 done, 0 running, 0 failed, 0 resumable, 80 new"
         assert all(f"/{algo}_" in l for l in out[:-1])
     assert not root.exists()  # a dry run starts nothing
 
@@ -76,7 +76,7 @@ def test_dry_run_reports_run_status(tmp_path):
     (resume / "checkpoints" / "last.pt").write_bytes(b"")
     (failed / "ERROR.txt").write_text("Traceback ...")
     status = {j.run_dir: j.status for j in sweep_jobs(["experiment=paper", f"hydra.sweep.dir={root}"])}
-    assert (status[done], status[resume], status[failed]) == ("done", "resume", "failed")
+    assert (status[done], status[resume], status[failed]) == ("done", "resumable", "failed")
     assert sum(s == "new" for s in status.values()) == 157
     # Command-line sweeps override the preset's, as in Hydra's BasicSweeper.
     assert len(sweep_jobs(["experiment=paper_td3", "seed=0,1", f"hydra.sweep.dir={root}"])) == 32
@@ -97,24 +97,23 @@ def test_config_differences_ignore_where_it_runs():
     assert config_differences(gru, changed) == ["policy.ffm.beta: 0.01 -> 0.1"]
 
 
-def test_failed_job_leaves_error_and_others_run(tmp_path):
-    # Job #0 (FFM) fails at construction on a bad FFM option; job #1 (GRU ignores FFM options) must still
-    # run after it under the sequential launcher, and the sweep must end with a non-zero exit.
+def test_refused_job_writes_nothing_and_others_run(tmp_path):
+    # Job #0 (FFM) is refused at start on an FFM sizing its hidden size cannot take; job #1 (GRU ignores FFM
+    # options) must still run after it under the sequential launcher, and the sweep must end non-zero.
     root = tmp_path / "sweep"
     proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
-                 "policy.ffm.context=bogus", check=False)
+                 "policy.ffm.context_size=5", check=False)
     assert proc.returncode != 0
     bad, good = root / "Pendulum-V-v0" / "sac_ffm" / "seed-0", root / "Pendulum-V-v0" / "sac_gru" / "seed-0"
-    err = (bad / "ERROR.txt").read_text()
-    assert "Traceback" in err and "context='bogus' is not one of" in err
-    assert not (bad / "DONE").exists() and "failed" in (bad / "attempts.log").read_text()
+    assert "FFM cannot split hidden_size=32" in proc.stderr + proc.stdout
+    assert not bad.exists()  # refused before anything was written
     assert (good / "DONE").exists() and len(eval_steps(good)) > 0
-    # Fixing the option and rerunning retries the failed run (it had no checkpoint, so the new config is
-    # taken); the finished GRU run, which never read policy.ffm, is skipped.
+    # Fixing the option and rerunning starts the refused run; the finished GRU run, which never read
+    # policy.ffm, is skipped.
     train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
-          "policy.ffm.context=learned")
+          "policy.ffm.context_size=1")
     assert (bad / "DONE").exists() and not (bad / "ERROR.txt").exists()
-    assert "context: learned" in (bad / "config.yaml").read_text()
+    assert "context_size: 1" in (bad / "config.yaml").read_text()
     assert (good / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
 
 
@@ -127,7 +126,7 @@ def _check_smoke_grid(root: Path) -> None:
         steps = eval_steps(run)
         assert steps and steps == sorted(steps)
         assert (run / "DONE").exists() and (run / "config.yaml").exists()
-        assert (run / ".hydra" / "config.yaml").exists() and (run / ".hydra" / "overrides.yaml").exists()
+        assert not (run / ".hydra").exists()  # config.yaml is the run's one record of its config
 
 
 @pytest.mark.slow
@@ -168,7 +167,7 @@ def test_scheduler_warning_checkpoints_requeues_and_resumes(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     attempts = (run / "attempts.log").read_text().splitlines()
     events = [" ".join(l.split()[4:]) for l in attempts]
-    assert events[0] == "start" and events[1].startswith("stopped at") and events[2] == "start"
+    assert events[0] == "start" and events[1].startswith("stopped by signal") and events[2] == "start"
     assert events[3].startswith("finished at")
     assert len({l.split()[2] for l in attempts[:2]} | {l.split()[2] for l in attempts[2:]}) == 2  # a new process
     log = (run / "experiment.log").read_text()
@@ -213,28 +212,31 @@ def test_slurm_preset_overrides_reach_sbatch(tmp_path, monkeypatch):
 
 
 def test_scheduler_warning_defers_submitit_until_checkpoint():
-    from pomdp_ffm.train import SchedulerWarning
+    from pomdp_ffm.signals import StopSignals
 
     calls = []
     old2 = signal.signal(signal.SIGUSR2, lambda s, f: calls.append("requeue"))  # stands in for submitit
-    old1 = signal.getsignal(signal.SIGUSR1)
     try:
-        signal.signal(signal.SIGUSR1, lambda s, f: calls.append("trainer stops"))
-        with SchedulerWarning() as w:
+        with StopSignals() as stop:
             os.kill(os.getpid(), signal.SIGUSR2)
             time.sleep(0.05)
-            assert calls == ["trainer stops"]  # the requeue waits for the checkpoint
-        w.hand_over()
-        assert calls == ["trainer stops", "requeue"]
-        calls.clear()
-        # While the trainer is not listening, the warning goes straight to submitit.
-        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-        with SchedulerWarning():
-            os.kill(os.getpid(), signal.SIGUSR2)
-            time.sleep(0.05)
+            assert stop.requested == signal.SIGUSR2 and calls == []  # the requeue waits for the checkpoint
+        stop.hand_over()
         assert calls == ["requeue"]
+        calls.clear()
+        # Outside training the warning goes straight to submitit: there is nothing new to save.
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)
+        assert calls == ["requeue"]
+        # SIGTERM stops the run but never requeues it.
+        calls.clear()
+        with StopSignals() as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        stop.hand_over()
+        assert stop.requested == signal.SIGTERM and calls == []
         signal.signal(signal.SIGUSR2, signal.SIG_DFL)
-        assert not SchedulerWarning().active  # outside submitit nothing is touched
+        with StopSignals() as stop:  # outside submitit the warning signal is left alone
+            assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGUSR2, old2)
-        signal.signal(signal.SIGUSR1, old1)

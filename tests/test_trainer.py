@@ -8,15 +8,13 @@ import pandas as pd
 import pytest
 
 from pomdp_ffm.logger import TIME_COLUMNS, columns_for
+from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer, TrainingDiverged
 
 
-def train(cfg, run_dir):
-    trainer = Trainer(cfg, run_dir)
-    try:
-        return trainer.run()
-    finally:
-        trainer.close()
+def train(cfg, run_dir, trainer_cls=Trainer):
+    """The entry point's own path (validate, lock, verify, train) on a composed config."""
+    return run(cfg, run_dir, trainer_cls=trainer_cls)
 
 
 def read(run_dir):
@@ -27,8 +25,8 @@ def eval_rows(df):
     return df[df["z/env_steps"].notna()]
 
 
-def test_run_writes_reference_log_and_checkpoints(run_cfg, tmp_path):
-    cfg = run_cfg("env=Pendulum-V-v0", "algo=sac")
+def test_run_writes_reference_log_and_checkpoints(composed, tmp_path):
+    cfg = composed("env=Pendulum-V-v0", "algo=sac")
     out = train(cfg, tmp_path / "run")
     df = read(tmp_path / "run")
     assert list(df.columns) == columns_for("sac", False)
@@ -54,32 +52,30 @@ def test_pool_actions_come_from_the_native_range(run_cfg, tmp_path):
     trainer.close()
 
 
-def test_same_seed_same_progress(run_cfg, tmp_path):
+def test_same_seed_same_progress(composed, tmp_path):
     for name in ("a", "b"):
-        train(run_cfg("algo=td3", "seq_model=gru", "seed=3"), tmp_path / name)
+        train(composed("algo=td3", "seq_model=gru", "seed=3"), tmp_path / name)
     a, b = read(tmp_path / "a").drop(columns=TIME_COLUMNS), read(tmp_path / "b").drop(columns=TIME_COLUMNS)
     pd.testing.assert_frame_equal(a, b)
-    train(run_cfg("algo=td3", "seq_model=gru", "seed=4"), tmp_path / "c")
+    train(composed("algo=td3", "seq_model=gru", "seed=4"), tmp_path / "c")
     assert not read(tmp_path / "c").drop(columns=TIME_COLUMNS).equals(a)
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-def test_interrupted_run_resumes_to_the_same_log(run_cfg, tmp_path, algo):
+def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     overrides = (f"algo={algo}", "seq_model=ffm", "train.num_iters=6")
-    train(run_cfg(*overrides), tmp_path / "full")
+    train(composed(*overrides), tmp_path / "full")
 
     class Interrupt(Trainer):
         def _iteration(self):
             super()._iteration()
-            if self.counters["env_steps"] >= 600:
-                self._stop_signal = 15  # what SIGTERM does
+            if self.counters.env_steps >= 600:
+                self.stop.request(15)  # what SIGTERM does
 
-    t = Interrupt(run_cfg(*overrides), tmp_path / "cut")
-    assert t.run()["stopped"]
-    t.close()
-    with pytest.raises(FileExistsError, match="resume=true"):
-        train(run_cfg(*overrides), tmp_path / "cut")
-    out = train(run_cfg(*overrides, "resume=true"), tmp_path / "cut")
+    assert train(composed(*overrides), tmp_path / "cut", Interrupt)["stopped"]
+    with pytest.raises(Refused, match="resume=true"):
+        train(composed(*overrides), tmp_path / "cut")
+    out = train(composed(*overrides, "resume=true"), tmp_path / "cut")
     assert not out["stopped"] and out["env_steps"] == 1400
     cut = read(tmp_path / "cut")
     steps = eval_rows(cut)["z/env_steps"]
@@ -88,18 +84,16 @@ def test_interrupted_run_resumes_to_the_same_log(run_cfg, tmp_path, algo):
     pd.testing.assert_frame_equal(cut.drop(columns=TIME_COLUMNS), read(tmp_path / "full").drop(columns=TIME_COLUMNS))
 
 
-def test_killed_run_keeps_its_rows(run_cfg, tmp_path):
+def test_killed_run_keeps_its_rows(composed, tmp_path):
     class Kill(Trainer):
         def evaluate_and_log(self):
             ret = super().evaluate_and_log()
-            if self.counters["env_steps"] >= 600:
+            if self.counters.env_steps >= 600:
                 raise KeyboardInterrupt  # as if killed right after logging
             return ret
 
-    t = Kill(run_cfg(), tmp_path / "k")
     with pytest.raises(KeyboardInterrupt):
-        t.run()
-    t.close()
+        train(composed(), tmp_path / "k", Kill)
     with open(tmp_path / "k" / "progress.csv") as f:
         rows = list(csv.reader(f))
     # header + pool train row + (train, eval) rows at 400 and at 600 env steps
@@ -107,28 +101,27 @@ def test_killed_run_keeps_its_rows(run_cfg, tmp_path):
     assert not (tmp_path / "k" / "DONE").exists()
 
 
-def test_discrete_task_fails_at_start(run_cfg, tmp_path):
-    with pytest.raises(ValueError, match=r"'CartPole-V-v0' has a discrete action space"):
-        Trainer(run_cfg("env.env_name=CartPole-V-v0"), tmp_path / "d")
-
-
 def test_unknown_task_fails_with_the_list(run_cfg, tmp_path):
     with pytest.raises(ValueError, match=r"HopperBLT-X-v0.*HopperBLT-V-v0"):
         Trainer(run_cfg("env.env_name=HopperBLT-X-v0"), tmp_path / "u")
 
 
-def test_non_finite_loss_stops_with_checkpoint(run_cfg, tmp_path):
-    t = Trainer(run_cfg(), tmp_path / "nan")
-    real_update = t.agent.update
-    t.agent.update = lambda batch, grad_norms=False: {**real_update(batch, grad_norms), "qf1_loss": math.nan}
+def test_non_finite_loss_stops_with_checkpoint(composed, tmp_path):
+    class NaN(Trainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            real_update = self.agent.update
+            self.agent.update = lambda batch, grad_norms=False: {**real_update(batch, grad_norms), "qf1_loss": math.nan}
+
     with pytest.raises(TrainingDiverged, match=r"non-finite loss at update 1 \(env step 200\).*qf1_loss"):
-        t.run()
-    t.close()
+        train(composed(), tmp_path / "nan", NaN)
     assert (tmp_path / "nan" / "checkpoints" / "diverged.pt").exists()
+    assert "non-finite loss" in (tmp_path / "nan" / "ERROR.txt").read_text()
+    assert "diverged" in (tmp_path / "nan" / "attempts.log").read_text()
 
 
-def test_pybullet_task_end_to_end(run_cfg, tmp_path):
-    cfg = run_cfg("env=HopperBLT-V-v0", "algo=td3", "train.num_iters=1", "train.num_updates_per_iter=0.002",
+def test_pybullet_task_end_to_end(composed, tmp_path):
+    cfg = composed("env=HopperBLT-V-v0", "algo=td3", "train.num_iters=1", "train.num_updates_per_iter=0.002",
                   "eval.log_interval=1")
     out = train(cfg, tmp_path / "blt")
     assert out["env_steps"] >= 1000 and out["rollouts"] > 1
@@ -143,7 +136,7 @@ def test_hydra_entry_point_smoke(tmp_path):
            "train.num_updates_per_iter=0.02", "env.num_eval_tasks=1", "eval.log_interval=1", "progress=false",
            f"hydra.run.dir={run_dir}"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=240)
-    assert (run_dir / "config.yaml").exists() and (run_dir / ".hydra" / "config.yaml").exists()
+    assert (run_dir / "config.yaml").exists() and not (run_dir / ".hydra").exists()
     assert len(eval_rows(read(run_dir))) == 2
 
 
@@ -153,19 +146,19 @@ def test_misspelt_key_fails_at_start(tmp_path):
     assert proc.returncode != 0 and "batch_sise" in proc.stderr
 
 
-def test_tensorboard_logging_when_asked(run_cfg, tmp_path):
+def test_tensorboard_logging_when_asked(composed, tmp_path):
     pytest.importorskip("tensorboard")
-    train(run_cfg("eval.log_tensorboard=true", "train.num_iters=1"), tmp_path / "tb_run")
+    train(composed("eval.log_tensorboard=true", "train.num_iters=1"), tmp_path / "tb_run")
     events = list((tmp_path / "tb_run" / "tb").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
 
 
 @pytest.mark.parametrize("stop_at_update", [2, 6])  # inside the post-pool burst; inside an iteration's burst
-def test_stop_between_two_updates_resumes_to_the_same_log(run_cfg, tmp_path, stop_at_update):
+def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, stop_at_update):
     # A scheduler's warning can come in the middle of a long burst of updates (BLT: 10k after the pool):
     # the run stops after the update in hand, and the resumed run owes exactly the remaining ones.
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=4")
-    train(run_cfg(*overrides), tmp_path / "full")
+    train(composed(*overrides), tmp_path / "full")
 
     class StopMidBurst(Trainer):
         def __init__(self, *a, **kw):
@@ -175,16 +168,14 @@ def test_stop_between_two_updates_resumes_to_the_same_log(run_cfg, tmp_path, sto
             def counted(*args, **kwargs):
                 calls[0] += 1
                 if calls[0] == stop_at_update:
-                    self._stop_signal = 10
+                    self.stop.request(10)
                 return update(*args, **kwargs)
 
             self.agent.update = counted
 
-    t = StopMidBurst(run_cfg(*overrides), tmp_path / "cut")
-    out = t.run()
-    t.close()
+    out = train(composed(*overrides), tmp_path / "cut", StopMidBurst)
     assert out["stopped"] and out["rl_steps"] == stop_at_update and out["burst"]["done"] > 0
-    out = train(run_cfg(*overrides, "resume=true"), tmp_path / "cut")
+    out = train(composed(*overrides, "resume=true"), tmp_path / "cut")
     assert not out["stopped"] and out["burst"] is None
     pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
                                   read(tmp_path / "full").drop(columns=TIME_COLUMNS))

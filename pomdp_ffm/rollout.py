@@ -1,0 +1,102 @@
+"""The one rollout loop, for collecting and for evaluating.
+
+``run_episodes`` plays one episode in each of the given envs, in lockstep: one batched policy call per step,
+finished episodes masked (their envs are no longer stepped and their actions are ignored). Collection and the
+reference's evaluation use one env (the reference evaluates its episodes one after another on the training
+env); several envs step their episodes together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Episode:
+    observs: np.ndarray       # [L, O]  o_t
+    actions: np.ndarray       # [L, A]  a_t as sent to the env (random ones in the native range)
+    rewards: np.ndarray       # [L]     r_t
+    terminals: np.ndarray     # [L]     1 where the env ended the episode itself (a time-out bootstraps)
+    next_observs: np.ndarray  # [L, O]  o_{t+1}
+    ret: float
+    length: int
+    success: bool
+
+
+class Policy(Protocol):
+    def initial_state(self, batch_size: int): ...
+
+    def __call__(self, obs: np.ndarray, prev_action: np.ndarray, prev_reward: np.ndarray, state,
+                 active: np.ndarray) -> tuple[np.ndarray, object]: ...
+
+
+class AgentPolicy:
+    """The agent's actor with its memory state carried across steps."""
+
+    def __init__(self, agent, deterministic: bool):
+        self.agent, self.deterministic = agent, deterministic
+
+    def initial_state(self, batch_size: int):
+        return self.agent.initial_state(batch_size)
+
+    def __call__(self, obs, prev_action, prev_reward, state, active):
+        return self.agent.act(obs, prev_action, prev_reward, state, self.deterministic)
+
+
+class RandomPolicy:
+    """Uniform actions from each env's native action space (the reference's initial pool)."""
+
+    def __init__(self, envs: Sequence):
+        self.envs = envs
+
+    def initial_state(self, batch_size: int):
+        return None
+
+    def __call__(self, obs, prev_action, prev_reward, state, active):
+        actions = np.zeros(prev_action.shape, np.float32)
+        for i in np.flatnonzero(active):  # finished envs draw nothing: their samplers' streams stay put
+            actions[i] = self.envs[i].action_space.sample()
+        return actions, None
+
+
+def run_episodes(envs: Sequence, policy: Policy, record: bool,
+                 on_step: Callable[[int], None] | None = None) -> list[Episode]:
+    """One episode per env. ``record`` keeps the transitions; ``on_step(n)`` is told of n env steps taken."""
+    n = len(envs)
+    obs = np.stack([env.reset()[0] for env in envs]).astype(np.float32)
+    act_dim = envs[0].action_space.shape[0]
+    prev_action = np.zeros((n, act_dim), np.float32)
+    prev_reward = np.zeros(n, np.float32)
+    state = policy.initial_state(n)
+    active = np.ones(n, bool)
+    trans = [[] for _ in range(n)]
+    ret, length, success = np.zeros(n), np.zeros(n, int), np.zeros(n, bool)
+    while active.any():
+        actions, state = policy(obs, prev_action, prev_reward, state, active)
+        stepped = 0
+        for i in np.flatnonzero(active):
+            next_obs, reward, terminated, truncated, info = envs[i].step(actions[i])
+            if record:
+                # A time-out bootstraps, a fall does not (the reference's terminal flag for pomdp tasks).
+                trans[i].append((obs[i].copy(), actions[i].copy(), float(reward), terminated and not truncated,
+                                 next_obs))
+            ret[i] += float(reward)
+            length[i] += 1
+            success[i] |= bool(info.get("success", False))
+            obs[i], prev_action[i], prev_reward[i] = next_obs, actions[i], reward
+            stepped += 1
+            if terminated or truncated:
+                active[i] = False
+        if on_step is not None:
+            on_step(stepped)
+    episodes = []
+    for i in range(n):
+        o, a, r, d, o2 = zip(*trans[i]) if trans[i] else ((),) * 5
+        episodes.append(Episode(
+            observs=np.asarray(o, np.float32), actions=np.asarray(a, np.float32),
+            rewards=np.asarray(r, np.float32), terminals=np.asarray(d, np.float32),
+            next_observs=np.asarray(o2, np.float32), ret=float(ret[i]), length=int(length[i]),
+            success=bool(success[i])))
+    return episodes

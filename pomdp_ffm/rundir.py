@@ -1,0 +1,301 @@
+"""The run directory: the one place that knows its file names, its status, its lock and its checkpoints.
+
+    <run>/config.yaml          the composed config the run was started with
+    <run>/progress.csv         the reference's log, one row per update burst and per evaluation
+    <run>/experiment.log       human-readable log
+    <run>/attempts.log         one line per start, stop, finish, skip or failure of the run
+    <run>/checkpoints/last.pt  the resume checkpoint (tensors and plain containers only)
+    <run>/save/agent_*.pt      the reference's agent snapshots
+    <run>/tb/                  TensorBoard events (eval.log_tensorboard=true)
+    <run>/DONE                 the budget was reached and the evaluations were logged
+    <run>/ERROR.txt            the traceback of the last failed attempt
+    <run>/.lock                held (flock) by the process training in this directory
+
+Status, first match wins: ``done`` (DONE), ``running`` (another process holds the lock), ``failed`` (ERROR.txt:
+the last attempt failed; a rerun resumes it), ``resumable`` (a checkpoint), ``new``.
+
+Checkpoints are loaded with ``torch.load(weights_only=True)`` only: a file that the tensors-only unpickler
+refuses is reported, naming it, and never unpickled in full, so a downloaded tree of runs cannot run code.
+
+``python -m pomdp_ffm.rundir status <dir>...`` prints the status of run directories;
+``python -m pomdp_ffm.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import errno
+import fcntl
+import os
+import pickle
+import socket
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STATUSES = ("done", "running", "failed", "resumable", "new")  # the order status() tests them in
+
+
+class RunDirError(RuntimeError):
+    """A run directory cannot be used as asked; the message names the file and what to do."""
+
+
+class RunDirLocked(RunDirError):
+    pass
+
+
+class CheckpointError(RunDirError):
+    pass
+
+
+class RunDir:
+    CONFIG = "config.yaml"
+    PROGRESS = "progress.csv"
+    LOG = "experiment.log"
+    ATTEMPTS = "attempts.log"
+    CHECKPOINT = "checkpoints/last.pt"
+    DIVERGED = "checkpoints/diverged.pt"
+    SNAPSHOTS = "save"
+    TENSORBOARD = "tb"
+    DONE = "DONE"
+    ERROR = "ERROR.txt"
+    LOCK = ".lock"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    # --- names -----------------------------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def progress(self) -> Path:
+        return self.path / self.PROGRESS
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / self.CHECKPOINT
+
+    @property
+    def done(self) -> Path:
+        return self.path / self.DONE
+
+    @property
+    def error(self) -> Path:
+        return self.path / self.ERROR
+
+    def snapshot(self, iters: int, perf: float) -> Path:
+        """The reference's agent snapshot name: save/agent_<iters>_perf<return>.pt."""
+        return self.path / self.SNAPSHOTS / f"agent_{iters}_perf{perf:.3f}.pt"
+
+    def checkpoint_files(self) -> list[Path]:
+        """Every checkpoint of the run, the resume checkpoint first."""
+        found = [self.checkpoint] if self.checkpoint.is_file() else []
+        for sub in (self.SNAPSHOTS, "checkpoints"):
+            found += sorted((p for p in (self.path / sub).glob("*.pt") if p not in found), key=lambda p: p.name)
+        return found
+
+    def tmp_path(self, target: Path) -> Path:
+        """A temporary file beside ``target``, unique to this process: two writers never share one."""
+        return target.with_name(f".{target.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+
+    # --- status ----------------------------------------------------------------------------------------
+    def status(self) -> str:
+        if self.done.exists():
+            return "done"
+        if self.holder() is not None and not self.holds_lock:
+            return "running"
+        if self.error.exists():
+            return "failed"
+        if self.checkpoint.exists():
+            return "resumable"
+        return "new"
+
+    # --- the lock --------------------------------------------------------------------------------------
+    @property
+    def holds_lock(self) -> bool:
+        return self._lock_fd is not None
+
+    def holder(self) -> str | None:
+        """'pid P on host H' of the process holding the lock, or None when nobody holds it."""
+        path = self.path / self.LOCK
+        if not path.exists():
+            return None
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    return _describe(_read_lock_text(path))
+                raise
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def acquire(self) -> str | None:
+        """Take the exclusive lock for the life of this process's run, or raise RunDirLocked naming the holder.
+
+        The lock is an flock on ``.lock``: the kernel releases it when its process dies, however it dies, so a
+        lock file left by a dead process is detected (its lock is free) and taken over. Returns a note naming
+        the dead holder in that case, else None."""
+        if self._lock_fd is not None:
+            return None
+        self.path.mkdir(parents=True, exist_ok=True)
+        path = self.path / self.LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise RunDirLocked(f"{self.path} is in use by {_describe(_read_lock_text(path))}: another process "
+                                   "is training in it; wait for it to finish or stop it first") from None
+            raise
+        previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        stamp = datetime.datetime.now().isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()} since={stamp}\n".encode(), 0)
+        self._lock_fd = fd
+        if previous:
+            return f"took over the lock of {_describe(previous)}, which ended without releasing it"
+        return None
+
+    def release(self) -> None:
+        if self._lock_fd is None:
+            return
+        try:
+            os.ftruncate(self._lock_fd, 0)  # an empty lock file means "released cleanly"
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> "RunDir":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False
+
+    def _require_lock(self, what: str) -> None:
+        if self._lock_fd is None:
+            raise RunDirError(f"refusing to write {what} in {self.path} without holding its lock")
+
+    # --- writing ---------------------------------------------------------------------------------------
+    def write_text(self, target: Path, text: str) -> None:
+        """Write a whole file next to ``target`` and swap it in: a crash never leaves half a file."""
+        self._require_lock(target.name)
+        tmp = self.tmp_path(target)
+        tmp.write_text(text)
+        os.replace(tmp, target)
+
+    def save(self, obj: Any, target: Path) -> Path:
+        """torch.save through a per-process temporary file and an atomic rename."""
+        self._require_lock(target.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.tmp_path(target)
+        try:
+            torch.save(obj, tmp)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+    def record_attempt(self, event: str) -> None:
+        self._require_lock(self.ATTEMPTS)
+        # The scheduler's id of this attempt: SLURM array task, SLURM job, or submitit's local job.
+        job = os.environ.get("SLURM_ARRAY_JOB_ID")
+        job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else \
+            os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "-"
+        stamp = datetime.datetime.now().isoformat(timespec="seconds")
+        with open(self.path / self.ATTEMPTS, "a") as f:
+            f.write(f"{stamp} host={socket.gethostname()} pid={os.getpid()} job={job} {event}\n")
+
+    def record_error(self, text: str) -> None:
+        """ERROR.txt, only from the attempt that owns the directory (holds its lock)."""
+        self.write_text(self.error, text)
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """A checkpoint, loaded tensors-only. Anything else (a pickle with code in it, a truncated file, an old
+    format holding numpy objects) raises CheckpointError naming the file; the file is never unpickled in full."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError,
+            AttributeError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} cannot be read as a tensors-only checkpoint ({first[:160]})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
+
+
+def _read_lock_text(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _describe(lock_text: str) -> str:
+    fields = dict(part.split("=", 1) for part in lock_text.split() if "=" in part)
+    if "pid" not in fields:
+        return "another process (its lock file names none)"
+    since = f", since {fields['since']}" if "since" in fields else ""
+    return f"pid {fields['pid']} on host {fields.get('host', '?')}{since}"
+
+
+# --- command line ----------------------------------------------------------------------------------------
+def _restore_config(run: RunDir) -> int:
+    from omegaconf import OmegaConf
+
+    state = load_checkpoint(run.checkpoint)
+    if "config" not in state:
+        raise RunDirError(f"{run.checkpoint} holds no copy of the config (written by an older version)")
+    with run:
+        run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(state["config"])))
+    print(f"{run.config}: restored from {run.checkpoint}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.rundir", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("status", help="print each run directory's status")
+    st.add_argument("dirs", nargs="+")
+    rc = sub.add_parser("restore-config", help="rewrite config.yaml from the resume checkpoint's copy")
+    rc.add_argument("dir")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "status":
+            for d in args.dirs:
+                run = RunDir(d)
+                holder = run.holder()
+                print(f"{run.status():9s} {d}" + (f"  (locked by {holder})" if holder else ""))
+            return 0
+        return _restore_config(RunDir(args.dir))
+    except RunDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
