@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
 
     preset = "experiment=paper" if args.algo == "both" else f"experiment=paper_{args.algo}"
     overrides = [preset, f"hydra.sweep.dir={args.root}", *args.overrides]
-    jobs = sweep_jobs(overrides)
+    try:
+        jobs = sweep_jobs(overrides)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
         for job in jobs:
             print(f"{job.status:9s} {job.run_dir}  [{' '.join(job.overrides)}]")

@@ -14,7 +14,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from .config import register_configs
+from .config import check_renamed_overrides, register_configs
 from .rundir import STATUSES, RunDir
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -40,6 +40,7 @@ __all__ = ["Job", "STATUSES", "run_status", "sweep_jobs"]
 
 def sweep_jobs(overrides: list[str]) -> list[Job]:
     register_configs()
+    check_renamed_overrides(overrides)
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]

@@ -28,13 +28,12 @@ import errno
 import fcntl
 import os
 import pickle
+import re
 import socket
 import sys
 import zipfile
 from pathlib import Path
 from typing import Any
-
-import torch
 
 STATUSES = ("done", "running", "failed", "resumable", "new")  # the order status() tests them in
 
@@ -100,11 +99,11 @@ class RunDir:
         return self.path / self.SNAPSHOTS / f"agent_{iters}_perf{perf:.3f}.pt"
 
     def checkpoint_files(self) -> list[Path]:
-        """Every checkpoint of the run, the resume checkpoint first."""
+        """Every checkpoint of the run: the resume checkpoint first, then the others, newest first."""
         found = [self.checkpoint] if self.checkpoint.is_file() else []
-        for sub in (self.SNAPSHOTS, "checkpoints"):
-            found += sorted((p for p in (self.path / sub).glob("*.pt") if p not in found), key=lambda p: p.name)
-        return found
+        others = [p for sub in (self.SNAPSHOTS, "checkpoints") for p in (self.path / sub).glob("*.pt")
+                  if p.is_file() and p not in found]
+        return found + sorted(others, key=lambda p: p.stat().st_mtime, reverse=True)
 
     def tmp_path(self, target: Path) -> Path:
         """A temporary file beside ``target``, unique to this process: two writers never share one."""
@@ -205,6 +204,8 @@ class RunDir:
 
     def save(self, obj: Any, target: Path) -> Path:
         """torch.save through a per-process temporary file and an atomic rename."""
+        import torch  # here, not at the top: analysis reads run directories without paying for torch
+
         self._require_lock(target.name)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.tmp_path(target)
@@ -234,6 +235,8 @@ class RunDir:
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """A checkpoint, loaded tensors-only. Anything else (a pickle with code in it, a truncated file, an old
     format holding numpy objects) raises CheckpointError naming the file; the file is never unpickled in full."""
+    import torch
+
     path = Path(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
@@ -241,11 +244,21 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path} does not exist") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError,
             AttributeError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path} cannot be read as a tensors-only checkpoint ({first[:160]})") from None
+        raise CheckpointError(f"{path} cannot be read as a tensors-only checkpoint ({_why(e)})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint dict")
     return state
+
+
+def _why(e: Exception) -> str:
+    """The useful line of a loader error: torch's names the refused object ("Unsupported global: GLOBAL x")
+    after paragraphs that suggest loading the file unsafely, which is never the advice here."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    m = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if m:
+        return f"it holds the Python object {m.group(1)}, which a tensors-only checkpoint never does"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:160]
 
 
 def _read_lock_text(path: Path) -> str:

@@ -32,7 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config import RunConfig, check_known_keys, register_configs
+from .config import RunConfig, check_known_keys, check_renamed_overrides, register_configs, with_current_key_names
 from .rundir import CheckpointError, RunDir, RunDirError, load_checkpoint
 from .signals import StopSignals
 from .trainer import CHECKPOINT_FORMAT, Outcome, Trainer, TrainingDiverged, resolve_device
@@ -98,7 +98,7 @@ def _stored_config(run: RunDir) -> dict:
     if not isinstance(stored, dict):
         raise RunDirError(f"{run.config} does not hold a config mapping; restore it with "
                           f"`python -m pomdp_ffm.rundir restore-config {run.path}`")
-    return stored
+    return with_current_key_names(stored)
 
 
 def _refuse_other_experiment(run: RunDir, stored: dict, composed: dict, what: str) -> None:
@@ -184,6 +184,8 @@ def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Train
     try:
         try:
             stale = run.acquire()
+            if stale:
+                log.warning("%s: %s", run.path, stale)
             action, state = plan(run, run_cfg, composed)
         except RunDirError as e:
             raise Refused(str(e)) from None
@@ -202,7 +204,7 @@ def _train(trainer: Trainer, run: RunDir, action: str, state: dict | None, compo
            stale: str | None) -> dict:
     handler = _file_log(run)
     try:
-        if stale:
+        if stale:  # once more, now that the run's own log is open
             log.warning("%s: %s", run.path, stale)
         run.error.unlink(missing_ok=True)
         if action == "fresh":
@@ -237,6 +239,17 @@ def _train(trainer: Trainer, run: RunDir, action: str, state: dict | None, compo
         handler.close()
 
 
+def _remove_empty_dirs(path: Path, stop_at: Path) -> None:
+    """Hydra made the run directory (and its parents) before calling us; a refused start leaves none behind."""
+    path, stop_at = path.resolve(), stop_at.resolve()
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+    path = path.parent
+    while stop_at in path.parents and path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+        path = path.parent
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
@@ -245,8 +258,7 @@ def main(cfg: DictConfig) -> dict:
     try:
         result = run(cfg, run_dir)
     except Refused as e:
-        if run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()  # Hydra made it for us; a refused start leaves nothing behind
+        _remove_empty_dirs(run_dir, stop_at=Path.cwd() if not multirun else Path(hc.sweep.dir))
         if multirun:
             raise
         print(f"error: {e}", file=sys.stderr)
@@ -265,4 +277,9 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    try:
+        check_renamed_overrides(sys.argv[1:])  # before Hydra, whose own error names only the old key
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
     main()

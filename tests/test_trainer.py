@@ -179,3 +179,21 @@ def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, st
     assert not out["stopped"] and out["burst"] is None
     pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
                                   read(tmp_path / "full").drop(columns=TIME_COLUMNS))
+
+
+def test_length_1_episode_is_counted_but_not_stored(run_cfg, tmp_path, caplog):
+    # patches/011-length-1-episodes.md: the sequence buffer needs two steps; the step still counts.
+    trainer = Trainer(run_cfg(), tmp_path / "one")
+    step = trainer.env.step
+
+    def ends_at_once(action):
+        obs, reward, _, truncated, info = step(action)
+        return obs, reward, True, truncated, info
+
+    trainer.env.step = ends_at_once
+    with caplog.at_level("WARNING", logger="pomdp_ffm"):
+        assert trainer.collect_episode(random_actions=True) == 1
+    assert len(trainer.buffer) == 0
+    assert (trainer.counters.env_steps, trainer.counters.rollouts) == (1, 1)
+    assert any("episode of length 1 not stored" in r.getMessage() for r in caplog.records)
+    trainer.close()

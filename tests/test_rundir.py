@@ -1,0 +1,336 @@
+"""Run directories you can trust: one writer at a time, verified resume, refusals that write nothing, exit codes."""
+from __future__ import annotations
+
+import csv
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from pomdp_ffm.logger import TIME_COLUMNS
+from pomdp_ffm.rundir import CheckpointError, RunDir, RunDirError, load_checkpoint
+from pomdp_ffm.rundir import main as rundir_main
+from pomdp_ffm.train import EXIT_REFUSED, EXIT_STOPPED, Refused, run
+from pomdp_ffm.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI_TINY = ["env=Pendulum-V-v0", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=8",
+            "train.num_updates_per_iter=0.02", "env.num_eval_tasks=1", "eval.log_interval=1", "progress=false",
+            "policy.rnn_hidden_size=32", "policy.dqn_layers=[32,32]", "policy.policy_layers=[32,32]",
+            "checkpoint.interval=1"]
+
+
+def cli(run_dir: Path, *overrides: str, wait: bool = True, timeout: float = 300):
+    cmd = [sys.executable, "-m", "pomdp_ffm.train", *CLI_TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def eval_steps(run_dir: Path) -> list[int]:
+    if not (run_dir / "progress.csv").exists():
+        return []
+    with open(run_dir / "progress.csv", newline="") as f:
+        return [int(r["z/env_steps"]) for r in csv.DictReader(f) if r["z/env_steps"]]
+
+
+def read(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "progress.csv").drop(columns=TIME_COLUMNS)
+
+
+class StopAt600(Trainer):
+    def _iteration(self):
+        super()._iteration()
+        if self.counters.env_steps >= 600:
+            self.stop.request(signal.SIGTERM)
+
+
+@pytest.fixture
+def cut_run(composed, tmp_path):
+    """A run stopped by a signal at 600 env steps (checkpoint saved), and the config that resumes it."""
+    overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5")
+    run_dir = tmp_path / "cut"
+    assert run(composed(*overrides), run_dir, trainer_cls=StopAt600)["stopped"]
+    return run_dir, composed(*overrides, "resume=true")
+
+
+@pytest.fixture
+def full_run(composed, tmp_path):
+    run_dir = tmp_path / "full"
+    run(composed("algo=sac", "seq_model=gru", "train.num_iters=5"), run_dir)
+    return run_dir
+
+
+# --- the lock ---------------------------------------------------------------------------------------------
+def test_lock_refuses_a_second_holder_and_names_it(tmp_path):
+    a, b = RunDir(tmp_path / "r"), RunDir(tmp_path / "r")
+    assert a.acquire() is None and a.holds_lock
+    with pytest.raises(RunDirError, match=rf"in use by pid {os.getpid()} on host "):
+        b.acquire()
+    assert b.status() == "running"
+    a.release()
+    assert b.status() == "new" and b.acquire() is None
+    b.release()
+
+
+def test_writes_need_the_lock(tmp_path):
+    r = RunDir(tmp_path / "r")
+    r.path.mkdir()
+    with pytest.raises(RunDirError, match="without holding its lock"):
+        r.write_text(r.config, "x")
+    with r:
+        r.write_text(r.config, "x")
+        assert r.config.read_text() == "x"
+        assert not list(r.path.glob(".*.tmp"))  # the per-process temporary file was renamed into place
+
+
+def test_temporary_files_are_unique_to_the_process(tmp_path):
+    r = RunDir(tmp_path)
+    tmp = r.tmp_path(r.checkpoint)
+    assert str(os.getpid()) in tmp.name and tmp.parent == r.checkpoint.parent and tmp != r.checkpoint
+
+
+def test_two_writers_real_processes_then_a_killed_holder_is_taken_over(tmp_path):
+    run_dir = tmp_path / "shared"
+    slow = ("train.num_iters=400", "train.num_updates_per_iter=0.5", "resume=true")  # minutes: still running
+    first = cli(run_dir, *slow, wait=False)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(eval_steps(run_dir)) < 1:
+            time.sleep(0.2)
+        assert eval_steps(run_dir), "the first process did not start"
+        assert RunDir(run_dir).status() == "running"
+        before = (run_dir / "progress.csv").read_text()
+        second = cli(run_dir, *slow)
+        assert second.returncode == EXIT_REFUSED
+        assert f"is in use by pid {first.pid} on host" in second.stderr
+        assert second.stderr.strip().count("\n") == 0  # one line
+        # The second process wrote nothing: the first one's log only grew, no error file appeared.
+        assert (run_dir / "progress.csv").read_text().startswith(before)
+        assert not (run_dir / "ERROR.txt").exists()
+        assert "start" in (run_dir / "attempts.log").read_text().splitlines()[-1]
+        first.send_signal(signal.SIGKILL)  # dies holding the lock: the kernel releases it, the file stays
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert (run_dir / ".lock").read_text().startswith(f"pid={first.pid} ")
+    assert RunDir(run_dir).status() == "resumable"
+    third = cli(run_dir, *slow, "train.num_iters=4")
+    # The dead holder's lock is taken over (and said so); a shorter budget is another experiment: refused.
+    assert f"took over the lock of pid {first.pid}" in third.stdout + third.stderr
+    assert third.returncode == EXIT_REFUSED and "train.num_iters: 400 -> 4" in third.stderr
+
+
+def test_sigterm_stops_with_its_own_exit_code_and_resumes(tmp_path):
+    run_dir = tmp_path / "term"
+    proc = cli(run_dir, "train.num_iters=400", wait=False)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not eval_steps(run_dir):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_STOPPED
+    assert RunDir(run_dir).status() == "resumable" and not (run_dir / "DONE").exists()
+    assert "stopped by signal 15" in (run_dir / "attempts.log").read_text()
+
+
+# --- settings are checked before anything is written ----------------------------------------------------
+@pytest.mark.parametrize("override,needle", [
+    ("policy.lr=0", "policy.lr=0"),
+    ("env.num_eval_tasks=0", "env.num_eval_tasks=0"),
+    ("train.num_iters=-5", "train.num_iters=-5"),
+    ("eval.log_interval=0", "eval.log_interval=0"),
+    ("train.batch_size=-3", "train.batch_size=-3"),
+    ("seed=-1", "seed=-1"),
+    ("eval.log_interval=50", "no evaluation would ever be logged"),
+])
+def test_bad_settings_exit_2_with_one_line_and_write_nothing(tmp_path, override, needle):
+    run_dir = tmp_path / "bad"
+    proc = cli(run_dir, "train.num_iters=2", override)
+    assert proc.returncode == EXIT_REFUSED, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: ") and needle in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert not run_dir.exists()
+
+
+# --- resume verifies before it continues ------------------------------------------------------------------
+def test_resume_reproduces_the_uninterrupted_run(cut_run, full_run):
+    run_dir, cfg = cut_run
+    assert RunDir(run_dir).status() == "resumable"
+    assert not run(cfg, run_dir)["stopped"]
+    pd.testing.assert_frame_equal(read(run_dir), read(full_run))
+    assert RunDir(run_dir).status() == "done"
+
+
+def test_deleted_config_is_refused_with_the_fix(cut_run, full_run, capsys):
+    run_dir, cfg = cut_run
+    (run_dir / "config.yaml").unlink()
+    with pytest.raises(Refused, match=r"config.yaml is missing.*restore-config"):
+        run(cfg, run_dir)
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "ERROR.txt").exists()
+    assert rundir_main(["restore-config", str(run_dir)]) == 0
+    run(cfg, run_dir)
+    pd.testing.assert_frame_equal(read(run_dir), read(full_run))
+
+
+def test_edited_config_is_refused(cut_run):
+    run_dir, cfg = cut_run
+    text = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(text.replace("seed: 0", "seed: 7"))
+    with pytest.raises(Refused, match=r"config.yaml differs from the copy in .*last.pt \(seed: 0 -> 7\)"):
+        run(cfg, run_dir)
+
+
+def test_another_config_is_refused(cut_run, composed):
+    run_dir, _ = cut_run
+    with pytest.raises(Refused, match=r"policy.lr: 0.0003 -> 0.001"):
+        run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "policy.lr=1e-3"), run_dir)
+
+
+@pytest.mark.parametrize("damage", ["delete", "shorten", "edit"])
+def test_damaged_progress_is_rebuilt_from_the_checkpoint(cut_run, full_run, damage, caplog):
+    run_dir, cfg = cut_run
+    path = run_dir / "progress.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    if damage == "delete":
+        path.unlink()
+    elif damage == "shorten":
+        path.write_text("".join(lines[:3]))
+    else:
+        path.write_text("".join(lines[:2] + [lines[2].replace(",", ",9", 1)] + lines[3:]))
+    with caplog.at_level("WARNING", logger="pomdp_ffm"):
+        run(cfg, run_dir)
+    pd.testing.assert_frame_equal(read(run_dir), read(full_run))
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    if damage == "delete":
+        assert "progress.csv is missing: rebuilt" in warned
+    else:
+        aside = list(run_dir.glob("progress.csv.damaged-*"))
+        assert len(aside) == 1 and aside[0].name in warned  # nothing discarded without a word
+
+
+def test_rows_after_the_checkpoint_are_dropped_with_a_warning(composed, tmp_path, caplog):
+    # Checkpoints every 2 iterations; the stop comes one iteration after the last one.
+    overrides = ("algo=td3", "seq_model=mlp", "train.num_iters=5", "checkpoint.interval=2")
+    run(composed(*overrides), tmp_path / "full")
+
+    class Kill(Trainer):
+        def evaluate_and_log(self):
+            ret = super().evaluate_and_log()
+            if self.counters.env_steps >= 600:
+                raise KeyboardInterrupt
+            return ret
+
+    with pytest.raises(KeyboardInterrupt):
+        run(composed(*overrides), tmp_path / "cut", trainer_cls=Kill)
+    with caplog.at_level("WARNING", logger="pomdp_ffm"):
+        run(composed(*overrides, "resume=true"), tmp_path / "cut")
+    assert any("logged after the checkpoint" in r.getMessage() for r in caplog.records)
+    pd.testing.assert_frame_equal(read(tmp_path / "cut"), read(tmp_path / "full"))
+
+
+def test_run_killed_before_its_first_checkpoint(composed, tmp_path, caplog):
+    overrides = ("algo=sac", "seq_model=gru", "train.num_iters=3", "checkpoint.interval=100")
+
+    class Kill(Trainer):
+        def evaluate_and_log(self):
+            super().evaluate_and_log()
+            raise KeyboardInterrupt
+
+    run_dir = tmp_path / "early"
+    with pytest.raises(KeyboardInterrupt):
+        run(composed(*overrides), run_dir, trainer_cls=Kill)
+    assert RunDir(run_dir).status() == "new" and eval_steps(run_dir)
+    # Under another config: refused, the directory holds another experiment's (unfinished) rows.
+    with pytest.raises(Refused, match="policy.lr"):
+        run(composed(*overrides, "resume=true", "policy.lr=1e-3"), run_dir)
+    # Under the same config: started again, the old rows kept beside it and the user told.
+    with caplog.at_level("WARNING", logger="pomdp_ffm"):
+        run(composed(*overrides, "resume=true"), run_dir)
+    aside = list(run_dir.glob("progress.csv.no-checkpoint-*"))
+    assert len(aside) == 1 and any(aside[0].name in r.getMessage() for r in caplog.records)
+    assert RunDir(run_dir).status() == "done"
+
+
+def test_finished_run_is_skipped_and_a_refusal_leaves_no_error_file(composed, full_run):
+    attempts = (full_run / "attempts.log").read_text()
+    with pytest.raises(Refused, match="was finished with a different config"):
+        run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "seed=1"), full_run)
+    assert not (full_run / "ERROR.txt").exists() and (full_run / "attempts.log").read_text() == attempts
+    assert run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true"), full_run)["skipped"]
+    assert (full_run / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
+
+
+def test_failed_run_writes_error_in_its_own_directory(composed, tmp_path):
+    class Boom(Trainer):
+        def evaluate_and_log(self):
+            raise RuntimeError("boom")
+
+    run_dir = tmp_path / "boom"
+    with pytest.raises(RuntimeError, match="boom"):
+        run(composed(), run_dir, trainer_cls=Boom)
+    assert "RuntimeError: boom" in (run_dir / "ERROR.txt").read_text()
+    assert RunDir(run_dir).status() == "failed"
+    assert run(composed("resume=true"), run_dir)["stopped"] is False  # the rerun starts again and finishes
+    assert not (run_dir / "ERROR.txt").exists() and RunDir(run_dir).status() == "done"
+
+
+# --- checkpoints: tensors only, damage named --------------------------------------------------------------
+def test_checkpoint_loads_tensors_only(cut_run):
+    run_dir, _ = cut_run
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["format"] == 2 and state["config"]["seed"] == 0
+    assert isinstance(state["buffer"]["obs"], torch.Tensor) and "modules" in state["agent"]
+    assert state["progress_rows"] and all(isinstance(c, str) for r in state["progress_rows"] for c in r)
+
+
+def test_truncated_checkpoint_is_one_line_naming_the_file(cut_run):
+    run_dir, cfg = cut_run
+    path = run_dir / "checkpoints" / "last.pt"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(Refused) as e:
+        run(cfg, run_dir)
+    msg = str(e.value)
+    assert str(path) in msg and "Delete it to start this run again" in msg and "\n" not in msg
+
+
+class _Payload:
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (Path.touch, (self.target,))
+
+
+def test_crafted_checkpoint_never_runs_its_payload(cut_run, tmp_path):
+    run_dir, cfg = cut_run
+    marker = tmp_path / "payload-ran"
+    with open(run_dir / "checkpoints" / "last.pt", "wb") as f:
+        pickle.dump({"format": 2, "x": _Payload(marker)}, f)
+    with pytest.raises(CheckpointError):
+        load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    with pytest.raises(Refused, match="cannot be read as a tensors-only checkpoint"):
+        run(cfg, run_dir)
+    torch.save({"x": _Payload(marker)}, run_dir / "checkpoints" / "last.pt")  # the zip format too
+    with pytest.raises(Refused, match="cannot be read as a tensors-only checkpoint"):
+        run(cfg, run_dir)
+    assert not marker.exists()
+
+
+def test_status_command(cut_run, full_run, capsys):
+    assert rundir_main(["status", str(cut_run[0]), str(full_run)]) == 0
+    out = capsys.readouterr().out.split("\n")
+    assert out[0].startswith("resumable") and out[1].startswith("done")
