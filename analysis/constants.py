@@ -1,10 +1,11 @@
 """Names, defaults and reference numbers shared by the analysis package.
 
 The normalisation constants are the reference implementation's per-task
-Oracle / Markovian / Random returns (POMDP-Baselines ``constants.py``), which
-were measured on the PyBullet ("BLT") versions of the locomotion tasks.  They
-are deliberately *not* applied to MuJoCo tasks of the same name: the two
-simulators have different reward scales, so such a score would be meaningless.
+Oracle / Markovian / Random returns (POMDP-Baselines ``scripts/constants.py``,
+docs/reference.md#reference-plots), which were measured on the PyBullet ("BLT")
+versions of the locomotion tasks.  They are deliberately *not* applied to MuJoCo
+tasks of the same name: the two simulators have different reward scales, so such
+a score would be meaningless.
 """
 
 from __future__ import annotations
@@ -44,16 +45,16 @@ MODEL_COLORS = {"ffm": "#d55e00", "gru": "#0072b2", "lstm": "#009e73", "mlp": "#
 # Lighter/darker shade per algorithm for figures that show both at once.
 ALGO_HATCH = {"sac": "", "td3": "//", "sacd": ".."}
 
-# Paper / reference conventions (facts sheet 6.5, 7.1, 7.2).
+# Paper / reference conventions (docs/reference.md#evaluation-clock, #reference-plots, #ffm-paper-plots).
 DEFAULT_SEED = 0
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_GRID_START = 12_000
 DEFAULT_GRID_INTERVAL = 4_000
 DEFAULT_SMOOTH_WINDOW = 20
-# The reference's merge/plot settings per task family (facts sheet 7.1, eval.sh): grid start, interval and
-# smoothing window. 1000-step locomotion tasks evaluate every 4 iterations from 12k steps; Pendulum every
-# 1000 steps from 2k.
+# The reference's merge/plot settings per task family (docs/reference.md#reference-plots; the reference's
+# scripts/eval.sh): grid start, interval and smoothing window. 1000-step locomotion tasks evaluate every 4
+# iterations from 12k steps; Pendulum every 1000 steps from 2k.
 PENDULUM_CURVE = (2_000, 1_000, 3)
 LOCOMOTION_CURVE = (DEFAULT_GRID_START, DEFAULT_GRID_INTERVAL, DEFAULT_SMOOTH_WINDOW)
 

@@ -1,4 +1,5 @@
-"""Small feed-forward pieces with the reference's initialisation (spec 3.2, 3.6)."""
+"""Small feed-forward pieces with the reference's initialisation (docs/reference.md#embedders,
+docs/reference.md#heads-and-initialisation)."""
 from __future__ import annotations
 
 import math

@@ -89,7 +89,8 @@ def test_actor_and_critic_memories_are_separate():
 
 
 def test_reference_architecture_sizes():
-    # spec 3.4-3.6: actor head input H + obs_emb; critic shortcut [o, a] -> rnn_input_size; twin heads
+    # docs/reference.md#actor, #critic, #heads-and-initialisation: actor head input H + obs_emb; critic shortcut
+    # [o, a] -> rnn_input_size; twin heads
     agent = make_agent("sac", "gru")
     assert agent.critic.shortcut.fc.in_features == O + A
     assert agent.critic.shortcut.fc.out_features == 16 + 16 + 32
