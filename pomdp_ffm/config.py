@@ -1,19 +1,67 @@
-"""Config schemas, in the reference's vocabulary (spec 2.1), registered with Hydra's ConfigStore.
+"""Config schemas, in the reference's vocabulary (docs/reference.md#config-schema), registered with Hydra's
+ConfigStore.
 
 Hydra validates every composed config against these dataclasses, so a misspelt key or a wrong type fails
-at start, not days into a run. Values that depend on the task (e.g. ``sampled_seq_len: -1``) are resolved
-where they are used, never written back into the config.
+at start, not days into a run. Every value is also checked against its allowed range when the config is
+turned into these objects (``OmegaConf.to_object`` runs each ``__post_init__``): a bad value fails with one
+line, ``ValueError: <full key>=<value> must be <rule>`` (patches/105-values-validated-at-start.md). Values that
+depend on the task (e.g. ``sampled_seq_len: -1``) are resolved where they are used, never written back into
+the config.
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
+# Keys of earlier versions -> their current names (patches/104-ffm-option-names.md). check_known_keys and
+# check_renamed_overrides refuse an old name with a message naming the new one.
+RENAMED_KEYS = {
+    "policy.ffm.gamma": "policy.ffm.decay_context_product",
+    "policy.ffm.max_len": "policy.ffm.decay_horizon",
+}
+
+
+def _given(value) -> bool:
+    # Hydra builds the schema's defaults (MISSING, "???", included) before any value is filled in.
+    return not (isinstance(value, str) and value == MISSING)
+
+
+def _require(key: str, value, ok, rule: str) -> None:
+    """``ValueError: <key>=<value> must be <rule>`` unless ``ok(value)``."""
+    if not _given(value):
+        return
+    try:
+        good = bool(ok(value))
+    except (TypeError, ValueError):
+        good = False
+    if not good:
+        raise ValueError(f"{key}={value!r} must be {rule}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int_at_least(key: str, value, low: int) -> None:
+    _require(key, value, lambda v: _is_int(v) and v >= low, f">= {low}")
+
+
+def _real(key: str, value, ok, rule: str) -> None:
+    """A finite number satisfying ``ok`` (nan and inf are refused as such)."""
+    _require(key, value, _is_number, "a finite number")
+    _require(key, value, ok, rule)
+
 
 def _one_of(name: str, value, allowed) -> None:
-    if value not in allowed:
+    if _given(value) and value not in allowed:
         raise ValueError(f"{name}={value!r} is not one of {list(allowed)}")
 
 
@@ -27,6 +75,11 @@ class SACConfig:
     alpha_loss: str = "alpha"
 
     def __post_init__(self):
+        _real("policy.sac.entropy_alpha", self.entropy_alpha, lambda v: v >= 0, ">= 0")
+        _real("policy.sac.alpha_lr", self.alpha_lr, lambda v: v > 0, "> 0")
+        if self.target_entropy is not None:
+            _require("policy.sac.target_entropy", self.target_entropy, _is_number,
+                     "null (-|A|) or a finite number")
         _one_of("policy.sac.alpha_loss", self.alpha_loss, ("alpha", "log_alpha"))
 
 
@@ -39,9 +92,10 @@ class TD3Config:
     actor_q: str = "min"  # the reference's actor maximises min(Q1, Q2) (TD3 paper: "q1")
 
     def __post_init__(self):
+        for name in ("exploration_noise", "target_noise", "target_noise_clip"):
+            _real(f"policy.td3.{name}", getattr(self, name), lambda v: v >= 0, ">= 0")
+        _int_at_least("policy.td3.policy_delay", self.policy_delay, 1)
         _one_of("policy.td3.actor_q", self.actor_q, ("min", "q1"))
-        if self.policy_delay < 1:
-            raise ValueError(f"policy.td3.policy_delay={self.policy_delay} must be >= 1")
 
 
 @dataclass
@@ -53,19 +107,39 @@ class FFMConfig:
     max_period: float = 128
     min_period: float = 1
     beta: float = 0.01
-    max_len: int = 1024
+    # Bounds the learned decay so that |gamma|^(-t) stays representable in float64 over this many steps
+    # (the reference's max_len; not the episode length). Also the "closed" aggregator's chunk length.
+    decay_horizon: int = 1024
     decay_bound: bool = True
     input_gate: bool = True
     output_gate: bool = True
     context: str = "learned"
     decay: str = "learned"
-    gamma: str = "outer"
+    # gamma = exp(-alpha) exp(i omega)^T ("outer", the paper) or one alpha and omega per entry ("hadamard").
+    # (FFM's complex decay gamma, not the discount policy.gamma.)
+    decay_context_product: str = "outer"
     aggregator: str = "auto"
     # Informed initialisation (the paper's decay figure): ranges of t_alpha and t_omega in steps.
     init_trace_range: Optional[List[float]] = None
     init_period_range: Optional[List[float]] = None
 
     def __post_init__(self):
+        from .seq_models.ffm import AGGREGATORS, DECAY_CONTEXT_PRODUCTS, MAX_DECAY_HORIZON, PARAM_MODES
+
+        for name in ("context_size", "memory_size"):
+            if getattr(self, name) is not None:
+                _require(f"policy.ffm.{name}", getattr(self, name), lambda v: _is_int(v) and v >= 1,
+                         "null (derived from policy.rnn_hidden_size) or >= 1")
+        _real("policy.ffm.min_period", self.min_period, lambda v: v > 0, "> 0")
+        _real("policy.ffm.max_period", self.max_period, lambda v: v >= self.min_period,
+              f">= policy.ffm.min_period={self.min_period!r}")
+        _real("policy.ffm.beta", self.beta, lambda v: 0 < v < 1, "in (0, 1) (the fraction a trace decays to)")
+        _require("policy.ffm.decay_horizon", self.decay_horizon, lambda v: _is_int(v) and 1 <= v <= MAX_DECAY_HORIZON,
+                 f"in [1, {MAX_DECAY_HORIZON}] (steps)")
+        _one_of("policy.ffm.context", self.context, PARAM_MODES)
+        _one_of("policy.ffm.decay", self.decay, PARAM_MODES)
+        _one_of("policy.ffm.decay_context_product", self.decay_context_product, DECAY_CONTEXT_PRODUCTS)
+        _one_of("policy.ffm.aggregator", self.aggregator, AGGREGATORS)
         for name in ("init_trace_range", "init_period_range"):
             r = getattr(self, name)
             if r is not None and not (len(r) == 2 and 0 < r[0] <= r[1]):
@@ -101,6 +175,31 @@ class PolicyConfig:
         if not self.separate:
             raise ValueError("policy.separate=false (one memory shared by actor and critic) is not supported; "
                              "the POMDP track and the FFM paper use separate memories")
+        sizes = ("action_embedding_size", "observ_embedding_size", "reward_embedding_size")
+        for name in sizes:
+            _int_at_least(f"policy.{name}", getattr(self, name), 0)  # 0 leaves that input out
+        if sum(getattr(self, name) for name in sizes) < 1:
+            raise ValueError("policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 "
+                             "must be >= 1 (the memory needs an input)")
+        _int_at_least("policy.rnn_hidden_size", self.rnn_hidden_size, 1)
+        _int_at_least("policy.rnn_num_layers", self.rnn_num_layers, 1)
+        if self.seq_model not in ("gru", "lstm"):
+            _require("policy.rnn_num_layers", self.rnn_num_layers, lambda v: v == 1,
+                     f"1 with policy.seq_model={self.seq_model} (only gru and lstm stack layers)")
+        for name in ("dqn_layers", "policy_layers"):
+            _require(f"policy.{name}", list(getattr(self, name)), lambda v: all(_is_int(x) and x >= 1 for x in v),
+                     "a list of layer widths >= 1")
+        _real("policy.lr", self.lr, lambda v: v > 0, "> 0")
+        _real("policy.gamma", self.gamma, lambda v: 0 <= v <= 1, "in [0, 1]")
+        _real("policy.tau", self.tau, lambda v: 0 < v <= 1, "in (0, 1]")
+        if self.seq_model == "ffm":
+            from .seq_models.ffm import ffm_sizes
+
+            try:
+                ffm_sizes(self.rnn_hidden_size, self.ffm.context_size, self.ffm.memory_size)
+            except ValueError as e:
+                raise ValueError(f"policy.rnn_hidden_size={self.rnn_hidden_size} with policy.ffm.context_size="
+                                 f"{self.ffm.context_size}, memory_size={self.ffm.memory_size}: {e}") from None
 
     def seq_model_options(self) -> dict:
         if self.seq_model == "ffm":
@@ -119,6 +218,17 @@ class EnvConfig:
     env_type: str = "pomdp"
     env_name: str = MISSING
     num_eval_tasks: int = 20
+
+    def __post_init__(self):
+        _one_of("env.env_type", self.env_type, ("pomdp",))
+        if _given(self.env_name):
+            from .envs import get_task
+
+            try:
+                get_task(self.env_name)
+            except ValueError as e:
+                raise ValueError(f"env.env_name={self.env_name!r}: {e}") from None
+        _int_at_least("env.num_eval_tasks", self.num_eval_tasks, 1)
 
 
 @dataclass
@@ -145,6 +255,16 @@ class TrainConfig:
         if not isinstance(self.num_updates_per_iter, (int, float)) or isinstance(self.num_updates_per_iter, bool):
             raise ValueError(f"train.num_updates_per_iter={self.num_updates_per_iter!r} must be a number "
                              "(float: updates per env step; int: updates per iteration)")
+        _real("train.num_updates_per_iter", self.num_updates_per_iter, lambda v: v > 0, "> 0")
+        _int_at_least("train.num_iters", self.num_iters, 1)
+        _int_at_least("train.num_init_rollouts_pool", self.num_init_rollouts_pool, 0)
+        _int_at_least("train.num_rollouts_per_iter", self.num_rollouts_per_iter, 1)
+        _int_at_least("train.batch_size", self.batch_size, 1)
+        _require("train.sampled_seq_len", self.sampled_seq_len, lambda v: _is_int(v) and (v == -1 or v >= 2),
+                 "-1 (whole episodes) or >= 2")
+        if _given(self.sampled_seq_len) and self.sampled_seq_len > size:
+            raise ValueError(f"train.buffer_size={size} must be >= train.sampled_seq_len={self.sampled_seq_len}")
+        _real("train.sample_weight_baseline", self.sample_weight_baseline, lambda v: v >= 0, ">= 0")
 
 
 @dataclass
@@ -154,12 +274,20 @@ class EvalConfig:
     save_interval: int = -1
     log_tensorboard: bool = False
 
+    def __post_init__(self):
+        _int_at_least("eval.log_interval", self.log_interval, 1)
+        _require("eval.save_interval", self.save_interval, lambda v: _is_int(v) and (v == -1 or v >= 1),
+                 "-1 (no snapshots) or >= 1")
+
 
 @dataclass
 class CheckpointConfig:
     # Resume checkpoints (checkpoints/last.pt), on the reference's env-step clock of "iterations".
     interval: int = 20
     save_buffer: bool = True
+
+    def __post_init__(self):
+        _int_at_least("checkpoint.interval", self.interval, 1)
 
 
 @dataclass
@@ -175,6 +303,20 @@ class RunConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
+    def __post_init__(self):
+        _require("seed", self.seed, lambda v: _is_int(v) and 0 <= v < 2**32, f"in [0, {2**32 - 1}]")
+        _require("device", self.device, lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
+                 "one of auto, cpu, cuda, cuda:N")  # whether CUDA is there is checked when the run starts
+        _int_at_least("num_threads", self.num_threads, 1)
+        t = self.train
+        if t.sampled_seq_len == -1 and _given(self.env.env_name) and _is_int(t.buffer_size):
+            from .envs import get_task
+
+            length = get_task(self.env.env_name).max_episode_steps
+            if t.buffer_size < length:
+                raise ValueError(f"train.buffer_size={t.buffer_size} must be >= {length}, the episode length of "
+                                 f"{self.env.env_name} that train.sampled_seq_len=-1 samples")
+
 
 def check_known_keys(cfg, schema=RunConfig, prefix: str = "") -> None:
     """Hydra lets ``+key=value`` append keys that no schema field reads (OmegaConf.to_object then drops them
@@ -183,11 +325,43 @@ def check_known_keys(cfg, schema=RunConfig, prefix: str = "") -> None:
 
     fields = {f.name: f for f in dataclasses.fields(schema)}
     for key in cfg.keys():
+        if f"{prefix}{key}" in RENAMED_KEYS:
+            raise ValueError(_renamed(f"{prefix}{key}"))
         if key not in fields:
             raise ValueError(f"unknown config key {prefix}{key!r}; {schema.__name__} has {sorted(fields)}")
         sub = fields[key].default_factory if fields[key].default_factory is not dataclasses.MISSING else None
         if sub is not None and dataclasses.is_dataclass(sub):
             check_known_keys(cfg[key], sub, f"{prefix}{key}.")
+
+
+def _renamed(old: str) -> str:
+    return f"config key {old} was renamed to {RENAMED_KEYS[old]} (patches/104-ffm-option-names.md)"
+
+
+def check_renamed_overrides(overrides) -> None:
+    """Refuse command-line overrides that use a renamed key (``policy.ffm.gamma=outer``, ``+...``, ``~...``)
+    with a message naming the new key. Hydra's own error for them ("Could not override ... Key 'gamma' is
+    not in struct") names only the old key; call this on ``sys.argv[1:]`` before Hydra composes."""
+    for arg in overrides:
+        key = str(arg).split("=", 1)[0].lstrip("+~")
+        if key in RENAMED_KEYS:
+            raise ValueError(_renamed(key))
+
+
+def with_current_key_names(stored: dict) -> dict:
+    """A copy of a stored config (a nested dict, e.g. a run directory's config.yaml or a checkpoint's copy) with
+    renamed keys under their current names, so that a run started before a rename compares equal to its
+    config composed today. A key present under both names is left as it is (check_known_keys refuses it)."""
+    out = {k: with_current_key_names(v) if isinstance(v, dict) else v for k, v in stored.items()}
+    for old, new in RENAMED_KEYS.items():
+        *path, old_leaf = old.split(".")
+        new_leaf = new.rsplit(".", 1)[1]
+        node = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and old_leaf in node and new_leaf not in node:
+            node[new_leaf] = node.pop(old_leaf)
+    return out
 
 
 def register_configs() -> None:

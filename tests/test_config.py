@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
-from pomdp_ffm.config import RunConfig, check_known_keys, register_configs
+from pomdp_ffm.config import (RENAMED_KEYS, RunConfig, check_known_keys, check_renamed_overrides, register_configs,
+                              with_current_key_names)
 from pomdp_ffm.envs import available_tasks, get_task
 from pomdp_ffm.seq_models import available, build
 
@@ -22,6 +24,7 @@ CONF = ROOT / "conf"
 ENVS = sorted(p.stem for p in (CONF / "env").glob("*.yaml"))
 ALGOS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF / "seq_model").glob("*.yaml"))
+PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 BLT_PAPER = [f"{n}BLT-{v}-v0" for n in ("Ant", "HalfCheetah", "Hopper", "Walker") for v in "PV"]
 
 register_configs()
@@ -153,6 +156,154 @@ def test_unknown_group_option_fails_clearly(hydra_ctx):
 def test_invalid_value_names_allowed_ones(hydra_ctx):
     with pytest.raises(ValueError, match=r"policy.sac.alpha_loss='foo' is not one of \['alpha', 'log_alpha'\]"):
         make(["policy.sac.alpha_loss=foo"])
+
+
+def test_renamed_keys_name_the_new_ones(hydra_ctx):
+    # patches/104: FFM's "gamma" (a form of its complex decay, not the discount policy.gamma) and "max_len"
+    # (the decay bound's horizon, not the episode length) were renamed.
+    assert RENAMED_KEYS == {"policy.ffm.gamma": "policy.ffm.decay_context_product",
+                            "policy.ffm.max_len": "policy.ffm.decay_horizon"}
+    for old, new in RENAMED_KEYS.items():
+        msg = rf"^config key {old} was renamed to {new} \(patches/104-ffm-option-names.md\)$"
+        # On the command line (train.py checks its arguments before Hydra composes) ...
+        for arg in (f"{old}=1", f"+{old}=1", f"++{old}=1", f"~{old}", f"{old}=a,b"):
+            with pytest.raises(ValueError, match=msg):
+                check_renamed_overrides(["env=Pendulum-V-v0", arg])
+        # ... appended with +, or in a stored config (e.g. an old run directory's config.yaml).
+        with pytest.raises(ValueError, match=msg):
+            check_known_keys(compose("config", overrides=[f"+{old}=1"]))
+        section, key = old.rsplit(".", 1)[0].split("."), old.rsplit(".", 1)[1]
+        with pytest.raises(ValueError, match=msg):
+            check_known_keys(OmegaConf.create({section[0]: {section[1]: {key: 1}}}))
+        # Hydra's own composition error still names the old key.
+        with pytest.raises(ConfigCompositionException, match=old):
+            compose("config", overrides=[f"{old}=1"])
+    check_renamed_overrides(["policy.gamma=0.9", "policy.ffm.decay_horizon=512", "--multirun", "seed=0,1"])
+    # A config stored before the rename reads as today's (resuming compares the two).
+    stored = {"seed": 0, "policy": {"gamma": 0.9, "ffm": {"gamma": "outer", "max_len": 1024, "beta": 0.01}}}
+    assert with_current_key_names(stored) == \
+        {"seed": 0, "policy": {"gamma": 0.9, "ffm": {"decay_context_product": "outer", "decay_horizon": 1024,
+                                                     "beta": 0.01}}}
+    assert stored["policy"]["ffm"]["gamma"] == "outer"  # a copy
+    assert with_current_key_names({"policy": {"seq_model": "gru"}}) == {"policy": {"seq_model": "gru"}}
+    c = make(["policy.ffm.decay_context_product=hadamard", "policy.ffm.decay_horizon=256"])
+    ffm = build("ffm", input_size=8, hidden_size=c.policy.rnn_hidden_size, **c.policy.seq_model_options())
+    assert ffm.alpha.shape == ffm.omega.shape == (ffm.memory_size, ffm.context_size)
+    assert ffm.decay_horizon == 256 and c.policy.gamma == 0.9  # the discount is untouched
+
+
+# Each bad value fails when the config is validated, with one line naming the full key, the value and the rule
+# (patches/105). Each case: the overrides and the message's start.
+BAD_VALUES = [
+    (["policy.lr=0"], "policy.lr=0.0 must be > 0"),
+    (["policy.lr=-1e-4"], "policy.lr=-0.0001 must be > 0"),
+    (["policy.lr=nan"], "policy.lr=nan must be a finite number"),
+    (["policy.gamma=1.5"], "policy.gamma=1.5 must be in [0, 1]"),
+    (["policy.gamma=-0.1"], "policy.gamma=-0.1 must be in [0, 1]"),
+    (["policy.tau=0"], "policy.tau=0.0 must be in (0, 1]"),
+    (["policy.tau=1.5"], "policy.tau=1.5 must be in (0, 1]"),
+    (["policy.action_embedding_size=-1"], "policy.action_embedding_size=-1 must be >= 0"),
+    (["policy.observ_embedding_size=-1"], "policy.observ_embedding_size=-1 must be >= 0"),
+    (["policy.reward_embedding_size=-1"], "policy.reward_embedding_size=-1 must be >= 0"),
+    (["policy.action_embedding_size=0", "policy.observ_embedding_size=0", "policy.reward_embedding_size=0"],
+     "policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 must be >= 1"),
+    (["policy.rnn_hidden_size=0", "seq_model=gru"], "policy.rnn_hidden_size=0 must be >= 1"),
+    (["policy.rnn_hidden_size=100"], "policy.rnn_hidden_size=100 with policy.ffm.context_size=None"),
+    (["policy.rnn_num_layers=0", "seq_model=gru"], "policy.rnn_num_layers=0 must be >= 1"),
+    (["policy.rnn_num_layers=2"], "policy.rnn_num_layers=2 must be 1 with policy.seq_model=ffm"),
+    (["policy.dqn_layers=[256,0]"], "policy.dqn_layers=[256, 0] must be a list of layer widths >= 1"),
+    (["policy.policy_layers=[-1]"], "policy.policy_layers=[-1] must be a list of layer widths >= 1"),
+    (["policy.sac.entropy_alpha=-0.1"], "policy.sac.entropy_alpha=-0.1 must be >= 0"),
+    (["policy.sac.alpha_lr=0"], "policy.sac.alpha_lr=0.0 must be > 0"),
+    (["policy.sac.target_entropy=inf"], "policy.sac.target_entropy=inf must be null (-|A|) or a finite number"),
+    (["policy.sac.alpha_loss=foo"], "policy.sac.alpha_loss='foo' is not one of ['alpha', 'log_alpha']"),
+    (["policy.td3.exploration_noise=-0.1"], "policy.td3.exploration_noise=-0.1 must be >= 0"),
+    (["policy.td3.target_noise=-0.2"], "policy.td3.target_noise=-0.2 must be >= 0"),
+    (["policy.td3.target_noise_clip=-0.5"], "policy.td3.target_noise_clip=-0.5 must be >= 0"),
+    (["policy.td3.policy_delay=0"], "policy.td3.policy_delay=0 must be >= 1"),
+    (["policy.td3.actor_q=q2"], "policy.td3.actor_q='q2' is not one of ['min', 'q1']"),
+    (["policy.ffm.context_size=0"], "policy.ffm.context_size=0 must be null"),
+    (["policy.ffm.memory_size=-2"], "policy.ffm.memory_size=-2 must be null"),
+    (["policy.ffm.min_period=0"], "policy.ffm.min_period=0.0 must be > 0"),
+    (["policy.ffm.max_period=0.5"], "policy.ffm.max_period=0.5 must be >= policy.ffm.min_period=1.0"),
+    (["policy.ffm.beta=0"], "policy.ffm.beta=0.0 must be in (0, 1)"),
+    (["policy.ffm.beta=1"], "policy.ffm.beta=1.0 must be in (0, 1)"),
+    (["policy.ffm.decay_horizon=0"], "policy.ffm.decay_horizon=0 must be in [1, 35489]"),
+    (["policy.ffm.decay_horizon=100000"], "policy.ffm.decay_horizon=100000 must be in [1, 35489]"),
+    (["policy.ffm.context=off"], "policy.ffm.context='off' is not one of ['learned', 'fixed', 'none']"),
+    (["policy.ffm.decay=off"], "policy.ffm.decay='off' is not one of ['learned', 'fixed', 'none']"),
+    (["policy.ffm.decay_context_product=inner"],
+     "policy.ffm.decay_context_product='inner' is not one of ['outer', 'hadamard']"),
+    (["policy.ffm.aggregator=fft"], "policy.ffm.aggregator='fft' is not one of ['auto', 'loop', 'scan', 'closed']"),
+    (["policy.ffm.init_trace_range=[104,32]"], "policy.ffm.init_trace_range=[104.0, 32.0] must be null"),
+    (["policy.ffm.init_period_range=[0,32]"], "policy.ffm.init_period_range=[0.0, 32.0] must be null"),
+    (["env.env_type=meta"], "env.env_type='meta' is not one of ['pomdp']"),
+    (["env.env_name=HopperBLT-X-v0"], "env.env_name='HopperBLT-X-v0': Unknown task 'HopperBLT-X-v0'"),
+    (["env.num_eval_tasks=0"], "env.num_eval_tasks=0 must be >= 1"),
+    (["train.num_iters=-5"], "train.num_iters=-5 must be >= 1"),
+    (["train.num_iters=0"], "train.num_iters=0 must be >= 1"),
+    (["train.num_init_rollouts_pool=-1"], "train.num_init_rollouts_pool=-1 must be >= 0"),
+    (["train.num_rollouts_per_iter=0"], "train.num_rollouts_per_iter=0 must be >= 1"),
+    (["train.buffer_size=0"], "train.buffer_size=0 must be a positive whole number"),
+    (["train.buffer_size=100"], "train.buffer_size=100 must be >= 200, the episode length of Pendulum-V-v0"),
+    (["train.buffer_size=32", "train.sampled_seq_len=64"], "train.buffer_size=32 must be >= train.sampled_seq_len=64"),
+    (["train.num_updates_per_iter=0"], "train.num_updates_per_iter=0 must be > 0"),
+    (["train.num_updates_per_iter=-0.5"], "train.num_updates_per_iter=-0.5 must be > 0"),
+    (["train.batch_size=-3"], "train.batch_size=-3 must be >= 1"),
+    (["train.sampled_seq_len=1"], "train.sampled_seq_len=1 must be -1 (whole episodes) or >= 2"),
+    (["train.sampled_seq_len=-2"], "train.sampled_seq_len=-2 must be -1 (whole episodes) or >= 2"),
+    (["train.sample_weight_baseline=-1"], "train.sample_weight_baseline=-1.0 must be >= 0"),
+    (["eval.log_interval=0"], "eval.log_interval=0 must be >= 1"),
+    (["eval.save_interval=0"], "eval.save_interval=0 must be -1 (no snapshots) or >= 1"),
+    (["eval.save_interval=-2"], "eval.save_interval=-2 must be -1 (no snapshots) or >= 1"),
+    (["checkpoint.interval=0"], "checkpoint.interval=0 must be >= 1"),
+    (["seed=-1"], "seed=-1 must be in [0, 4294967295]"),
+    (["seed=4294967296"], "seed=4294967296 must be in [0, 4294967295]"),
+    (["device=gpu"], "device='gpu' must be one of auto, cpu, cuda, cuda:N"),
+    (["device=cuda:x"], "device='cuda:x' must be one of auto, cpu, cuda, cuda:N"),
+    (["num_threads=0"], "num_threads=0 must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_VALUES, ids=[" ".join(o) for o, _ in BAD_VALUES])
+def test_bad_values_fail_with_one_line(hydra_ctx, overrides, message):
+    with pytest.raises(ValueError) as e:
+        make(overrides)
+    text = str(e.value)
+    assert text.startswith(message) and "\n" not in text, text
+
+
+def test_edge_values_are_accepted(hydra_ctx):
+    c = make(["policy.gamma=0", "policy.gamma=1", "policy.tau=1", "train.num_init_rollouts_pool=0",
+              "train.num_updates_per_iter=1", "train.sampled_seq_len=2", "eval.save_interval=1", "seed=4294967295",
+              "device=cuda:3", "policy.action_embedding_size=0", "policy.reward_embedding_size=0",
+              "policy.sac.target_entropy=-2.5", "policy.ffm.decay_horizon=35489", "policy.ffm.beta=0.5"])
+    assert (c.policy.gamma, c.seed, c.device, c.train.num_init_rollouts_pool) == (1.0, 2**32 - 1, "cuda:3", 0)
+    assert make(["seq_model=lstm", "policy.rnn_num_layers=2"]).policy.seq_model_options() == {"num_layers": 2}
+    assert make(["seq_model=gru", "policy.rnn_hidden_size=100"]).policy.rnn_hidden_size == 100
+    make(["policy.rnn_hidden_size=100", "policy.ffm.context_size=4", "policy.ffm.memory_size=25"])
+
+
+def test_defaults_and_every_preset_validate(hydra_ctx):
+    assert PRESETS == ["paper", "paper_sac", "paper_td3", "pendulum", "smoke"]
+    cfg = compose("config")
+    check_known_keys(cfg)
+    assert isinstance(OmegaConf.to_object(cfg), RunConfig)
+    for name in PRESETS:
+        cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+        # every job of the preset's sweep, not only its base config (seeds one at a time: they change nothing
+        # else)
+        sweeps = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()])
+        axes = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()] for o in sweeps]
+        seeds = [a for a in axes if a[0].startswith("seed=")]
+        jobs = [*itertools.product(*(a for a in axes if not a[0].startswith("seed="))),
+                *([s] for a in seeds for s in a)]
+        assert len(jobs) > 1
+        for combo in jobs:
+            overrides = [f"experiment={name}", *combo]
+            cfg = compose("config", overrides=overrides)
+            check_known_keys(cfg)
+            assert isinstance(OmegaConf.to_object(cfg), RunConfig)
 
 
 def test_presets_compose(hydra_ctx):

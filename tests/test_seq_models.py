@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from pomdp_ffm.seq_models import ABLATIONS, available, build
-from pomdp_ffm.seq_models.ffm import DECAY_MIN, aggregate_closed, aggregate_loop, aggregate_scan, reference_decay_limit
+from pomdp_ffm.seq_models.ffm import (DECAY_MIN, MAX_DECAY_HORIZON, aggregate_closed, aggregate_loop, aggregate_scan,
+                                      reference_decay_limit)
 
 MODELS = ["lstm", "gru", "ffm", "mlp"]
 
@@ -62,7 +63,8 @@ def test_rnn_reference_init(name):
 
 
 def test_parameter_counts_match_reference():
-    # spec 3.6: GRU(64->128) = 74,496; FFM(64->128, m=32, c=4) = 53,732; LSTM(48->128) = 91,136
+    # docs/reference.md#parameter-counts: GRU(64->128) = 74,496; FFM(64->128, m=32, c=4) = 53,732;
+    # LSTM(48->128) = 91,136
     count = lambda m: sum(p.numel() for p in m.parameters())
     assert count(build("gru", input_size=64, hidden_size=128)) == 74_496
     assert count(build("ffm", input_size=64, hidden_size=128)) == 53_732
@@ -283,6 +285,31 @@ def test_decay_bound_clamps_like_the_reference():
     assert free.alpha[0].item() == 5.0
 
 
+def test_decay_horizon_sets_the_bound_and_the_closed_form_chunks():
+    # patches/104: decay_horizon (the reference's max_len) is the horizon the decay bound keeps
+    # |gamma|^(-t) representable over; it is not an episode length.
+    short = build("ffm", input_size=4, hidden_size=32, decay_horizon=64, aggregator="closed")
+    assert short.decay_limit == pytest.approx(reference_decay_limit(64)) == pytest.approx(709.7827 / 64 - 0.01)
+    with torch.no_grad():
+        short.alpha.fill_(short.decay_limit)  # the fastest decay the bound allows
+    x = torch.randn(300, 2, 4)
+    y_closed, _ = short(x)  # chunks of 64 steps: with 1024-step chunks |gamma|^(-t) would overflow
+    short.aggregator = "loop"
+    y_loop, _ = short(x)
+    assert torch.isfinite(y_closed).all()
+    torch.testing.assert_close(y_closed, y_loop, rtol=1e-4, atol=1e-4)
+    for bad in (0, MAX_DECAY_HORIZON + 1, 1.5):
+        with pytest.raises(ValueError, match=rf"decay_horizon={bad!r} must be an int in \[1, {MAX_DECAY_HORIZON}\]"):
+            build("ffm", input_size=4, hidden_size=32, decay_horizon=bad)
+    assert reference_decay_limit(MAX_DECAY_HORIZON) - 0.01 > DECAY_MIN  # the default init's top rate stays > 0
+
+
+def test_renamed_ffm_options_name_the_new_ones():
+    for old, new in (("gamma", "decay_context_product"), ("max_len", "decay_horizon")):
+        with pytest.raises(TypeError, match=rf"'{old}' is now '{new}'"):
+            build("ffm", input_size=4, hidden_size=32, **{old: "outer" if old == "gamma" else 1024})
+
+
 def test_acting_gamma_cache_follows_parameter_updates():
     torch.manual_seed(0)
     ffm = build("ffm", input_size=4, hidden_size=32)
@@ -312,7 +339,7 @@ def test_ablations_build_run_and_train(ablation):
         assert torch.count_nonzero(ffm.alpha) == 0
     if opts.get("context") == "none":
         assert torch.count_nonzero(ffm.omega) == 0
-    if opts.get("gamma") == "hadamard":
+    if opts.get("decay_context_product") == "hadamard":
         assert ffm.alpha.shape == ffm.omega.shape == (32, 2)
     width = ffm.pre.out_features
     assert width == 32 + 64 + (32 if opts.get("input_gate", True) else 0) + (64 if opts.get("output_gate", True) else 0)

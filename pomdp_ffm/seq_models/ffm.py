@@ -7,8 +7,10 @@ Cell (paper eqs. input gate, aggregator, read-out, gated residual):
     z_t  = l3(Re S_t || Im S_t)                              read-out          [out]
     y_t  = LN(z_t) * sigmoid(l4 x_t) + l5(x_t) * (1 - sigmoid(l4 x_t))
 
-with gamma = exp(-alpha) exp(i omega)^T, alpha in R+^m the decay and omega in R^c the context.
-l1, l2, l4, l5 are fused into one Linear (``pre``) like the reference code.
+with gamma = exp(-alpha) exp(i omega)^T, alpha in R+^m the decay and omega in R^c the context (the paper's
+notation: this alpha is FFM's decay rate, unrelated to SAC's temperature, and gamma is the recurrence's complex
+decay, unrelated to the RL discount policy.gamma). l1, l2, l4, l5 are fused into one Linear (``pre``) like the
+reference code.
 
 The reference evaluates the aggregator with a float64 closed form that multiplies by gamma^(-t); it
 overflows unless decay is bounded and sequences are chunked. Here the default aggregators never multiply
@@ -20,7 +22,9 @@ by |gamma| > 1, so any length is exact in complex64:
 * ``scan`` (what ``auto`` picks on a GPU): the same Function with a log-depth (Hillis-Steele) scan over
   powers gamma^(2^k) in place of the chunked loop: ~2 log2 T kernels but O(T log T) work, which pays where
   kernel launches, not arithmetic, bound the time (docs/benchmarks.md has the measurements).
-* ``closed``: the reference's closed form in complex128 with 1024-step chunks, kept for comparison.
+* ``closed``: the reference's closed form in complex128, kept for comparison. It is exact only while
+  |gamma|^(-t) fits a float64: the decay bound keeps alpha <= reference_decay_limit(decay_horizon) (the
+  reference's ``max_len``, 1024 steps), and the sequence is cut into chunks of ``decay_horizon`` steps.
 """
 from __future__ import annotations
 
@@ -34,7 +38,12 @@ from .base import SeqModel, State
 
 AGGREGATORS = ("auto", "loop", "scan", "closed")
 PARAM_MODES = ("learned", "fixed", "none")
-GAMMA_FORMS = ("outer", "hadamard")
+# How gamma's [m, c] entries are parametrised: "outer" is the paper's outer product of m decay rates (rows) and c
+# context frequencies (columns); "hadamard" (the HP ablation) learns a decay and a frequency per entry.
+DECAY_CONTEXT_PRODUCTS = ("outer", "hadamard")
+# Option names of earlier versions -> current ones (patches/104-ffm-option-names.md): passing an old name
+# fails with a message naming the new one.
+RENAMED_OPTIONS = {"gamma": "decay_context_product", "max_len": "decay_horizon"}
 
 # The paper's ablation table, as option sets for ``build("ffm", ..., **ABLATIONS[name])``. A removed gate is
 # a gate fixed open (NI: x~ = l1(x); NO: y = LN(z)); "none" fixes omega (NC) or alpha (ND) at zero; "fixed"
@@ -48,16 +57,20 @@ ABLATIONS: dict[str, dict] = {
     "FFM-FC": {"context": "fixed"},
     "FFM-ND": {"decay": "none"},
     "FFM-FD": {"decay": "fixed"},
-    "FFM-HP": {"gamma": "hadamard"},
+    "FFM-HP": {"decay_context_product": "hadamard"},
 }
 
 _F64_MAX_LOG = math.log(torch.finfo(torch.float64).max)
 DECAY_MIN = 1e-8
+# The longest decay horizon whose bound still leaves room for the default initialisation's top decay rate
+# (reference_decay_limit(h) - 0.01 > 0); longer horizons would make every decay rate zero or negative.
+MAX_DECAY_HORIZON = int(_F64_MAX_LOG / 0.02)
 
 
-def reference_decay_limit(max_len: int = 1024) -> float:
-    """Largest decay rate whose gamma^(-max_len) still fits a float64 (the reference's bound, ~0.683)."""
-    return _F64_MAX_LOG / max_len - 0.01
+def reference_decay_limit(decay_horizon: int = 1024) -> float:
+    """Largest decay rate alpha whose |gamma|^(-decay_horizon) = exp(alpha * decay_horizon) still fits a float64
+    (the reference's bound, ~0.683 for its max_len of 1024)."""
+    return _F64_MAX_LOG / decay_horizon - 0.01
 
 
 def _scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None, reverse: bool = False) -> None:
@@ -249,7 +262,22 @@ def ffm_sizes(hidden_size: int, context_size: int | None = None, memory_size: in
 class FFM(SeqModel):
     """Fast and Forgetful Memory as a drop-in for a GRU: ``y, state = ffm(x[T, B, in], state)``.
 
-    The state is a complex64 tensor ``[B, memory_size, context_size]``.
+    The state is a complex64 tensor ``[B, memory_size, context_size]``. Options (config ``policy.ffm.*``):
+
+    * ``context_size`` c, ``memory_size`` m: None derives them from hidden_size (``ffm_sizes``).
+    * ``max_period`` (the paper's t_e), ``min_period``, ``beta``: the reference initialisation; ``beta`` is the
+      fraction a trace has decayed to after its durability.
+    * ``decay_horizon``: the decay bound is ``reference_decay_limit(decay_horizon)``, so that |gamma|^(-t)
+      stays representable over that many steps (the reference's ``max_len``; not an episode length).
+    * ``decay_bound``: clamp the learned decay alpha into [DECAY_MIN, that limit] before every call.
+    * ``input_gate``, ``output_gate``, ``context``, ``decay``: the ablations (``ABLATIONS``).
+    * ``decay_context_product``: "outer" (gamma = exp(-alpha) exp(i omega)^T, the paper) or "hadamard" (one
+      alpha and one omega per entry of gamma).
+    * ``aggregator``: how the sequence recurrence is evaluated (module docstring).
+    * ``init_trace_range``, ``init_period_range``: the paper's informed initialisation, in steps.
+
+    ``alpha`` and ``gamma`` follow the paper: FFM's decay rates and complex decay, not SAC's temperature or the
+    RL discount.
     """
 
     def __init__(
@@ -261,13 +289,13 @@ class FFM(SeqModel):
         max_period: float = 128,
         min_period: float = 1,
         beta: float = 0.01,
-        max_len: int = 1024,
+        decay_horizon: int = 1024,
         decay_bound: bool = True,
         input_gate: bool = True,
         output_gate: bool = True,
         context: str = "learned",
         decay: str = "learned",
-        gamma: str = "outer",
+        decay_context_product: str = "outer",
         aggregator: str = "auto",
         init_trace_range: tuple[float, float] | None = None,
         init_period_range: tuple[float, float] | None = None,
@@ -276,16 +304,20 @@ class FFM(SeqModel):
         for name, value, allowed in (
             ("context", context, PARAM_MODES),
             ("decay", decay, PARAM_MODES),
-            ("gamma", gamma, GAMMA_FORMS),
+            ("decay_context_product", decay_context_product, DECAY_CONTEXT_PRODUCTS),
             ("aggregator", aggregator, AGGREGATORS),
         ):
             if value not in allowed:
                 raise ValueError(f"FFM option {name}={value!r} is not one of {list(allowed)}")
+        if isinstance(decay_horizon, bool) or not isinstance(decay_horizon, int) \
+                or not 1 <= decay_horizon <= MAX_DECAY_HORIZON:
+            raise ValueError(f"FFM option decay_horizon={decay_horizon!r} must be an int in [1, {MAX_DECAY_HORIZON}]")
         self.input_size, self.hidden_size = input_size, hidden_size
         self.memory_size, self.context_size = m, c = ffm_sizes(hidden_size, context_size, memory_size)
         self.input_gate, self.output_gate, self.aggregator = input_gate, output_gate, aggregator
         self.decay_bound = decay_bound and decay == "learned"
-        self.decay_limit = reference_decay_limit(max_len)
+        self.decay_horizon = decay_horizon
+        self.decay_limit = reference_decay_limit(decay_horizon)
         out = hidden_size
         self._split = (m, out, m if input_gate else 0, out if output_gate else 0)
         self.pre = nn.Linear(input_size, sum(self._split))
@@ -293,8 +325,9 @@ class FFM(SeqModel):
 
         alpha, omega = self._initial_decay_context(m, c, max_period, min_period, beta, init_trace_range,
                                                    init_period_range)
-        if gamma == "hadamard":
+        if decay_context_product == "hadamard":
             alpha, omega = alpha.unsqueeze(1).repeat(1, c), omega.unsqueeze(0).repeat(m, 1)
+        # alpha: FFM's decay rates (the paper's alpha, not SAC's temperature); omega: its context frequencies.
         self._register("alpha", alpha, decay)
         self._register("omega", omega, context)
         self._gamma_cache: tuple | None = None
@@ -324,7 +357,8 @@ class FFM(SeqModel):
         return torch.zeros(batch_size, self.memory_size, self.context_size, dtype=torch.complex64, device=device)
 
     def gamma(self) -> torch.Tensor:
-        """gamma = exp(-alpha) exp(i omega): [m, c] complex64, |gamma| <= 1."""
+        """The recurrence's decay gamma = exp(-alpha) exp(i omega) (paper notation; not the RL discount):
+        [m, c] complex64, |gamma| <= 1."""
         alpha, omega = self.alpha, self.omega
         if alpha.dim() == 1:  # outer product form: rows decay, columns rotate
             m, c = alpha.shape[0], omega.shape[0]
@@ -376,7 +410,10 @@ class FFM(SeqModel):
     def _aggregate(self, u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
         if u.shape[0] == 1:  # the acting step
             return torch.addcmul(torch.complex(u, torch.zeros_like(u)).unsqueeze(-1), s0, gamma)
-        return _AGGREGATE[self.resolved_aggregator(u.device)](u, gamma, s0)
+        method = self.resolved_aggregator(u.device)
+        if method == "closed":  # chunks no longer than the horizon the decay bound was set for
+            return aggregate_closed(u, gamma, s0, chunk=self.decay_horizon)
+        return _AGGREGATE[method](u, gamma, s0)
 
     # ----------------------------------------------------------------------------------------------
     def trace_durability(self, beta: float = 0.01) -> torch.Tensor:
