@@ -14,8 +14,32 @@ METRIC_TITLES = {
     "fwd_ms": "Forward",
     "act_us": "Acting latency (1 step)",
     "peak_mem_mb": "Peak memory (fwd + bwd)",
-    "gflop": "Compute",
+    "gflop": "Compute per update",
+    "updates_per_s": "Updates per second",
+    "achieved_gflop_s": "Achieved throughput",
+    "matmul_gflop_s": "Matmul throughput (device)",
 }
+# Which way is better for each metric the benchmark writes; other metrics are judged by their unit.
+HIGHER_IS_BETTER = frozenset({"updates_per_s", "achieved_gflop_s", "matmul_gflop_s"})
+LOWER_IS_BETTER = frozenset({"update_ms", "fwd_bwd_ms", "fwd_ms", "act_us", "peak_mem_mb", "gflop"})
+_LOWER_UNITS = frozenset({"s", "ms", "us", "ns", "b", "kb", "mb", "gb", "kib", "mib", "gib", "flop", "gflop", "tflop"})
+
+
+def better(metric: str, unit: str = "") -> str | None:
+    """'higher' or 'lower' (is better) for a benchmark metric, None when it cannot be told.
+
+    Rates (units per second: updates/s, GFLOP/s) are higher-is-better; times, memory and operation counts
+    are lower-is-better."""
+    if metric in HIGHER_IS_BETTER:
+        return "higher"
+    if metric in LOWER_IS_BETTER:
+        return "lower"
+    u = str(unit).strip().lower()
+    if u.endswith("/s") or metric.endswith("_per_s"):
+        return "higher"
+    if u in _LOWER_UNITS:
+        return "lower"
+    return None
 
 
 def read_bench(files) -> tuple[pd.DataFrame, list[tuple[str, str, str]]]:

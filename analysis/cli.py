@@ -1,4 +1,9 @@
-"""``python -m analysis [COMMAND] RUNS... --out DIR``: tables and figures from a folder of runs."""
+"""``python -m analysis [COMMAND] RUNS... --out DIR``: tables and figures from a folder of runs.
+
+Every problem met on the way (skipped input, warnings, notes) goes into one list:
+it is printed at the end with its counts, and report.md and issues.csv hold the
+same list and the same counts.
+"""
 
 from __future__ import annotations
 
@@ -68,9 +73,10 @@ class Context:
     out: Path
     written: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    issues: list[tuple[str, str, str]] = field(default_factory=list)
+    # The one list of skipped input, warnings and notes: loading's, then every step's (see summary()).
+    report: load.LoadReport = field(default_factory=load.LoadReport)
     table: pd.DataFrame | None = None
-    report: load.LoadReport | None = None
+    horizons: pd.DataFrame | None = None
     _scores: pd.DataFrame | None = None
 
     @property
@@ -136,9 +142,10 @@ def _load(ctx: Context) -> None:
     if not a.pool_sources:
         table = load.separate_sources(table)
     ctx.table, ctx.report = table, report
-    print(report.summary())
-    for issue in report.skipped:
-        print(f"skipped {issue.path}: {issue.reason}", file=sys.stderr)
+    print(f"loaded {report.n_runs_loaded} of {report.n_runs_found} run dir(s)")
+    # Scores and curves depend on how far each run got: say which horizon each group is scored on.
+    ctx.horizons, problems = stats.horizons(table, a.max_steps)
+    report.extend(problems)
 
 
 def cmd_table(ctx: Context) -> None:
@@ -170,6 +177,7 @@ def cmd_lines(ctx: Context) -> None:
     a = ctx.args
     curves = stats.curves_on_grid(ctx.table, a.curves, a.grid_start, a.grid_interval, a.window, a.max_steps)
     band = stats.curve_band(curves, **ctx.boot())
+    ctx.report.extend(stats.curve_cuts(curves))
     ctx.emit(write_table(band, ctx.tables(f"lines_{a.curves}"), title=f"Learning curves ({a.curves})"))
     y = "Best eval return so far" if a.curves == "runmax" else "Eval return (smoothed)"
     for algo in sorted(curves["algo"].unique()):
@@ -184,6 +192,11 @@ def cmd_aggregate(ctx: Context) -> None:
     ctx.notes.extend(notes)
     agg, agg_notes = stats.aggregate_scores(norm, **ctx.boot())
     ctx.notes.extend(agg_notes)
+    for r in agg.drop_duplicates(["algo", "model"]).itertuples(index=False):
+        for task in r.single_run_tasks.split():
+            ctx.report.add(f"{task}/{r.algo}_{r.model}", "warning",
+                           f"aggregate ({a.metric}): the task has a single {r.algo}/{r.model} run; it adds no "
+                           "bootstrap variance, so the aggregate's CI understates the uncertainty")
     poi = pd.concat([stats.probability_of_improvement(scores, "ffm", a.compare, **ctx.boot()),
                      stats.probability_of_improvement(scores, "ffm", a.compare + C.REF_SUFFIX, **ctx.boot())],
                     ignore_index=True)
@@ -213,7 +226,7 @@ def cmd_decay(ctx: Context) -> None:
 
     runs = ctx.table.drop_duplicates("run_id")[["run_id", "run_dir", "task", "algo", "model"]]
     values, problems = decay.load_decay(runs, ctx.args.beta)
-    ctx.issues.extend(problems)
+    ctx.report.extend(problems)
     if values.empty:
         ctx.notes.append("decay: no FFM checkpoint with alpha/omega parameters found; figure skipped")
         return
@@ -235,7 +248,7 @@ def cmd_efficiency(ctx: Context) -> None:
         bench, problems = read_bench(ctx.args.bench)
     except FileNotFoundError as exc:
         raise SystemExit(str(exc)) from exc
-    ctx.issues.extend(problems)
+    ctx.report.extend(problems)
     if bench.empty:
         ctx.notes.append("efficiency: no usable benchmark rows; figure skipped")
         return
@@ -245,26 +258,34 @@ def cmd_efficiency(ctx: Context) -> None:
 
 
 def write_report(ctx: Context) -> Path:
-    """report.md: settings, what was loaded, every skipped file or row and why, and notes."""
+    """report.md: settings, what was loaded, the runs and horizon of every group, every skipped file or row and
+    every warning with why, and notes.  Its counts are ``ctx.report.summary()``, the line the console prints."""
     a = ctx.args
     lines = ["# Analysis report", "",
              f"- score metric: `{a.metric}` = {C.METRIC_DESCRIPTIONS[a.metric]}",
              f"- bootstrap: seed {a.seed}, {a.resamples} resamples, {a.confidence:.0%} intervals",
-             f"- max env steps: {a.max_steps if a.max_steps is not None else 'none'}"]
-    if ctx.report is not None:
-        lines.append(f"- runs: {ctx.report.summary()}")
-        t = ctx.table
-        if t is not None and len(t):
-            runs = t.drop_duplicates("run_id")
-            unfinished = int((runs["finished"] == False).sum())  # noqa: E712  (nullable boolean)
-            unknown = int(runs["finished"].isna().sum())
-            lines.append(f"- unfinished runs (no DONE file, still analysed): {unfinished}; "
-                         f"completion unknown (reference layout): {unknown}")
-            counts = runs.groupby(["task", "algo", "model_label"]).size().rename("runs").reset_index()
-            lines += ["", "## Runs per group", "", to_markdown(counts)]
-    issues = ctx.report.to_frame() if ctx.report is not None else pd.DataFrame(columns=["path", "kind", "reason"])
-    if ctx.issues:
-        issues = pd.concat([issues, pd.DataFrame(ctx.issues, columns=["path", "kind", "reason"])], ignore_index=True)
+             f"- max env steps: {a.max_steps if a.max_steps is not None else 'none'}",
+             f"- learning curves: {stats.CURVE_RULE}",
+             f"- summary: {ctx.report.summary()}"]
+    t = ctx.table
+    if t is not None and len(t):
+        runs = t.drop_duplicates("run_id")
+        unfinished = int((runs["finished"] == False).sum())  # noqa: E712  (nullable boolean)
+        unknown = int(runs["finished"].isna().sum())
+        lines.append(f"- unfinished runs (no {load.DONE_MARKER} file, still analysed): {unfinished}; "
+                     f"completion unknown (reference layout): {unknown}")
+        # Runs per group and the horizon each was scored on: the env steps of its shortest and longest run's
+        # last evaluation (up to --max-steps), and which run is the shortest where they differ.
+        h = ctx.horizons.copy()
+        h["model_label"] = h["model"].map(C.model_label)
+        h.loc[h["env_steps_min"] == h["env_steps_max"], "shortest_run"] = ""
+        h = h.rename(columns={"n_runs": "runs"})[["task", "algo", "model_label", "runs", "env_steps_min",
+                                                   "env_steps_max", "shortest_run"]]
+        cut = f", evaluations after --max-steps {a.max_steps:g} ignored" if a.max_steps is not None else ""
+        lines += ["", "## Runs per group and their horizon", "",
+                  f"env_steps_min / env_steps_max: the last evaluation of the group's shortest / longest run{cut}; "
+                  "scores and curve ends depend on it.", "", to_markdown(h, digits=0)]
+    issues = ctx.report.to_frame()
     lines += ["", "## Skipped input and warnings", ""]
     lines.append(to_markdown(issues) if len(issues) else "None.\n")
     if ctx.notes:
@@ -273,6 +294,31 @@ def write_report(ctx: Context) -> Path:
     path = ctx.out / "report.md"
     path.write_text("\n".join(lines))
     issues.to_csv(ctx.out / "issues.csv", index=False)
+    return path
+
+
+def _print_issues(report: load.LoadReport, limit: int = 50) -> None:
+    """The skipped input and warnings on stderr (the first ``limit``; all of them, and the notes, are in
+    report.md), then the one summary line."""
+    shown = [i for i in report.issues if i.kind != "note"]
+    for issue in shown[:limit]:
+        print(f"{issue.kind}: {issue.path}: {issue.reason}", file=sys.stderr)
+    if len(shown) > limit:
+        print(f"... and {len(shown) - limit} more: see report.md", file=sys.stderr)
+    print(report.summary())
+
+
+def _prepare_out(out: str) -> Path | None:
+    """The output folder, created if needed; None (after a one-line error) when it cannot be one."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        print(f"error: --out {out} is a file; give a directory", file=sys.stderr)
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: --out {out} cannot be created: {exc.strerror or exc}", file=sys.stderr)
+        return None
     return path
 
 
@@ -285,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "all"
     args = build_parser().parse_args(argv)
     _validate(args, command)
-    ctx = Context(args=args, out=Path(args.out))
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    out = _prepare_out(args.out)
+    if out is None:
+        return 2
+    ctx = Context(args=args, out=out)
     if args.runs:
         _load(ctx)
     steps = list(_RUNNERS) if command == "all" else [command]
@@ -300,4 +348,5 @@ def main(argv: list[str] | None = None) -> int:
     report = write_report(ctx)
     print(f"wrote {report}")
     print(f"wrote {ctx.out / 'issues.csv'}")
+    _print_issues(ctx.report)
     return 0

@@ -6,52 +6,80 @@ exp(-alpha) per step); context period ``t_omega = 2 pi / |omega|`` is the
 number of steps after which the rotation repeats.  One value per distinct
 parameter entry is reported (alpha has m entries, omega c), since the m x c
 state only repeats them.
+
+Checkpoints are read with :func:`pomdp_ffm.rundir.load_checkpoint` only
+(``torch.load(weights_only=True)``): loading never executes code from a file.
+A file it refuses is reported as a warning naming it and skipped.
 """
 
 from __future__ import annotations
 
 import math
-import pickle
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from pomdp_ffm.rundir import RunDir, RunDirError, load_checkpoint
+
 from . import constants as C
 
 FFM_KEY_RE = re.compile(r"^(?P<module>actor|critic)\..*memory\.(?P<param>alpha|omega)$")
-CHECKPOINT_DIRS = ("checkpoints", "save")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+NO_CHECKPOINT = (f"FFM run has no checkpoint (*.pt under {Path(RunDir.CHECKPOINT).parent.as_posix()}/ "
+                 f"or {RunDir.SNAPSHOTS}/)")
 
 
-def _load(ckpt: Path):
-    """Tensors-only loading first. Resume checkpoints (checkpoints/last.pt) also hold the replay buffer and
-    numpy RNG states, which the tensors-only unpickler refuses; those files are the user's own run outputs
-    found under the run directories they named, so they are then loaded in full."""
-    import torch  # heavy; only this figure needs it
-
-    try:
-        return torch.load(ckpt, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        return torch.load(ckpt, map_location="cpu", weights_only=False)
+def checkpoint_candidates(run_dir: str | Path) -> list[Path]:
+    """The run's checkpoints in the order they are tried: the resume checkpoint (``checkpoints/last.pt``)
+    first, then the other ``*.pt`` files (the reference's ``save/agent_*.pt`` snapshots included), most
+    recently written first, and the checkpoint written when training diverged last."""
+    run = RunDir(run_dir)
+    files = [p for p in run.checkpoint_files() if p.is_file()]
+    first = [p for p in files if p == run.checkpoint]
+    diverged = [p for p in files if p == run / RunDir.DIVERGED]
+    rest = sorted((p for p in files if p not in first and p not in diverged),
+                  key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+    return first + rest + diverged
 
 
 def newest_checkpoint(run_dir: str | Path) -> Path | None:
-    """``checkpoints/last.pt`` if present, else the most recently written ``*.pt`` of the run."""
-    run_dir = Path(run_dir)
-    last = run_dir / "checkpoints" / "last.pt"
-    if last.is_file():
-        return last
-    found = [p for d in CHECKPOINT_DIRS for p in (run_dir / d).rglob("*.pt") if p.is_file()]
-    return max(found, key=lambda p: (p.stat().st_mtime_ns, p.name)) if found else None
+    """The first of :func:`checkpoint_candidates`, or None when the run has no checkpoint."""
+    found = checkpoint_candidates(run_dir)
+    return found[0] if found else None
 
 
-def _state_dict(obj) -> dict | None:
-    if isinstance(obj, dict) and isinstance(obj.get("agent"), dict):
-        return obj["agent"]
-    # The reference saves the bare agent state_dict.
-    if isinstance(obj, dict) and obj and all(isinstance(k, str) for k in obj):
+def _load(ckpt: Path) -> dict:
+    """:func:`pomdp_ffm.rundir.load_checkpoint`: tensors and plain containers only, never a full unpickling
+    (a file holding anything else raises CheckpointError naming it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's notes on pickle protocols; refusals raise
+        return load_checkpoint(ckpt, map_location="cpu")
+
+
+def _refusal(path: Path, exc: Exception) -> str:
+    """Why a checkpoint was skipped, in one line (torch's advice on loading it unsafely left out)."""
+    text = _ANSI_RE.sub("", str(exc)).replace(str(path), "the file", 1)
+    if "Weights only load failed" in text:
+        text = "it holds objects other than tensors and plain containers (code, numpy objects or classes)"
+    return f"checkpoint skipped: the tensors-only loader refused it, and it is never unpickled in full; {text}"[:400]
+
+
+def _state_dict(obj, depth: int = 3) -> dict | None:
+    """The dict holding the FFM parameters: ``state["agent"]["modules"]`` in ``checkpoints/last.pt``,
+    ``state["agent"]`` in ``save/agent_*.pt`` snapshots, the bare state dict in the reference's snapshots;
+    whichever (nested) dict has ``actor.|critic. ... memory.alpha|omega`` keys."""
+    if not isinstance(obj, dict):
+        return None
+    if any(isinstance(k, str) and FFM_KEY_RE.match(k) for k in obj):
         return obj
+    if depth > 0:
+        for key in ("agent", "modules", *[k for k in obj if k not in ("agent", "modules")]):
+            found = _state_dict(obj.get(key), depth - 1) if key in obj else None
+            if found is not None:
+                return found
     return None
 
 
@@ -84,26 +112,34 @@ def timescales(param: str, values: np.ndarray, beta: float = C.DEFAULT_BETA) -> 
 def load_decay(runs: pd.DataFrame, beta: float = C.DEFAULT_BETA) -> tuple[pd.DataFrame, list[tuple[str, str, str]]]:
     """Timescales of every FFM run in ``runs`` (one row per run: run_id, run_dir, task, algo, model).
 
-    Returns the long table and ``(path, kind, reason)`` problems (no checkpoint,
-    unreadable file, no FFM parameters, non-decaying entries).
+    Each run's checkpoints are tried in :func:`checkpoint_candidates` order and the first one holding FFM
+    parameters is used.  A file that the tensors-only loader refuses (a pickle with code in it, an old
+    format holding numpy objects, a truncated file) is never unpickled in full: it becomes a warning naming
+    it, and the next checkpoint of the run is tried.  Returns the long table and ``(path, kind, reason)``
+    problems (no checkpoint, refused files, no FFM parameters, non-decaying entries).
     """
     problems: list[tuple[str, str, str]] = []
     frames = []
     ffm = runs[runs["model"].map(C.base_model) == "ffm"].drop_duplicates("run_id")
     for run in ffm.itertuples(index=False):
-        ckpt = newest_checkpoint(run.run_dir)
+        candidates = checkpoint_candidates(run.run_dir)
+        if not candidates:
+            problems.append((run.run_dir, "warning", NO_CHECKPOINT))
+            continue
+        ckpt = params = None
+        for path in candidates:
+            try:
+                obj = _load(path)
+            except RunDirError as exc:
+                problems.append((str(path), "warning", _refusal(path, exc)))
+                continue
+            state = _state_dict(obj)
+            found = ffm_parameters(state) if state is not None else {}
+            if found:
+                ckpt, params = path, found
+                break
+            problems.append((str(path), "warning", "no actor/critic '...memory.alpha|omega' parameters in checkpoint"))
         if ckpt is None:
-            problems.append((run.run_dir, "warning", "FFM run has no checkpoint (*.pt under checkpoints/ or save/)"))
-            continue
-        try:
-            obj = _load(ckpt)
-        except Exception as exc:  # any unreadable checkpoint is reported, not fatal
-            problems.append((str(ckpt), "warning", f"cannot load checkpoint: {type(exc).__name__}: {exc}"[:300]))
-            continue
-        state = _state_dict(obj)
-        params = ffm_parameters(state) if state is not None else {}
-        if not params:
-            problems.append((str(ckpt), "warning", "no actor/critic '...memory.alpha|omega' parameters in checkpoint"))
             continue
         for (module, param), entries in sorted(params.items()):
             for key, values in entries:

@@ -23,7 +23,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from . import constants as C  # noqa: E402
-from .bench import METRIC_TITLES  # noqa: E402
+from .bench import METRIC_TITLES, better  # noqa: E402
 
 PAPER_WIDTH = 7.0
 DEFAULT_FORMATS = ("png", "pdf")
@@ -164,7 +164,11 @@ def _model_legend(fig, models, title: str) -> None:
 
 def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_label: str,
                 formats=DEFAULT_FORMATS, confidence: float = C.DEFAULT_CONFIDENCE) -> list[Path]:
-    """One panel per task: thin line per run, mean over runs and its CI band, per model."""
+    """One panel per task: thin line per run, mean over runs and its CI band, per model.
+
+    ``band`` comes from :func:`analysis.stats.curve_band`, so the mean and band follow
+    ``stats.CURVE_RULE``: they are drawn up to the shortest run of each model; the thin
+    lines of longer runs go on."""
     curves = curves[curves.algo == algo]
     band = band[band.algo == algo]
     if curves.empty:
@@ -183,11 +187,11 @@ def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_lab
                 c = curves[(curves.task == task) & (curves.model == model)]
                 for _, run in c.groupby("run_id"):
                     ax.plot(run["env_steps"], run["value"], color=color, linewidth=0.5, alpha=0.35)
+                # The band holds only grid points every run reaches (stats.CURVE_RULE): the mean line ends at
+                # the shortest run, so it never mixes populations.
                 b = band[(band.task == task) & (band.model == model)]
                 if b.empty:
                     continue
-                # The mean is drawn only where every run has data, so it never mixes populations.
-                b = b[b["n_runs"] == b["n_runs"].max()]
                 # Markers when there are few evaluations, so a short run is still visible.
                 ax.plot(b["env_steps"], b["mean"], color=color, linewidth=1.6,
                         linestyle="--" if model.endswith(C.REF_SUFFIX) else "-",
@@ -201,8 +205,8 @@ def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_lab
                 ax.set_ylabel(y_label)
         for k in range(len(tasks), nrows * ncols):
             axes[k // ncols, k % ncols].set_visible(False)
-        _model_legend(fig, models, f"{C.algo_label(algo)}: thin = runs, thick = mean, band = {confidence:.0%} "
-                                   "bootstrap CI")
+        _model_legend(fig, models, f"{C.algo_label(algo)}: thin = runs, thick = mean over all runs (up to the "
+                                   f"shortest run), band = {confidence:.0%} bootstrap CI")
         fig.tight_layout()
         return _save(fig, base, formats)
 
@@ -329,11 +333,14 @@ def plot_efficiency(bench: pd.DataFrame, base, formats=DEFAULT_FORMATS) -> list[
                        edgecolor="black", linewidth=0.4)
             ax.set_xticks(range(len(shapes)))
             ax.set_xticklabels([s.replace("_", "\n") for s in shapes])
-            ax.set_title(f"{METRIC_TITLES.get(p.metric, p.metric)} [{p.benchmark}]")
+            direction = better(p.metric, p.unit)
+            ax.set_title(f"{METRIC_TITLES.get(p.metric, p.metric)} [{p.benchmark}]"
+                         + (f"\n{direction} is better" if direction else ""))
             ax.set_ylabel(f"{p.metric} ({p.unit})")
         for k in range(len(panels), nrows * ncols):
             axes[k // ncols, k % ncols].set_visible(False)
+        # Which way is better differs per panel (ms, MB: lower; updates/s, GFLOP/s: higher): each title says it.
         fig.legend(handles=_model_handles(models), loc="lower center", bbox_to_anchor=(0.5, 1.0),
-                   ncol=len(models), frameon=False, title="Lower is better")
+                   ncol=len(models), frameon=False)
         fig.tight_layout()
         return _save(fig, base, formats)

@@ -1,6 +1,7 @@
 """Discover run directories and turn them into one tidy table of evaluations.
 
-A run directory is any directory holding a ``progress.csv``.  Metadata (task,
+A run directory is any directory holding a ``progress.csv`` (the file names of
+a run directory are :class:`pomdp_ffm.rundir.RunDir`'s).  Metadata (task,
 algorithm, memory model, seed) comes from the resolved config when there is
 one (``config.yaml``, then Hydra's ``.hydra/config.yaml``, then the reference
 implementation's ``variant_<pid>.yml``) and from the path otherwise, so that
@@ -9,7 +10,12 @@ by side.
 
 Damaged input never raises: every problem becomes an :class:`Issue` in a
 :class:`LoadReport`, which says whether the whole run was skipped or only some
-rows were, and why.
+rows were, and why.  An evaluation whose return is not finite (NaN, inf, or an
+eval row with an empty return cell) is left out of the table and reported as a
+warning naming the run and its env steps.
+
+Nothing is ever unpickled: the cache (:func:`load_runs`) is JSON with explicit
+column types, so a cache folder that came with a tree of runs cannot run code.
 """
 
 from __future__ import annotations
@@ -28,13 +34,20 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from pomdp_ffm.rundir import RunDir
+
 from . import constants as C
 
-PROGRESS = "progress.csv"
-CONFIG_CANDIDATES = ("config.yaml", ".hydra/config.yaml")
-DONE_MARKER = "DONE"
+PROGRESS = RunDir.PROGRESS
+# Hydra's own copy of the composed config is a fallback for runs whose config.yaml is missing.
+CONFIG_CANDIDATES = (RunDir.CONFIG, ".hydra/config.yaml")
+DONE_MARKER = RunDir.DONE
+# Folders of a run directory that never hold runs: not walked, which keeps big trees fast.
+_NOT_RUNS = frozenset({Path(RunDir.CHECKPOINT).parts[0], RunDir.SNAPSHOTS, RunDir.TENSORBOARD, "policies",
+                       "__pycache__"})
 # Bump when the table layout or parsing rules change so old caches are ignored.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
+CACHE_FORMAT = "pomdp-ffm analysis cache"
 
 TABLE_COLUMNS = [
     "run_id", "source", "task", "family", "obs", "algo", "model", "model_label",
@@ -75,12 +88,22 @@ class LoadReport:
     def warnings(self) -> list[Issue]:
         return [i for i in self.issues if i.kind == "warning"]
 
+    @property
+    def notes(self) -> list[Issue]:
+        return [i for i in self.issues if i.kind == "note"]
+
+    def extend(self, problems: Iterable[tuple[str, str, str]]) -> None:
+        """Add ``(path, kind, reason)`` problems, as the analysis steps return them."""
+        for path, kind, reason in problems:
+            self.add(path, kind, reason)
+
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame([asdict(i) for i in self.issues], columns=["path", "kind", "reason"])
 
     def summary(self) -> str:
+        """The one count of skipped input and warnings: the console and report.md both print this line."""
         return (
-            f"{self.n_runs_found} run dir(s) found, {self.n_runs_loaded} loaded, "
+            f"{self.n_runs_found} run dir(s) found, {self.n_runs_loaded} loaded; "
             f"{len(self.skipped)} skipped, {len(self.warnings)} warning(s)"
         )
 
@@ -122,7 +145,7 @@ def find_run_dirs(roots: Iterable[str | Path]) -> list[tuple[Path, Path]]:
                 continue
             walked.add(real)
             # Checkpoint and source-copy folders never hold runs; skipping them keeps big trees fast.
-            dirnames[:] = sorted(d for d in dirnames if d not in ("checkpoints", "save", "policies", "__pycache__"))
+            dirnames[:] = sorted(d for d in dirnames if d not in _NOT_RUNS)
             if PROGRESS in filenames:
                 run = Path(dirpath)
                 key = run.resolve()
@@ -220,18 +243,43 @@ def read_progress(path: str | Path) -> tuple[pd.DataFrame | None, list[tuple[str
     return pd.DataFrame(rows), problems
 
 
+def _steps_text(steps, limit: int = 8) -> str:
+    """'16000, 20000' (at most ``limit`` values, then how many more)."""
+    shown = [f"{s:.0f}" if float(s).is_integer() else f"{s:g}" for s in list(steps)[:limit]]
+    more = len(steps) - limit
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
 def eval_rows(raw: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
-    """Keep the evaluation rows (those with an eval return) in the tidy column names."""
+    """Keep the evaluation rows in the tidy column names.
+
+    An eval row is a row with an env-step count or an eval return (train rows have
+    neither).  Eval rows whose return is not finite (NaN or inf as written by the
+    logger, or an empty cell) cannot be scored: they are dropped and reported as
+    one warning per run that names their env steps.
+    """
     problems: list[tuple[str, str]] = []
     for col in (C.COL_ENV_STEPS, C.COL_RETURN):
         if col not in raw.columns:
             return raw.iloc[0:0], [("skipped", f"no eval rows: column {col!r} missing ({len(raw)} train row(s))")]
-    has_ret = raw[C.COL_RETURN].notna()
-    no_x = has_ret & raw[C.COL_ENV_STEPS].isna()
+    ret = raw[C.COL_RETURN].to_numpy(float)
+    has_x = raw[C.COL_ENV_STEPS].notna().to_numpy()
+    has_ret = ~np.isnan(ret)
+    no_x = has_ret & ~has_x
     if no_x.any():
         problems.append(("warning", f"{int(no_x.sum())} eval row(s) without {C.COL_ENV_STEPS} dropped"))
-    ev = raw.loc[has_ret & ~no_x].copy()
+    bad = has_x & ~np.isfinite(ret)
+    if bad.any():
+        steps_bad = raw.loc[bad, C.COL_ENV_STEPS].to_numpy(float)
+        kinds = [k for k, hit in (("NaN or empty", np.isnan(ret[bad]).any()), ("inf", np.isinf(ret[bad]).any()))
+                 if hit]
+        problems.append(("warning", f"{int(bad.sum())} eval return(s) not finite ({', '.join(kinds)}) at env "
+                                    f"step(s) {_steps_text(steps_bad)}; left out of scores and curves"))
+    keep = has_x & np.isfinite(ret)
+    ev = raw.loc[keep].copy()
     if ev.empty:
+        if bad.any():
+            return ev, problems + [("skipped", f"no eval row with a finite return ({int(bad.sum())} not finite)")]
         return ev, problems + [("skipped", f"no eval rows ({len(raw)} train row(s) only)")]
     steps = ev[C.COL_ENV_STEPS].to_numpy()
     if np.any(np.diff(steps) < 0):
@@ -314,7 +362,8 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
             if meta.get(k) is None:
                 meta[k] = v
     else:
-        problems.append(("warning", "no config file (config.yaml, .hydra/config.yaml, variant_*.yml); metadata parsed from the path"))
+        problems.append(("warning", f"no config file ({', '.join(CONFIG_CANDIDATES)}, variant_*.yml); "
+                                    "metadata parsed from the path"))
         meta = dict(from_path)
 
     is_reference = (cfg_file is not None and cfg_file.name.startswith("variant_")) or from_path.get("layout") == "reference"
@@ -429,31 +478,103 @@ def _fingerprint(pairs: list[tuple[Path, Path]]) -> str:
     return h.hexdigest()[:20]
 
 
+# Per-run constants and per-evaluation values: the cache stores the former once per run.
+_ROW_COLUMNS = list(C.EVAL_COLUMNS.values())
+_META_COLUMNS = [c for c in TABLE_COLUMNS if c not in _ROW_COLUMNS]
+
+
+def _cache_text(table: pd.DataFrame, report: LoadReport) -> str | None:
+    """The table and report as JSON: one entry per run for the per-run columns, flat lists for the rest.
+
+    None when the table is not made of one block of rows per run (it always is when built here)."""
+    ids = table["run_id"].to_numpy(object)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    lengths = np.diff(np.r_[starts, len(ids)])
+    if len(set(ids[starts])) != len(starts):
+        return None
+    runs = {}
+    for c in _META_COLUMNS:
+        col = table[c].reset_index(drop=True)
+        first = col.iloc[starts].reset_index(drop=True)
+        if not col.equals(first.repeat(lengths).reset_index(drop=True)):
+            return None
+        runs[c] = [None if pd.isna(v) else (bool(v) if c == "finished" else int(v) if c == "seed" else str(v))
+                   for v in first]
+    rows = {c: table[c].to_numpy(float).tolist() for c in _ROW_COLUMNS}
+    return json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION, "run_lengths": lengths.tolist(),
+                       "runs": runs, "rows": rows,
+                       "report": {"found": report.n_runs_found, "loaded": report.n_runs_loaded,
+                                  "issues": [asdict(i) for i in report.issues]}})
+
+
+def _check_list(value, n: int, types: tuple, what: str) -> list:
+    if not isinstance(value, list) or len(value) != n or not all(v is None or isinstance(v, types) for v in value):
+        raise ValueError(f"cache field {what} is not a list of {n} {types}")
+    return value
+
+
+def _table_from_cache(text: str) -> tuple[pd.DataFrame, LoadReport]:
+    """Inverse of :func:`_cache_text`; raises ValueError (or KeyError/TypeError) on anything unexpected."""
+    data = json.loads(text)
+    if data.get("format") != CACHE_FORMAT or data.get("version") != CACHE_VERSION:
+        raise ValueError("not a cache of this version")
+    lengths = data["run_lengths"]
+    if not isinstance(lengths, list) or not all(isinstance(n, int) and n > 0 for n in lengths):
+        raise ValueError("bad run_lengths")
+    n_rows = sum(lengths)
+    cols: dict = {}
+    for c in _META_COLUMNS:
+        types = (bool,) if c == "finished" else (int,) if c == "seed" else (str,)
+        values = _check_list(data["runs"][c], len(lengths), types, c)
+        expanded = np.repeat(np.array(values, dtype=object), lengths)
+        dtype = "boolean" if c == "finished" else "Int64" if c == "seed" else object
+        cols[c] = pd.array(expanded, dtype=dtype) if dtype != object else expanded
+    for c in _ROW_COLUMNS:
+        values = np.array(data["rows"][c], dtype=float)  # None -> NaN; anything but numbers raises
+        if values.shape != (n_rows,):
+            raise ValueError(f"cache field {c} has shape {values.shape}, expected ({n_rows},)")
+        cols[c] = values
+    table = pd.DataFrame({c: cols[c] for c in TABLE_COLUMNS})
+    rep = data["report"]
+    report = LoadReport(n_runs_found=int(rep["found"]), n_runs_loaded=int(rep["loaded"]))
+    for i in rep["issues"]:
+        report.add(str(i["path"]), str(i["kind"]), str(i["reason"]))
+    return table, report
+
+
 def load_runs(roots: Iterable[str | Path], cache_dir: str | Path | None = None) -> tuple[pd.DataFrame, LoadReport]:
     """:func:`build_table` with an on-disk cache.
 
     The cache file name is a hash of every input file's path, mtime and size,
     so any change to the inputs selects a different (missing) cache entry;
-    stale data cannot be served.
+    stale data cannot be served.  The cache is JSON read with ``json.loads``
+    and checked field by field (never a pickle, so a cache folder that came
+    with a tree of runs cannot execute code); an unreadable or unexpected
+    cache file is ignored and rewritten.  Reading it takes a tenth or less of
+    the time of parsing the progress.csv files it stands for (320 runs, 600k
+    progress.csv lines: 0.2-0.5 s against 4-10 s).
     """
     roots = list(roots)
     if cache_dir is None:
         return build_table(roots)
     cache_dir = Path(cache_dir)
     key = _fingerprint(find_run_dirs(roots))
-    table_path = cache_dir / f"runs-{key}.pkl"
-    report_path = cache_dir / f"runs-{key}.report.json"
-    if table_path.exists() and report_path.exists():
+    path = cache_dir / f"runs-{key}.json"
+    if path.is_file():
         try:
-            return pd.read_pickle(table_path), LoadReport.from_json(report_path.read_text())
-        except Exception:  # a corrupt cache is only a missed shortcut
-            pass
+            return _table_from_cache(path.read_text())
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError):
+            pass  # a corrupt or foreign cache is only a missed shortcut
     table, report = build_table(roots)
+    text = _cache_text(table, report) if len(table) else None
     cache_dir.mkdir(parents=True, exist_ok=True)
     for old in cache_dir.glob("runs-*"):
-        old.unlink()
-    table.to_pickle(table_path)
-    report_path.write_text(report.to_json())
+        if old.is_file():
+            old.unlink()
+    if text is not None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
     return table, report
 
 

@@ -141,17 +141,82 @@ def bootstrap_ci(values, confidence: float = C.DEFAULT_CONFIDENCE, n_resamples: 
 def summarize(scores: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
               n_resamples: int = C.DEFAULT_RESAMPLES, seed: int = C.DEFAULT_SEED,
               value: str = "score") -> pd.DataFrame:
-    """Mean over runs with a bootstrapped CI per (task, algo, model)."""
+    """Mean over runs with a bootstrapped CI per (task, algo, model).
+
+    When ``scores`` has ``final_env_steps`` (as :func:`run_scores` makes it), the
+    horizon the group was scored on is given too: the shortest and longest run's
+    last evaluation (``env_steps_min``, ``env_steps_max``)."""
     rows = []
+    horizon = "final_env_steps" in scores.columns
     for (task, algo, model), g in scores.groupby(GROUP, sort=True):
         v = g[value].to_numpy(float)
         mean, low, high, used = bootstrap_ci(v, confidence, n_resamples, seed)
-        rows.append({"task": task, "algo": algo, "model": model, "model_label": C.model_label(model),
-                     "n_runs": len(v), "mean": mean, "ci_low": low, "ci_high": high,
-                     "std": float(np.std(v, ddof=1)) if len(v) > 1 else math.nan,
-                     "median": float(np.median(v)), "ci_method": used})
-    return pd.DataFrame(rows, columns=["task", "algo", "model", "model_label", "n_runs", "mean", "ci_low",
-                                       "ci_high", "std", "median", "ci_method"])
+        row = {"task": task, "algo": algo, "model": model, "model_label": C.model_label(model),
+               "n_runs": len(v), "mean": mean, "ci_low": low, "ci_high": high,
+               "std": float(np.std(v, ddof=1)) if len(v) > 1 else math.nan,
+               "median": float(np.median(v)), "ci_method": used}
+        if horizon:
+            row.update(env_steps_min=float(g["final_env_steps"].min()), env_steps_max=float(g["final_env_steps"].max()))
+        rows.append(row)
+    cols = ["task", "algo", "model", "model_label", "n_runs", "mean", "ci_low", "ci_high", "std", "median",
+            "ci_method", *(["env_steps_min", "env_steps_max"] if horizon else [])]
+    return pd.DataFrame(rows, columns=cols)
+
+
+# --------------------------------------------------------------------------- horizons
+
+def _steps(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
+
+
+def _group_path(task: str, algo: str, model: str) -> str:
+    return f"{task}/{algo}_{model}"
+
+
+def horizons(table: pd.DataFrame, max_steps: float | None = None) -> tuple[pd.DataFrame, list[tuple[str, str, str]]]:
+    """The horizon every (task, algo, model) group is scored on, and a warning per task whose runs end apart.
+
+    A run's horizon is its last evaluation's env steps (up to ``max_steps``): a run's
+    score (best eval so far, or the mean of the last 20% of its curve) depends on it,
+    so runs compared on one task should share it.  Runs "end apart" when the
+    shortest and longest run of a task differ by more than one evaluation interval
+    (the largest median spacing of the task's evaluations), which absorbs the
+    jitter of episode-based env-step counters.  The warning names each group's
+    horizons and the shortest run, and suggests ``--max-steps``.
+
+    Returns one row per group (task, algo, model, n_runs, env_steps_min,
+    env_steps_max, shortest_run) and ``(path, kind, reason)`` warnings.
+    """
+    per_run = []
+    for run, steps, _ in _each_run(table, max_steps):
+        first = run.iloc[0]
+        per_run.append({"task": first["task"], "algo": first["algo"], "model": first["model"],
+                        "run_id": first["run_id"], "end": float(steps[-1]),
+                        "spacing": float(np.median(np.diff(steps))) if len(steps) > 1 else 0.0})
+    runs = pd.DataFrame(per_run, columns=["task", "algo", "model", "run_id", "end", "spacing"])
+    cols = ["task", "algo", "model", "n_runs", "env_steps_min", "env_steps_max", "shortest_run"]
+    rows = []
+    for (task, algo, model), g in runs.groupby(GROUP, sort=True):
+        rows.append({"task": task, "algo": algo, "model": model, "n_runs": len(g),
+                     "env_steps_min": g["end"].min(), "env_steps_max": g["end"].max(),
+                     "shortest_run": g.loc[g["end"].idxmin(), "run_id"]})
+    groups = pd.DataFrame(rows, columns=cols)
+    problems = []
+    for task, g in runs.groupby("task", sort=True):
+        lo, hi = g["end"].min(), g["end"].max()
+        if hi - lo <= g["spacing"].max():
+            continue
+        parts = []
+        for r in groups[groups.task == task].itertuples(index=False):
+            span = _steps(r.env_steps_min) if r.env_steps_min == r.env_steps_max else \
+                f"{_steps(r.env_steps_min)}-{_steps(r.env_steps_max)}"
+            parts.append(f"{r.algo}/{r.model} {span} ({r.n_runs} run{'s' if r.n_runs > 1 else ''})")
+        shortest = g.loc[g["end"].idxmin(), "run_id"]
+        problems.append((task, "warning",
+                         f"runs end at different env steps ({_steps(lo)} to {_steps(hi)}), so their scores cover "
+                         f"different horizons: {'; '.join(parts)}. Shortest: {shortest}. "
+                         f"Compare on a common horizon with --max-steps {_steps(lo)} (it cuts every task)"))
+    return groups, problems
 
 
 # --------------------------------------------------------------------------- normalisation
@@ -208,12 +273,18 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
     every (algo, model) group of this project has are used, so the groups are
     comparable; groups of reference-implementation runs (model ending in
     ``@ref``) are then restricted to that set too but may cover fewer tasks.
+
+    A task with a single run of a group adds no variance to the stratified
+    bootstrap (every resample repeats that run), so the interval understates the
+    uncertainty: such tasks are listed in the ``single_run_tasks`` column and in
+    a note per group.
     """
     notes: list[str] = []
     df = norm[np.isfinite(norm["norm_score"].to_numpy(float))]
     if df.empty:
         return pd.DataFrame(columns=["algo", "model", "model_label", "metric", "value", "ci_low", "ci_high",
-                                     "n_tasks", "n_runs", "tasks"]), ["no task has normalisation constants"]
+                                     "n_tasks", "n_runs", "tasks", "single_run_tasks"]), \
+            ["no task has normalisation constants"]
     if common_tasks:
         sets = df.groupby(["algo", "model"])["task"].apply(set)
         ours = [s for (_, model), s in sets.items() if not model.endswith(C.REF_SUFFIX)]
@@ -234,12 +305,17 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
         point = _aggregate(per_task)
         rng = np.random.default_rng([seed, i])
         boot = _aggregate(stratified_resample(per_task, n_resamples, rng))
+        counts = g.groupby("task").size()
+        single = sorted(counts[counts == 1].index)
+        if single:
+            notes.append(f"{algo}/{model}: task(s) {', '.join(single)} have a single run: they enter the aggregate "
+                         "without bootstrap variance, so its CI understates the uncertainty")
         for name in ("IQM", "Mean"):
             lo, hi = np.quantile(boot[name], [alpha, 1 - alpha])
             rows.append({"algo": algo, "model": model, "model_label": C.model_label(model), "metric": name,
                          "value": float(point[name]), "ci_low": float(lo), "ci_high": float(hi),
                          "n_tasks": len(per_task), "n_runs": int(sum(len(x) for x in per_task)),
-                         "tasks": " ".join(sorted(g["task"].unique()))})
+                         "tasks": " ".join(sorted(g["task"].unique())), "single_run_tasks": " ".join(single)})
     return pd.DataFrame(rows), notes
 
 
@@ -336,38 +412,91 @@ def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
 
+CURVE_RULE = ("the mean and its band are computed only at grid points that every run of the group reaches, i.e. "
+              "up to the shortest run's last evaluation, so every point of the mean averages the same runs; "
+              "longer runs are still drawn as thin lines beyond it")
+
+
+def _common_points(wide: pd.DataFrame) -> pd.Index:
+    """Grid points (columns) where every run (row) has a value."""
+    return wide.columns[wide.notna().all(axis=0).to_numpy()]
+
+
+def _wide(g: pd.DataFrame) -> pd.DataFrame:
+    # One row per run (not per trial: two runs of one seed are two rows), one column per grid point.
+    return g.pivot_table(index="run_id", columns="env_steps", values="value", aggfunc="first", dropna=False)
+
+
 def curve_band(curves: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
                n_resamples: int = C.DEFAULT_RESAMPLES, seed: int = C.DEFAULT_SEED) -> pd.DataFrame:
-    """Mean over runs and percentile-bootstrap CI at every grid point of each (task, algo, model).
+    """Mean over runs and percentile-bootstrap CI along the grid of each (task, algo, model).
 
-    Uses ``scipy.stats.bootstrap`` vectorised over grid points.  Percentile
-    rather than BCa because early grid points are often identical across seeds,
-    where BCa is undefined.  Points reached by fewer than two runs get no band.
+    The rule (``CURVE_RULE``): a grid point gets a mean (and a band) only if every
+    run of the group reaches it, i.e. the mean line ends at the shortest run's last
+    evaluation.  A mean over the runs still going would change population where a
+    run ends (a "best so far" mean could fall), so it is not drawn;
+    :func:`curve_cuts` names the runs whose later points are left out.  The band
+    needs at least two runs (a single run's mean is the run itself, with no band);
+    where all runs have the same value the band is that value.
+
+    Uses ``scipy.stats.bootstrap`` vectorised over grid points; percentile rather
+    than BCa because early grid points are often identical across seeds, where
+    BCa is undefined.  ``n_runs`` is the number of runs averaged (every run of
+    the group).
     """
     rows = []
     for (task, algo, model), g in curves.groupby(GROUP, sort=True):
-        wide = g.pivot_table(index="trial", columns="env_steps", values="value", aggfunc="mean")
-        full = wide.columns[wide.notna().sum(axis=0) >= 2]
-        mean = wide.mean(axis=0)
-        low = pd.Series(np.nan, index=wide.columns)
-        high = pd.Series(np.nan, index=wide.columns)
-        if len(full):
-            # Only columns with all runs present can be resampled jointly.
-            complete = [c for c in full if wide[c].notna().all()]
-            if complete:
-                data = wide[complete].to_numpy(float)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    res = sps.bootstrap((data,), np.mean, axis=0, confidence_level=confidence,
-                                        n_resamples=n_resamples, method="percentile",
-                                        rng=np.random.default_rng(seed))
-                low[complete] = res.confidence_interval.low
-                high[complete] = res.confidence_interval.high
-                const = np.all(data == data[0], axis=0)
-                low[np.array(complete)[const]] = data[0, const]
-                high[np.array(complete)[const]] = data[0, const]
-        rows.append(pd.DataFrame({"task": task, "algo": algo, "model": model, "env_steps": wide.columns.to_numpy(float),
-                                  "mean": mean.to_numpy(), "ci_low": low.to_numpy(), "ci_high": high.to_numpy(),
-                                  "n_runs": wide.notna().sum(axis=0).to_numpy()}))
+        wide = _wide(g)
+        wide = wide[_common_points(wide)]
+        if wide.shape[1] == 0:
+            continue
+        data = wide.to_numpy(float)
+        mean = data.mean(axis=0)
+        low = np.full(data.shape[1], np.nan)
+        high = np.full(data.shape[1], np.nan)
+        if len(data) >= 2:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = sps.bootstrap((data,), np.mean, axis=0, confidence_level=confidence,
+                                    n_resamples=n_resamples, method="percentile",
+                                    rng=np.random.default_rng(seed))
+            low, high = np.asarray(res.confidence_interval.low, float), np.asarray(res.confidence_interval.high, float)
+            const = np.all(data == data[0], axis=0)
+            low[const] = high[const] = data[0, const]
+        rows.append(pd.DataFrame({"task": task, "algo": algo, "model": model,
+                                  "env_steps": wide.columns.to_numpy(float), "mean": mean, "ci_low": low,
+                                  "ci_high": high, "n_runs": len(data)}))
     cols = ["task", "algo", "model", "env_steps", "mean", "ci_low", "ci_high", "n_runs"]
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=cols)
+
+
+def curve_cuts(curves: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """A warning per (task, algo, model) whose runs do not all cover the same grid points: the mean line
+    (:func:`curve_band`) is cut to the points every run reaches; the warning names the runs whose other points
+    are left out of it and where each ends."""
+    problems = []
+    for (task, algo, model), g in curves.groupby(GROUP, sort=True):
+        wide = _wide(g)
+        common = _common_points(wide)
+        if len(common) == wide.shape[1]:
+            continue
+        present = wide.notna()
+        ends = {rid: float(wide.columns[row.to_numpy()].max()) for rid, row in present.iterrows()}
+        starts = {rid: float(wide.columns[row.to_numpy()].min()) for rid, row in present.iterrows()}
+        if not len(common):
+            problems.append((_group_path(task, algo, model), "warning",
+                             f"learning curves: the {len(wide)} runs share no grid point, so no mean line or band "
+                             "is drawn; only the runs are"))
+            continue
+        lo, hi = float(common.min()), float(common.max())
+        shortest = min(ends, key=ends.get)
+        cut = [f"{rid} (ends at {_steps(e)})" for rid, e in sorted(ends.items()) if e > hi]
+        late = [f"{rid} (starts at {_steps(s)})" for rid, s in sorted(starts.items()) if s > float(wide.columns.min())]
+        what = f"mean line and band drawn over all {len(wide)} runs from {_steps(lo)} to {_steps(hi)} env steps"
+        if cut:
+            what += (f", where the shortest run ({shortest}) ends; {len(cut)} longer run(s) are left out of the "
+                     f"mean beyond it (drawn as thin lines): {', '.join(cut)}")
+        if late:
+            what += f"; run(s) starting later: {', '.join(late)}"
+        problems.append((_group_path(task, algo, model), "warning", f"learning curves: {what}"))
+    return problems

@@ -56,3 +56,45 @@ def write_reference_run(root: Path, family: str, obs: str, algo: str, model: str
 
 def steps_grid(n: int = 20, start: int = 12_000, interval: int = 4_000) -> np.ndarray:
     return start + interval * np.arange(n)
+
+
+class Payload:
+    """Unpickling this creates the file ``target`` (``pathlib.Path.touch``): proof that code ran on load."""
+
+    def __init__(self, target):
+        self.target = Path(target)
+
+    def __reduce__(self):
+        return (Path.touch, (self.target,))
+
+
+def write_payload_checkpoint(path: Path, target: Path, how: str = "torch") -> Path:
+    """A checkpoint-looking file whose full unpickling runs code: ``torch.save`` (zip format) or a bare pickle."""
+    import pickle
+
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"agent": {"actor.rnn.memory.alpha": torch.ones(2)}, "extra": Payload(target)}
+    if how == "torch":
+        torch.save(state, path)
+    else:
+        with open(path, "wb") as f:
+            pickle.dump(state, f)
+    return path
+
+
+def run_cli(*args, cwd):
+    """``python -m analysis ARGS`` in a subprocess, running this checkout's package."""
+    import os
+    import subprocess
+    import sys
+
+    import analysis
+
+    env = dict(os.environ)
+    root = str(Path(analysis.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["MPLBACKEND"] = "Agg"
+    return subprocess.run([sys.executable, "-m", "analysis", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)

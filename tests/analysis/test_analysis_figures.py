@@ -229,21 +229,47 @@ def test_cli_seed_reproducible(small_tree, tmp_path):
     assert not outs[0]["ci_low"].equals(outs[2]["ci_low"])
 
 
-def test_decay_reads_resume_checkpoints(tmp_path):
-    # The trainer's checkpoints/last.pt also holds numpy RNG states and the replay buffer, which the
-    # tensors-only unpickler refuses; the figure must still read the FFM parameters from it.
+def test_decay_reads_both_checkpoint_layouts(tmp_path):
+    # checkpoints/last.pt holds the weights under state["agent"]["modules"] next to optimiser and RNG tensors;
+    # save/agent_*.pt snapshots under state["agent"]. Both are tensors-only and both are read.
+    import pandas as pd
+    import torch
+    agent = {"actor.encoder.memory.alpha": torch.tensor([math.log(100) / 20.0]),
+             "actor.encoder.memory.omega": torch.tensor([2 * math.pi / 8.0])}
+    resume = tmp_path / "resume"
+    (resume / "checkpoints").mkdir(parents=True)
+    torch.save({"agent": {"modules": agent, "optim": {"actor": {"state": {}, "param_groups": []}}, "num_updates": 3},
+                "rng": {"torch": torch.get_rng_state()}, "counters": {"env_steps": 100}},
+               resume / "checkpoints" / "last.pt")
+    snap = tmp_path / "snap"
+    (snap / "save").mkdir(parents=True)
+    torch.save({"agent": agent}, snap / "save" / "agent_3_perf-120.000.pt")
+    runs = pd.DataFrame([{"run_id": r.name, "run_dir": str(r), "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm"}
+                         for r in (resume, snap)])
+    values, problems = decay.load_decay(runs, beta=0.01)
+    assert problems == []
+    for rid, name in (("resume", "last.pt"), ("snap", "agent_3_perf-120.000.pt")):
+        v = values[values.run_id == rid]
+        assert sorted(v["steps"].round(6).tolist()) == [8.0, 20.0] and set(v["checkpoint"]) == {name}
+
+
+def test_decay_skips_checkpoints_the_safe_loader_refuses(tmp_path):
+    # An old-format resume checkpoint holding numpy RNG states is refused (never unpickled in full), named in a
+    # warning, and the run's snapshot is used instead.
     import pandas as pd
     import torch
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    agent = {"actor.encoder.memory.alpha": torch.tensor([math.log(100) / 20.0]),
-             "actor.encoder.memory.omega": torch.tensor([2 * math.pi / 8.0])}
-    torch.save({"agent": agent, "rng": np.random.get_state(), "buffer": {"obs": np.zeros((3, 2))}},
+    (run / "save").mkdir()
+    torch.save({"agent": {"actor.encoder.memory.alpha": torch.tensor([1.0])}, "rng": np.random.get_state()},
                run / "checkpoints" / "last.pt")
+    torch.save({"agent": {"actor.encoder.memory.alpha": torch.tensor([math.log(100) / 20.0])}},
+               run / "save" / "agent_1_perf0.000.pt")
     runs = pd.DataFrame([{"run_id": "r", "run_dir": str(run), "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm"}])
     values, problems = decay.load_decay(runs, beta=0.01)
-    assert problems == []
-    assert sorted(values["steps"].round(6).tolist()) == [8.0, 20.0]
+    assert [(p, k) for p, k, _ in problems] == [(str(run / "checkpoints" / "last.pt"), "warning")]
+    assert "refused" in problems[0][2] and "never unpickled" in problems[0][2] and "\x1b" not in problems[0][2]
+    assert values["steps"].round(6).tolist() == [20.0] and set(values["checkpoint"]) == {"agent_1_perf0.000.pt"}
 
 
 def test_cli_folder_without_runs_is_a_clear_error(tmp_path):

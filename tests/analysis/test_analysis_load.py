@@ -139,7 +139,7 @@ def test_cache_hits_and_is_never_stale(tree, tmp_path, monkeypatch):
     third, _ = load.load_runs([tree], cache_dir=cache)
     assert calls == [1]
     assert 999.0 in third["eval_return"].tolist()
-    assert len(list(cache.glob("runs-*.pkl"))) == 1
+    assert len(list(cache.glob("runs-*.json"))) == 1 and not list(cache.glob("*.pkl"))
 
     (target.parent / "DONE").unlink()
     fourth, _ = load.load_runs([tree], cache_dir=cache)
