@@ -273,6 +273,10 @@ class EvalConfig:
     log_interval: int = MISSING
     save_interval: int = -1
     log_tensorboard: bool = False
+    # Play the num_eval_tasks deterministic episodes together, one batched actor forward per step, on copies of
+    # the env whose RNG is chained as the reference's one-after-another episodes chain it: the same episodes
+    # (patches/013-evaluation-episodes-together.md). false: one after another on the training env.
+    episodes_together: bool = True
 
     def __post_init__(self):
         _int_at_least("eval.log_interval", self.log_interval, 1)

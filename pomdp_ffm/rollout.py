@@ -7,6 +7,7 @@ env); several envs step their episodes together.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -62,10 +63,18 @@ class RandomPolicy:
 
 
 def run_episodes(envs: Sequence, policy: Policy, record: bool,
-                 on_step: Callable[[int], None] | None = None) -> list[Episode]:
-    """One episode per env. ``record`` keeps the transitions; ``on_step(n)`` is told of n env steps taken."""
+                 on_step: Callable[[int], None] | None = None,
+                 reset: Callable[[int], np.ndarray] | None = None,
+                 timers: dict[str, float] | None = None) -> list[Episode]:
+    """One episode per env. ``record`` keeps the transitions; ``on_step(n)`` is told of n env steps taken;
+    ``reset(i)`` resets env i and returns its first observation (default: ``envs[i].reset()``), called for
+    i = 0, 1, ... in order; ``timers`` accumulates the seconds spent in the policy ("act") and in the envs
+    ("env")."""
     n = len(envs)
-    obs = np.stack([env.reset()[0] for env in envs]).astype(np.float32)
+    clock = time.perf_counter
+    t0 = clock()
+    obs = np.stack([reset(i) if reset is not None else envs[i].reset()[0] for i in range(n)]).astype(np.float32)
+    t_act, t_env = 0.0, clock() - t0
     act_dim = envs[0].action_space.shape[0]
     prev_action = np.zeros((n, act_dim), np.float32)
     prev_reward = np.zeros(n, np.float32)
@@ -74,7 +83,10 @@ def run_episodes(envs: Sequence, policy: Policy, record: bool,
     trans = [[] for _ in range(n)]
     ret, length, success = np.zeros(n), np.zeros(n, int), np.zeros(n, bool)
     while active.any():
+        t0 = clock()
         actions, state = policy(obs, prev_action, prev_reward, state, active)
+        t1 = clock()
+        t_act += t1 - t0
         stepped = 0
         for i in np.flatnonzero(active):
             next_obs, reward, terminated, truncated, info = envs[i].step(actions[i])
@@ -89,8 +101,12 @@ def run_episodes(envs: Sequence, policy: Policy, record: bool,
             stepped += 1
             if terminated or truncated:
                 active[i] = False
+        t_env += clock() - t1
         if on_step is not None:
             on_step(stepped)
+    if timers is not None:
+        timers["act"] = timers.get("act", 0.0) + t_act
+        timers["env"] = timers.get("env", 0.0) + t_env
     episodes = []
     for i in range(n):
         o, a, r, d, o2 = zip(*trans[i]) if trans[i] else ((),) * 5

@@ -117,6 +117,10 @@ class Trainer:
         self.counters = Counters()
         self.metrics: MetricsWriter | None = None
         self.config_copy: dict | None = None  # the composed config, stored in every checkpoint
+        self._eval_envs: list = []
+        # Wall seconds and counts of this process's work, by part (python -m pomdp_ffm.bench loop reads them).
+        self.timers: dict[str, float] = {}
+        self._pool_timers: dict[str, float] = {}
         self.bar = None
         self._updates_per_s = 0.0
 
@@ -197,7 +201,11 @@ class Trainer:
     def collect_episode(self, random_actions: bool) -> int:
         envs = [self.env]
         policy = RandomPolicy(envs) if random_actions else AgentPolicy(self.agent, deterministic=False)
-        (ep,) = run_episodes(envs, policy, record=True, on_step=self.bar.update if self.bar else None)
+        # Random pool episodes are timed apart: their "acting" is a uniform draw, not an actor forward.
+        timers = self._pool_timers if random_actions else self.timers
+        (ep,) = run_episodes(envs, policy, record=True, on_step=self.bar.update if self.bar else None,
+                             timers=timers)
+        self._count("pool_steps" if random_actions else "steps", ep.length)
         if ep.length >= 2:
             self.buffer.add_episode(ep.observs, ep.actions, ep.rewards, ep.terminals, ep.next_observs)
         else:
@@ -219,9 +227,17 @@ class Trainer:
             return
         sums, counts = burst["sums"], burst["counts"]  # with a TD3 policy delay, actor stats come from fewer updates
         t0 = time.time()
+        clock, timers = time.perf_counter, self.timers
         for i in range(start, n):
             self._check_stop()
-            stats = self.agent.update(self.buffer.sample(self.cfg.train.batch_size), grad_norms=(i == n - 1))
+            t_s = clock()
+            batch = self.buffer.sample(self.cfg.train.batch_size)
+            t_u = clock()
+            stats = self.agent.update(batch, grad_norms=(i == n - 1))
+            t_e = clock()
+            timers["sample"] = timers.get("sample", 0.0) + (t_u - t_s)
+            timers["update"] = timers.get("update", 0.0) + (t_e - t_u)
+            self._count("updates")
             bad = {k: v for k, v in stats.items() if not math.isfinite(v)}
             if bad:
                 self._diverged(bad)
@@ -252,12 +268,48 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------
     def evaluate(self, deterministic: bool = True) -> tuple[float, float, float]:
-        """Mean return, mean length and success rate over num_eval_tasks episodes, played one after another on
-        the training env, as in the reference (docs/reference.md#evaluation)."""
-        policy = AgentPolicy(self.agent, deterministic)
-        eps = [run_episodes([self.env], policy, record=False)[0] for _ in range(self.cfg.env.num_eval_tasks)]
+        """Mean return, mean length and success rate over num_eval_tasks episodes (docs/reference.md#evaluation).
+
+        The reference plays them one after another on the training env. With ``eval.episodes_together`` the
+        deterministic episodes are played together, one batched actor forward per step, on copies of the env:
+        copy k starts from the RNG state the training env would have after k resets, and the training env is
+        left where the k-th reset would leave it, so the episodes and the env's stream are the reference's.
+        (This needs env steps that draw nothing from the env's RNG: true of every registered task, see
+        tests/test_trainer.py.) A stochastic evaluation stays one after another: its action noise is drawn
+        per step, and a batch would draw it in another order."""
+        t0 = time.perf_counter()
+        n, policy, eval_timers = self.cfg.env.num_eval_tasks, AgentPolicy(self.agent, deterministic), {}
+        if deterministic and self.cfg.eval.episodes_together and n > 1:
+            eps = self._episodes_together(policy, n, eval_timers)
+        else:
+            eps = [run_episodes([self.env], policy, record=False, timers=eval_timers)[0] for _ in range(n)]
+        self.timers["eval"] = self.timers.get("eval", 0.0) + time.perf_counter() - t0
+        self._count("eval_steps", sum(e.length for e in eps))
+        self._count("evals")
         return (float(np.mean([e.ret for e in eps])), float(np.mean([e.length for e in eps])),
                 float(np.mean([e.success for e in eps])))
+
+    def _episodes_together(self, policy: AgentPolicy, n: int, timers: dict) -> list:
+        while len(self._eval_envs) < n:
+            env = make_env(self.cfg.env.env_name)
+            # A PyBullet env's first reset builds its scene and starts from a slightly different state than
+            # later resets with the same RNG; the training env is always past its first reset here.
+            env.reset()
+            self._eval_envs.append(env)
+        envs, chain = self._eval_envs[:n], [self.env.rng_state()]
+
+        def reset(i: int) -> np.ndarray:
+            envs[i].set_rng_state(chain[-1])
+            obs, _ = envs[i].reset()
+            chain.append(envs[i].rng_state())
+            return obs
+
+        eps = run_episodes(envs, policy, record=False, reset=reset, timers=timers)
+        self.env.set_rng_state(chain[-1])
+        return eps
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.timers[f"n_{key}"] = self.timers.get(f"n_{key}", 0) + n
 
     def evaluate_and_log(self) -> float:
         ret, length, success = self.evaluate(deterministic=True)
@@ -322,7 +374,8 @@ class Trainer:
         log.info("resumed from %s at %d env steps", self.run.checkpoint, self.counters.env_steps)
 
     def close(self) -> None:
-        self.env.close()
+        for env in [self.env, *self._eval_envs]:
+            env.close()
 
 
 # --- plain containers for the tensors-only checkpoint -------------------------------------------------------

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -55,3 +56,39 @@ def test_memory_bench_variant_subset_and_unknown_name():
 
     with pytest.raises(ValueError, match=r"unknown variant\(s\) \['nope'\].*'gru-loop'"):
         memory.run(["rl"], 1, torch.device("cpu"), ["ffm", "nope"])
+
+
+SMALL = ["env=Pendulum-V-v0", "train.batch_size=4", "train.sampled_seq_len=8", "train.num_updates_per_iter=0.05",
+         "policy.rnn_hidden_size=32", "policy.dqn_layers=[32,32]", "policy.policy_layers=[32,32]",
+         "env.num_eval_tasks=3"]
+
+
+def test_loop_benchmark_times_every_part_and_projects_the_budget():
+    from pomdp_ffm.bench import loop
+
+    r = loop.run(SMALL, steps=600, device="cpu", threads=1)
+    assert r["n_steps"] >= 400 and r["n_updates"] > 0 and r["n_evals"] >= 2
+    assert r["n_eval_steps"] == r["n_evals"] * 3 * 200  # Pendulum episodes always run 200 steps
+    parts = r["parts"]
+    assert all(parts[k] > 0 for k in ("env", "act", "update", "eval", "pool"))
+    assert sum(parts.values()) == pytest.approx(r["wall"], rel=0.05)
+    # The projection uses the task's own budget (Pendulum-V: 200 x (5 + 250) env steps).
+    b = r["budget"]
+    assert (b["pool_steps"], b["steps"], b["evals"]) == (1000, 50000, 51)  # an evaluation every 5 x 200 steps
+    assert b["updates"] == int(1000 * 0.05) + 250 * 10
+    assert all(v > 0 for v in r["projected"].values())
+
+
+def test_eval_benchmark_command(tmp_path):
+    out = tmp_path / "eval.csv"
+    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "eval", *SMALL, "--repeats", "1", "--csv",
+                           str(out)], capture_output=True, text=True, timeout=300, check=True)
+    assert "x one-after-another" in proc.stdout
+    assert {r["model"] for r in csv.DictReader(open(out))} == {"one-after-another", "together", "sync-vector",
+                                                                "async-vector"}
+
+
+def test_bench_refuses_overrides_it_does_not_take():
+    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "memory", "seed=1"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "only `loop` and `eval` take key=value overrides" in proc.stderr

@@ -1,4 +1,7 @@
-"""``python -m pomdp_ffm.bench {memory,update}``: benchmarks that compare variants in one process."""
+"""``python -m pomdp_ffm.bench {memory,update,loop,eval}``: benchmarks that compare variants in one process.
+
+``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
+seq_model=ffm --steps 3000``; so does ``eval`` (``python -m pomdp_ffm.bench eval env=Pendulum-V-v0``)."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +30,7 @@ def main(argv=None) -> None:
     if argv is None:
         _reexec_with_stable_malloc()
     p = argparse.ArgumentParser(prog="python -m pomdp_ffm.bench", description=__doc__)
-    p.add_argument("which", choices=["memory", "update"])
+    p.add_argument("which", choices=["memory", "update", "loop", "eval"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds")
@@ -35,7 +38,12 @@ def main(argv=None) -> None:
     p.add_argument("--variants", nargs="+", default=None,
                    help="memory: time only these (e.g. ffm gru gru-loop); default all")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file")
-    args = p.parse_args(argv)
+    p.add_argument("--steps", type=int, default=3000, help="loop: env steps to train for (default 3000)")
+    args, overrides = p.parse_known_args(argv)
+    bad = [o for o in overrides if "=" not in o]
+    if bad or (overrides and args.which not in ("loop", "eval")):
+        p.error(f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop` and `eval` take key=value "
+                "overrides)")
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,7 +54,17 @@ def main(argv=None) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"device={device} ({name}), torch {torch.__version__}, threads={torch.get_num_threads()}")
 
-    if args.which == "memory":
+    if args.which == "loop":
+        from . import loop
+
+        loop.report(loop.run(overrides, args.steps, args.device, args.threads))
+        return
+    if args.which == "eval":
+        from . import evaluation
+
+        rows = evaluation.run(overrides, args.repeats, args.device, args.threads)
+        print_table(rows, baseline="one-after-another")
+    elif args.which == "memory":
         from . import memory
 
         rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants)

@@ -1,0 +1,117 @@
+"""``python -m pomdp_ffm.bench loop env=<task> [overrides] --steps N``: the real training loop, timed by part.
+
+It trains (updates, acting, env steps, evaluations) for about N env steps with the task's own config, except a
+one-episode random pool and an evaluation at every iteration of the eval clock so that evaluation gets measured.
+It prints env steps/s, each part's share of the time, the cost per unit (per env step, per update, per
+evaluation step) and the projection for the task's full budget:
+
+    pool env steps x env cost  +  env steps x (env + act)  +  updates x (sample + update)
+        +  evaluations x num_eval_tasks x max episode length x eval cost per step
+
+The evaluation term is an upper bound: it counts every evaluation episode at the time limit, as a trained
+agent's are (an untrained one falls early, so the measured episodes are shorter).
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ..config import RunConfig, register_configs
+from ..grid import CONF_DIR
+from ..rundir import RunDir
+from ..trainer import Trainer
+
+
+def _compose(overrides: list[str]) -> tuple[RunConfig, dict]:
+    register_configs()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return OmegaConf.to_object(cfg), OmegaConf.to_container(cfg, resolve=True)
+
+
+def full_budget(cfg: RunConfig, max_len: int) -> dict[str, float]:
+    """Env steps, updates and evaluations of a whole run (full-length episodes)."""
+    t = cfg.train
+    pool = max_len * t.num_init_rollouts_pool
+    iter_len = t.num_rollouts_per_iter * max_len
+    steps = pool + t.num_iters * iter_len
+    ratio = t.num_updates_per_iter
+    updates = (int(pool * ratio) + t.num_iters * math.ceil(iter_len * ratio) if isinstance(ratio, float)
+               else t.num_iters * ratio)
+    evals = (steps // iter_len) // cfg.eval.log_interval
+    return {"pool_steps": pool, "steps": steps - pool, "updates": updates, "evals": evals,
+            "eval_steps": evals * cfg.env.num_eval_tasks * max_len}
+
+
+def run(overrides: list[str], steps: int, device: str, threads: int | None) -> dict:
+    base = [*overrides, f"device={device}", "progress=false"] + ([f"num_threads={threads}"] if threads else [])
+    full_cfg, _ = _compose(base)
+    probe = Trainer(full_cfg, RunDir(tempfile.gettempdir()))  # the task's episode length and budget
+    max_len, iter_len = probe.max_len, probe.iter_len
+    probe.close()
+    iters = max(1, math.ceil(steps / iter_len) - 1)
+    short = base + ["train.num_init_rollouts_pool=1", f"train.num_iters={iters}", "eval.log_interval=1",
+                    "checkpoint.interval=1000000", "eval.save_interval=-1"]
+    cfg, composed = _compose(short)
+    with tempfile.TemporaryDirectory() as d:
+        run_dir = RunDir(d)
+        trainer = Trainer(cfg, run_dir)
+        try:
+            with run_dir:
+                trainer.config_copy = composed
+                t0 = time.perf_counter()
+                trainer.train()
+                wall = time.perf_counter() - t0
+        finally:
+            trainer.close()
+    tm = trainer.timers
+    n_steps, n_updates, n_eval_steps = tm.get("n_steps", 0), tm.get("n_updates", 0), tm.get("n_eval_steps", 0)
+    per = {
+        "env": tm.get("env", 0.0) / max(n_steps, 1),
+        "act": tm.get("act", 0.0) / max(n_steps, 1),
+        "update": (tm.get("update", 0.0) + tm.get("sample", 0.0)) / max(n_updates, 1),
+        "eval": tm.get("eval", 0.0) / max(n_eval_steps, 1),
+    }
+    parts = {"env": tm.get("env", 0.0), "act": tm.get("act", 0.0), "sample": tm.get("sample", 0.0),
+             "update": tm.get("update", 0.0), "eval": tm.get("eval", 0.0),
+             "pool": sum(trainer._pool_timers.values())}
+    parts["other"] = max(wall - sum(parts.values()), 0.0)
+    budget = full_budget(full_cfg, max_len)
+    pool_per_step = parts["pool"] / max(tm.get("n_pool_steps", 1), 1)
+    projected = {
+        "pool env steps": budget["pool_steps"] * pool_per_step,
+        "env steps": budget["steps"] * per["env"],
+        "acting": budget["steps"] * per["act"],
+        "updates": budget["updates"] * per["update"],
+        "evaluation (upper bound)": budget["eval_steps"] * per["eval"],
+    }
+    return {"wall": wall, "steps": n_steps + tm.get("n_pool_steps", 0), "n_steps": n_steps, "n_updates": n_updates,
+            "n_evals": tm.get("n_evals", 0), "n_eval_steps": n_eval_steps, "parts": parts, "per": per,
+            "budget": budget, "projected": projected, "task": cfg.env.env_name,
+            "model": f"{cfg.policy.algo_name}+{cfg.policy.seq_model}"}
+
+
+def report(r: dict) -> None:
+    print(f"\n{r['task']} {r['model']}: {r['steps']} env steps, {r['n_updates']} updates, {r['n_evals']} "
+          f"evaluations ({r['n_eval_steps']} eval steps) in {r['wall']:.1f} s -> "
+          f"{r['steps'] / r['wall']:.1f} env steps/s")
+    print("\n  share of the time")
+    for k, v in r["parts"].items():
+        print(f"    {k:<8} {v:8.2f} s  {100 * v / r['wall']:5.1f} %")
+    per = r["per"]
+    print("\n  cost per unit")
+    print(f"    env step      {1e3 * per['env']:8.3f} ms")
+    print(f"    acting step   {1e3 * per['act']:8.3f} ms")
+    print(f"    update        {1e3 * per['update']:8.3f} ms  (sampling included)")
+    print(f"    eval step     {1e3 * per['eval']:8.3f} ms  (acting and env, episodes together where configured)")
+    b = r["budget"]
+    print(f"\n  projected for the full budget: {b['pool_steps'] + b['steps']:,} env steps, {b['updates']:,} "
+          f"updates, {b['evals']} evaluations")
+    total = sum(r["projected"].values())
+    for k, v in r["projected"].items():
+        print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %")
+    print(f"    {'total':<26} {total / 3600:7.2f} h")
