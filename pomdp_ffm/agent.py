@@ -23,6 +23,7 @@ from .algos import build_algorithm
 from .config import PolicyConfig
 from .nets import FeatureExtractor, Mlp
 from .seq_models import build as build_seq_model
+from .seq_models.ffm import FFM
 
 
 class Streams(NamedTuple):
@@ -117,12 +118,14 @@ def masked_mean(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     return (x * masks).sum() / masks.sum().clamp(min=1.0)
 
 
-def mean_grad_norm(module: nn.Module) -> float:
-    """The reference's diagnostic: the mean over parameter tensors of each tensor's L2 gradient norm."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
+def mean_grad_norm(module: nn.Module) -> torch.Tensor:
+    """The reference's diagnostic: the mean over parameter tensors of each tensor's L2 gradient norm, as a 0-d
+    tensor on the parameters' device (0 without gradients)."""
+    params = list(module.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return 0.0
-    return float(torch.stack(torch._foreach_norm(grads)).mean())
+        return torch.zeros((), device=params[0].device if params else None)
+    return torch.stack(torch._foreach_norm(grads)).mean()
 
 
 def polyak_(target: nn.Module, source: nn.Module, tau: float) -> None:
@@ -146,12 +149,26 @@ class RecurrentAgent(nn.Module):
         self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr)
         self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=cfg.lr)
         self.num_updates = 0
+        # FFM's decay bound without a host synchronisation: the agent clamps its memories after every write it
+        # makes to them (see _bound_decays), and their forward no longer checks (ffm.FFM, "Decay bound").
+        for net in self._nets():
+            if isinstance(net.encoder.memory, FFM):
+                net.encoder.memory.external_decay_bound = True
+        self._bound_decays()
 
     # --------------------------------------------------------------------------------------------
-    def update(self, batch, grad_norms: bool = False) -> dict[str, float]:
+    def update(self, batch, grad_norms: bool = False) -> dict[str, torch.Tensor]:
         """One gradient step: critic, actor, targets, temperature (docs/reference.md#update-order). With a TD3
-        policy delay d > 1, the actor and both targets move every d-th step only, as in the TD3 paper."""
+        policy delay d > 1, the actor and both targets move every d-th step only, as in the TD3 paper.
+
+        Returns the statistics as detached 0-d tensors on the agent's device. Nothing here reads a device value
+        on the host (no .item(), no data-dependent branch), so on a GPU the update only queues kernels; the
+        caller decides when to synchronise (e.g. once per burst). With tensors already on the device, the only
+        host reads left are Adam's step counters, which live on the CPU."""
         s = Streams.from_batch(batch, self.device)
+        # Whatever wrote the memories' decays since the last update (a hand-made edit, a dtype change) is bounded
+        # before the first call, as the reference's per-call clamp would.
+        self._bound_decays()
         # SAC's actor outputs on these inputs are the same before and after the critic step (the actor
         # has not changed), so one forward pass serves both the critic target and the actor loss.
         actor_out = self.algo.shared_actor_pass(self, s)
@@ -168,8 +185,26 @@ class RecurrentAgent(nn.Module):
             polyak_(self.critic_target, self.critic, self.cfg.tau)
             if self.actor_target is not None:
                 polyak_(self.actor_target, self.actor, self.cfg.tau)
+            # Only now: the reference's actor is clamped at its next call, so the target actor averages in the
+            # unclamped decay; the targets' averages are clamped at their next call too.
+            self._bound_decays()
             stats.update(self.algo.update_temperature(stats.pop("_log_prob_mean", None)))
         return stats
+
+    def _nets(self) -> list[nn.Module]:
+        return [n for n in (self.actor, self.critic, self.critic_target, self.actor_target) if n is not None]
+
+    def _bound_decays(self, *nets: nn.Module) -> None:
+        """Clamp the decay of the FFM memories of `nets` (default: all four) in place, unconditionally: the
+        values every later call sees are those of the reference's clamp before each call, with no host
+        synchronisation. Called at construction, at the start of each update, after the critic's optimiser step
+        (the actor loss then runs the critic), and after the actor step and the Polyak averages; load_state_dict
+        clamps by itself (an FFM post-hook). Acting calls see no write, so the acting gamma cache stays valid
+        between updates."""
+        for net in nets or self._nets():
+            memory = net.encoder.memory
+            if isinstance(memory, FFM):
+                memory.bound_decay_()
 
     def critic_loss(self, s: Streams, actor_out) -> tuple[torch.Tensor, torch.Tensor]:
         """Masked TD errors of both heads against min-of-targets (docs/reference.md#critic-loss)."""
@@ -197,24 +232,26 @@ class RecurrentAgent(nn.Module):
         q1, q2 = self.critic.q(h, s.observs, actions)
         return masked_mean(self.algo.actor_objective(q1, q2, log_prob), s.masks), log_prob
 
-    def _critic_step(self, s: Streams, actor_out) -> dict[str, float]:
+    def _critic_step(self, s: Streams, actor_out) -> dict[str, torch.Tensor]:
         qf1_loss, qf2_loss = self.critic_loss(s, actor_out)
         self.critic_optim.zero_grad(set_to_none=True)
         (qf1_loss + qf2_loss).backward()
         self.critic_optim.step()
-        return {"qf1_loss": qf1_loss.item(), "qf2_loss": qf2_loss.item()}
+        self._bound_decays(self.critic)
+        return {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach()}
 
-    def _actor_step(self, s: Streams, actor_out) -> dict[str, float]:
+    def _actor_step(self, s: Streams, actor_out) -> dict[str, torch.Tensor]:
+        """The actor's loss and optimiser step; its decay is bounded by update(), after the Polyak averages."""
         policy_loss, log_prob = self.actor_loss(s, actor_out)
         self.actor_optim.zero_grad(set_to_none=True)
         # Only the actor's gradients are wanted: skip the critic weight gradients the reference computes.
         policy_loss.backward(inputs=list(self.actor.parameters()))
         self.actor_optim.step()
-        stats = {"policy_loss": policy_loss.item()}
+        stats = {"policy_loss": policy_loss.detach()}
         if log_prob is not None:
             lp = masked_mean(log_prob.detach(), s.masks)
             stats["_log_prob_mean"] = lp
-            stats["policy_entropy"] = -lp.item()
+            stats["policy_entropy"] = -lp
         return stats
 
     # --------------------------------------------------------------------------------------------
@@ -256,5 +293,5 @@ class RecurrentAgent(nn.Module):
 
     def load_training_state(self, state: dict) -> None:
         self.load_state_dict(state["modules"])
-        self.load_optimizer_state(state["optim"])  # also re-derives SAC's temperature from its log
+        self.load_optimizer_state(state["optim"])
         self.num_updates = int(state["num_updates"])

@@ -29,10 +29,22 @@ class SAC(nn.Module):
             # log(alpha) starts at 0, i.e. alpha = 1.0; the config's entropy_alpha is then unused (reference).
             self.log_alpha = nn.Parameter(torch.zeros(1))
             self.alpha_optim = torch.optim.Adam([self.log_alpha], lr=cfg.sac.alpha_lr)
-            self.alpha = 1.0
         else:
             self.log_alpha, self.alpha_optim = None, None
-            self.alpha = float(cfg.sac.entropy_alpha)
+            # float64 holds the config's number exactly, like the Python float the reference multiplies by: a
+            # float32 tensor times this 0-d tensor rounds it to float32 first, as it rounds a Python float.
+            # Not persistent: checkpoints keep their keys; the value always comes from the config.
+            self.register_buffer("fixed_alpha", torch.tensor(float(cfg.sac.entropy_alpha), dtype=torch.float64),
+                                 persistent=False)
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        """The temperature as a detached 0-d tensor on the agent's device: exp(log_alpha) when tuned (the value
+        the reference reads with .item() after each temperature step, without the host synchronisation), else the
+        config's entropy_alpha."""
+        if self.log_alpha is None:
+            return self.fixed_alpha
+        return self.log_alpha.detach().exp().view(())
 
     def make_head(self, input_size, hidden_sizes, act_dim):
         return TanhGaussianHead(input_size, hidden_sizes, act_dim)
@@ -63,8 +75,7 @@ class SAC(nn.Module):
             self.alpha_optim.zero_grad(set_to_none=True)
             loss.backward()
             self.alpha_optim.step()
-            self.alpha = self.log_alpha.exp().item()
-        return {"alpha": self.alpha}
+        return {"alpha": self.alpha.clone()}  # a copy: never the fixed temperature's buffer itself
 
     def act(self, out, deterministic: bool):
         mean, log_std = out
@@ -76,7 +87,6 @@ class SAC(nn.Module):
     def load_optimizer_state(self, state):
         if self.alpha_optim is not None:
             self.alpha_optim.load_state_dict(state["alpha"])
-            self.alpha = self.log_alpha.exp().item()
 
 
 class TD3(nn.Module):

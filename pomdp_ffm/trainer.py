@@ -219,37 +219,51 @@ class Trainer:
         self.counters.burst = {"n": n, "done": 0, "sums": {}, "counts": {}}
 
     def _run_burst(self) -> None:
+        """The burst's updates, with no host sync between them: statistics are summed on the device, and a
+        non-finite one is found (the first update that had it) when the burst ends or stops
+        (patches/014-update-without-host-sync.md)."""
         c = self.counters
         burst = c.burst
         n, start = burst["n"], burst["done"]
         if n <= 0 or len(self.buffer) == 0:
             c.burst = None
             return
-        sums, counts = burst["sums"], burst["counts"]  # with a TD3 policy delay, actor stats come from fewer updates
+        dev = self.agent.device
+        # Float64 sums of the float32 statistics, as the reference's float sums; with a TD3 policy delay the
+        # actor's statistics come from fewer updates, hence a count per key.
+        sums = {k: torch.as_tensor(v, dtype=torch.float64, device=dev) for k, v in burst["sums"].items()}
+        counts = burst["counts"]
+        first_bad = torch.full((), -1, dtype=torch.int64, device=dev)
+        stats: dict[str, torch.Tensor] = {}
         t0 = time.time()
         clock, timers = time.perf_counter, self.timers
-        for i in range(start, n):
-            self._check_stop()
-            t_s = clock()
-            batch = self.buffer.sample(self.cfg.train.batch_size)
-            t_u = clock()
-            stats = self.agent.update(batch, grad_norms=(i == n - 1))
-            t_e = clock()
-            timers["sample"] = timers.get("sample", 0.0) + (t_u - t_s)
-            timers["update"] = timers.get("update", 0.0) + (t_e - t_u)
-            self._count("updates")
-            bad = {k: v for k, v in stats.items() if not math.isfinite(v)}
-            if bad:
-                self._diverged(bad)
-            c.rl_steps += 1
-            for k, v in stats.items():
-                if not k.endswith("grad_norm"):
-                    sums[k] = sums.get(k, 0.0) + v
-                    counts[k] = counts.get(k, 0) + 1
-            burst["done"] = i + 1
+        try:
+            for i in range(start, n):
+                self._check_stop()
+                t_s = clock()
+                batch = self.buffer.sample(self.cfg.train.batch_size)
+                t_u = clock()
+                stats = self.agent.update(batch, grad_norms=(i == n - 1))
+                t_e = clock()
+                timers["sample"] = timers.get("sample", 0.0) + (t_u - t_s)
+                timers["update"] = timers.get("update", 0.0) + (t_e - t_u)
+                self._count("updates")
+                c.rl_steps += 1
+                finite = torch.stack([torch.isfinite(v) for v in stats.values()]).all()
+                first_bad = torch.where((first_bad < 0) & ~finite, c.rl_steps, first_bad)
+                for k, v in stats.items():
+                    if not k.endswith("grad_norm"):
+                        sums[k] = sums[k] + v.double() if k in sums else v.double()
+                        counts[k] = counts.get(k, 0) + 1
+                burst["done"] = i + 1
+        finally:
+            # One read of the device per burst (or per stop inside it): the sums, for the row or the checkpoint.
+            burst["sums"] = {k: float(v) for k, v in sums.items()}
+            if int(first_bad) >= 0:
+                self._diverged(int(first_bad), stats)
         c.burst = None
-        row = {f"rl_loss/{k}": v / counts[k] for k, v in sums.items()}
-        row.update({f"rl_loss/{k}": v for k, v in stats.items() if k.endswith("grad_norm")})
+        row = {f"rl_loss/{k}": v / counts[k] for k, v in burst["sums"].items()}
+        row.update({f"rl_loss/{k}": float(v) for k, v in stats.items() if k.endswith("grad_norm")})
         self.metrics.write(row, c.env_steps)
         self._updates_per_s = (n - start) / max(time.time() - t0, 1e-9)
         self._show_status()
@@ -259,10 +273,12 @@ class Trainer:
             self.bar.set_postfix_str(f"upd/s={self._updates_per_s:.0f} eval={self.counters.last_return:.1f}",
                                      refresh=False)
 
-    def _diverged(self, bad: dict) -> None:
+    def _diverged(self, first_bad: int, last: dict) -> None:
+        c = self.counters
         path = self.save_checkpoint(self.run / RunDir.DIVERGED)
-        msg = (f"non-finite loss at update {self.counters.rl_steps + 1} "
-               f"(env step {self.counters.env_steps}): {bad}; checkpoint saved to {path}")
+        last = {k: float(v) for k, v in last.items()}
+        msg = (f"non-finite loss first at update {first_bad} (env step {c.env_steps}; the burst ran on to update "
+               f"{c.rl_steps}, whose statistics were {last}); checkpoint saved to {path}")
         log.error(msg)
         raise TrainingDiverged(msg)
 

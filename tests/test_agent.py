@@ -1,4 +1,6 @@
-"""The recurrent agent: T+1 alignment, masking, separate memories, targets, one-step SAC/TD3 updates."""
+"""The recurrent agent: T+1 alignment, masking, separate memories, targets, one-step SAC/TD3 updates, and an
+update that never reads a device value on the host (patches/014-update-without-host-sync.md)."""
+import contextlib
 import copy
 
 import numpy as np
@@ -6,8 +8,11 @@ import pytest
 import torch
 
 from pomdp_ffm.agent import RecurrentAgent, Streams, masked_mean
+from pomdp_ffm.algos import SAC
 from pomdp_ffm.buffer import SeqBatch
-from pomdp_ffm.config import PolicyConfig
+from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
+from pomdp_ffm.seq_models import FFM
+from pomdp_ffm.seq_models.ffm import DECAY_MIN
 
 O, A, T, B = 5, 2, 12, 6
 
@@ -108,7 +113,7 @@ def test_one_update_changes_parameters_and_moves_targets(algo, model):
     agent = make_agent(algo, model)
     before = copy.deepcopy(agent.state_dict())
     stats = agent.update(make_batch(), grad_norms=True)
-    assert all(np.isfinite(v) for v in stats.values())
+    assert all(torch.isfinite(v) for v in stats.values())
     expected = {"qf1_loss", "qf2_loss", "policy_loss", "q_grad_norm", "q_rnn_grad_norm", "pi_grad_norm",
                 "pi_rnn_grad_norm"} | ({"policy_entropy", "alpha"} if algo == "sac" else set())
     assert set(stats) == expected
@@ -141,8 +146,6 @@ def test_actor_step_leaves_critic_gradients_alone():
 
 
 def test_td3_policy_delay_option():
-    from pomdp_ffm.config import TD3Config
-
     agent = make_agent("td3", "gru", td3=TD3Config(policy_delay=2))
     a0 = copy.deepcopy(agent.actor.state_dict())
     agent.update(make_batch())
@@ -176,3 +179,188 @@ def test_unknown_algorithm_and_model_fail_clearly():
 def test_shared_memory_is_refused():
     with pytest.raises(ValueError, match="policy.separate=false"):
         PolicyConfig(separate=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# An update without host synchronisation (patches/014-update-without-host-sync.md)
+class HostSync(AssertionError):
+    pass
+
+
+_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__")
+
+
+@contextlib.contextmanager
+def no_host_reads(allowed=()):
+    """Inside the block, every way a tensor's value reaches Python raises HostSync: .item(), .tolist(), .numpy(),
+    bool(), float(), int(), indexing with a tensor. `allowed` lists tensors whose .item() may run (Adam's step
+    counters: CPU tensors even on a GPU, read by torch.optim without capturable=True)."""
+    allowed = {id(t) for t in allowed}
+
+    def guard(name, orig):
+        def read(self, *args, **kwargs):
+            if name == "item" and id(self) in allowed:
+                return orig(self, *args, **kwargs)
+            raise HostSync(f"Tensor.{name} read a tensor's value on the host")
+        return read
+
+    with pytest.MonkeyPatch.context() as m:
+        for name in _READS:
+            m.setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
+        yield
+
+
+def optimizer_steps(agent):
+    optims = [agent.actor_optim, agent.critic_optim, getattr(agent.algo, "alpha_optim", None)]
+    return [st["step"] for o in optims if o is not None for st in o.state.values()]
+
+
+def tensor_batch(batch, device="cpu"):
+    return SeqBatch(*(torch.as_tensor(x, device=device) for x in batch))
+
+
+def test_the_host_read_guard_catches_what_it_should():
+    x = torch.ones(3)
+    ffm = FFM(4, 32)  # standalone: its forward checks the decay bound on the host
+    for read in (lambda: x.sum().item(), lambda: float(x.sum()), lambda: bool(x.any()), lambda: x.tolist(),
+                 lambda: int(x[0]), lambda: x.numpy(), lambda: ffm(torch.randn(2, 1, 4))):
+        with no_host_reads(), pytest.raises(HostSync):
+            read()
+    with no_host_reads(allowed=[x]):
+        assert x.item.__name__ == "read" and (x[:1] * 2).shape == (1,)
+    assert float(x.sum()) == 3.0  # restored
+
+
+@pytest.mark.parametrize("grad_norms", [False, True])
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+def test_update_reads_no_device_value_on_the_host(algo, model, grad_norms):
+    agent = make_agent(algo, model, td3=TD3Config(policy_delay=2))
+    batch = tensor_batch(make_batch())
+    for _ in range(2):  # the optimisers create their step counters at their first step
+        agent.update(batch)
+    with no_host_reads(allowed=optimizer_steps(agent)):
+        stats = [agent.update(batch, grad_norms=grad_norms) for _ in range(2)]  # TD3: with and without actor step
+    assert {"qf1_loss", "policy_loss"} <= set(stats[0]) | set(stats[1])
+    for st in stats:
+        for k, v in st.items():
+            assert isinstance(v, torch.Tensor) and v.shape == () and not v.requires_grad, k
+            assert v.device == agent.device and torch.isfinite(v), k
+
+
+def test_fixed_temperature_is_a_constant_tensor():
+    agent = make_agent("sac", "ffm", sac=SACConfig(automatic_entropy_tuning=False, entropy_alpha=0.3))
+    assert isinstance(agent.algo.alpha, torch.Tensor) and agent.algo.alpha.item() == 0.3
+    assert "algo.fixed_alpha" not in agent.state_dict()  # the value comes from the config, checkpoints keep their keys
+    stats = agent.update(make_batch())
+    stats["alpha"].add_(1.0)  # a caller that accumulates in place
+    assert agent.algo.alpha.item() == 0.3
+    tuned = make_agent("sac", "ffm")
+    assert tuned.algo.alpha.shape == () and not tuned.algo.alpha.requires_grad and tuned.algo.alpha.item() == 1.0
+
+
+@contextlib.contextmanager
+def per_call_bound_path(agent):
+    """The update as it ran before patches/014: each FFM clamps its decay before every call when a value is out of
+    range (a host read), the agent never clamps, and SAC multiplies by the Python float log_alpha.exp().item()."""
+    for net in agent._nets():
+        if isinstance(net.encoder.memory, FFM):
+            net.encoder.memory.external_decay_bound = False
+
+    def update_temperature(self, log_prob_mean):  # the old code, which kept alpha as a Python float
+        if self.alpha_optim is not None:
+            f = self.log_alpha.exp() if self.cfg.alpha_loss == "alpha" else self.log_alpha
+            loss = -(f * (log_prob_mean + self.target_entropy)).sum()
+            self.alpha_optim.zero_grad(set_to_none=True)
+            loss.backward()
+            self.alpha_optim.step()
+        return {"alpha": self.alpha}
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(RecurrentAgent, "_bound_decays", lambda self, *nets: None)
+        m.setattr(SAC, "alpha", property(lambda self: self.log_alpha.exp().item() if self.log_alpha is not None
+                                         else float(self.cfg.entropy_alpha)))
+        m.setattr(SAC, "update_temperature", update_temperature)
+        yield
+
+
+def run_updates(agent, n=20):
+    """n updates (grad norms every other one), three acting steps after each, and how often a decay left its bound."""
+    torch.manual_seed(7)  # CUDA's generator too
+    stats, actions, out_of_bound = [], [], 0
+    probe = make_batch(5)
+    for i in range(n):
+        st = agent.update(make_batch(i % 3), grad_norms=i % 2 == 0)
+        stats.append({k: float(v) for k, v in st.items()})
+        out_of_bound += sum(bool(((m.alpha < DECAY_MIN) | (m.alpha > m.decay_limit)).any())
+                            for m in agent.modules() if isinstance(m, FFM))
+        state = agent.initial_state(1)
+        for t in range(3):
+            a, state = agent.act(probe.obs[t, 0], probe.act[t, 0], float(probe.rew[t, 0, 0]), state, True)
+            actions.append(a)
+    return stats, np.stack(actions), agent.state_dict(), out_of_bound
+
+
+EQUIVALENCE_CASES = [
+    ("sac", {}), ("sac", {"sac": SACConfig(automatic_entropy_tuning=False, entropy_alpha=0.3)}),
+    ("td3", {}), ("td3", {"td3": TD3Config(policy_delay=2)}),
+]
+
+
+@pytest.mark.parametrize("algo, kw", EQUIVALENCE_CASES)
+def test_updates_equal_the_per_call_bound_path(algo, kw, device="cpu"):
+    # lr 0.05: the optimiser steps push the FFM decays out of their bound at nearly every step, so when and where
+    # the clamp runs matters (the target actor averages the actor's decay *before* its clamp, as before).
+    make = lambda: make_agent(algo, "ffm", lr=0.05, **kw).to(device)
+    old = make()
+    with per_call_bound_path(old):
+        old_stats, old_actions, old_params, _ = run_updates(old)
+    # the same run without any bound leaves the bound (the per-call path clamped) and ends elsewhere
+    loose = make()
+    for m in loose.modules():
+        if isinstance(m, FFM):
+            m.decay_bound = False
+    loose_stats, _, _, out_of_bound = run_updates(loose)
+    assert out_of_bound >= 20 and loose_stats[-1] != old_stats[-1]
+
+    new = make()
+    new_stats, new_actions, new_params, out_of_bound = run_updates(new)
+    assert out_of_bound == 0
+    assert new_stats == old_stats  # bit for bit
+    np.testing.assert_array_equal(new_actions, old_actions)
+    assert new_params.keys() == old_params.keys()
+    for k in new_params:
+        assert torch.equal(new_params[k], old_params[k]), k
+
+
+def test_acting_gamma_cache_is_kept_between_updates(monkeypatch):
+    agent = make_agent("sac", "ffm")
+    calls = []
+    gamma = FFM.gamma
+    monkeypatch.setattr(FFM, "gamma", lambda self: calls.append(self) or gamma(self))
+    obs, state = np.zeros(O, np.float32), agent.initial_state(1)
+
+    def act(n):
+        nonlocal state
+        calls.clear()
+        for _ in range(n):
+            _, state = agent.act(obs, np.zeros(A), 0.0, state, deterministic=False)
+        return len(calls)
+
+    act(1)
+    assert act(20) == 0  # no write between acting steps: gamma comes from the cache
+    agent.update(make_batch())
+    assert act(20) == 1  # recomputed once after the update's writes
+
+
+def test_loaded_state_is_bounded():
+    agent = make_agent("td3", "ffm")
+    state = agent.training_state()
+    state = {**state, "modules": {k: v.clone() for k, v in state["modules"].items()}}
+    for k in ("actor.encoder.memory.alpha", "actor_target.encoder.memory.alpha"):
+        state["modules"][k][0], state["modules"][k][1] = 5.0, -1.0
+    fresh = make_agent("td3", "ffm", seed=1)
+    fresh.load_training_state(state)
+    for net in (fresh.actor, fresh.actor_target):
+        a = net.encoder.memory.alpha
+        assert a[0].item() == pytest.approx(net.encoder.memory.decay_limit) and a[1].item() == pytest.approx(DECAY_MIN)

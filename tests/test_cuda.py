@@ -4,7 +4,6 @@ the aggregator and step-by-step checks also run on CUDA, as device parameters in
 import copy
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -12,7 +11,8 @@ import torch
 from pomdp_ffm.seq_models import build
 from pomdp_ffm.seq_models.ffm import DECAY_MIN, reference_decay_limit
 
-from test_agent import make_agent, make_batch
+import test_agent
+from test_agent import EQUIVALENCE_CASES, make_agent, make_batch, tensor_batch
 from test_trainer import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -66,10 +66,38 @@ def test_agent_on_cuda_matches_cpu_and_updates(algo, model):
         torch.testing.assert_close(q_gpu, q_cpu, rtol=1e-3, atol=1e-4)
     before = copy.deepcopy(gpu.state_dict())
     stats = gpu.update(batch, grad_norms=True)
-    assert all(np.isfinite(v) for v in stats.values())
+    assert all(v.device.type == "cuda" and torch.isfinite(v) for v in stats.values())
     after = gpu.state_dict()
     assert all(v.device.type == "cuda" for v in after.values())
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("actor."))
+
+
+@pytest.mark.parametrize("grad_norms", [False, True])
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+def test_update_on_cuda_never_synchronises(algo, model, grad_norms):
+    # patches/014: with the batch on the GPU an update only queues work (Adam's step counters stay on the CPU and
+    # are read there, which is no device synchronisation); the caller synchronises when it reads the stats.
+    from pomdp_ffm.config import TD3Config
+
+    agent = make_agent(algo, model, td3=TD3Config(policy_delay=2)).to(CUDA)
+    batch = tensor_batch(make_batch(), CUDA)
+    agent.update(batch)  # lazy initialisation (cuBLAS/cuDNN handles, optimiser state) may synchronise
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        stats = [agent.update(batch, grad_norms=grad_norms) for _ in range(2)]  # TD3: with and without actor step
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for st in stats:
+        assert all(v.device.type == "cuda" and v.shape == () for v in st.values())
+    assert all(torch.isfinite(v) for st in stats for v in st.values())
+
+
+@pytest.mark.parametrize("algo, kw", EQUIVALENCE_CASES)
+def test_updates_on_cuda_equal_the_per_call_bound_path(algo, kw):
+    # Bit for bit as on the CPU: the update's kernels are deterministic run to run on one GPU (no atomics).
+    test_agent.test_updates_equal_the_per_call_bound_path(algo, kw, device=CUDA)
 
 
 def test_cuda_run_trains_and_resumes_on_cpu(run_cfg, tmp_path):

@@ -285,6 +285,55 @@ def test_decay_bound_clamps_like_the_reference():
     assert free.alpha[0].item() == 5.0
 
 
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_owner_managed_decay_bound_gives_the_per_call_values(hadamard):
+    # patches/014: an owner (the agent) clamps right after its writes; forward then reads nothing on the host
+    from test_agent import HostSync, no_host_reads
+
+    torch.manual_seed(0)
+    opts = {"decay_context_product": "hadamard"} if hadamard else {}
+    standalone = build("ffm", input_size=4, hidden_size=32, **opts)
+    managed = build("ffm", input_size=4, hidden_size=32, **opts)
+    managed.load_state_dict(standalone.state_dict())
+    managed.external_decay_bound = True
+    for ffm in (standalone, managed):
+        with torch.no_grad():
+            ffm.alpha.view(-1)[:3] = torch.tensor([5.0, -1.0, 0.0])  # a write out of the bound
+    x = torch.randn(5, 2, 4)
+    with no_host_reads(), pytest.raises(HostSync):
+        standalone(x)
+    with no_host_reads():
+        managed(x)  # no host read, and no clamp: the write is the owner's to bound
+    assert managed.alpha.view(-1)[0].item() == 5.0
+    with no_host_reads():
+        managed.bound_decay_()
+        y_managed, s_managed = managed(x)
+    y_standalone, s_standalone = standalone(x)
+    assert torch.equal(managed.alpha, standalone.alpha)
+    assert managed.alpha.view(-1)[0].item() == pytest.approx(reference_decay_limit())
+    assert managed.alpha.view(-1)[1].item() == pytest.approx(DECAY_MIN)
+    assert torch.equal(y_managed, y_standalone) and torch.equal(s_managed, s_standalone)
+    free = build("ffm", input_size=4, hidden_size=32, decay_bound=False)
+    with torch.no_grad():
+        free.alpha[0] = 5.0
+    free.bound_decay_()
+    assert free.alpha[0].item() == 5.0
+
+
+@pytest.mark.parametrize("managed", [False, True])
+def test_load_state_dict_bounds_the_decay(managed):
+    ffm = build("ffm", input_size=4, hidden_size=32)
+    ffm.external_decay_bound = managed
+    state = {k: v.clone() for k, v in ffm.state_dict().items()}
+    state["alpha"][0], state["alpha"][1] = 5.0, -1.0
+    ffm.load_state_dict(state)
+    assert ffm.alpha[0].item() == pytest.approx(reference_decay_limit())
+    assert ffm.alpha[1].item() == pytest.approx(DECAY_MIN)
+    parent = torch.nn.Sequential(ffm)  # through a parent module's load_state_dict too
+    parent.load_state_dict({f"0.{k}": v for k, v in state.items()})
+    assert ffm.alpha[0].item() == pytest.approx(reference_decay_limit())
+
+
 def test_decay_horizon_sets_the_bound_and_the_closed_form_chunks():
     # patches/104: decay_horizon (the reference's max_len) is the horizon the decay bound keeps
     # |gamma|^(-t) representable over; it is not an episode length.

@@ -6,6 +6,7 @@ import sys
 
 import pandas as pd
 import pytest
+import torch
 
 from pomdp_ffm.logger import TIME_COLUMNS, columns_for
 from pomdp_ffm.train import Refused, run
@@ -111,9 +112,18 @@ def test_non_finite_loss_stops_with_checkpoint(composed, tmp_path):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             real_update = self.agent.update
-            self.agent.update = lambda batch, grad_norms=False: {**real_update(batch, grad_norms), "qf1_loss": math.nan}
+            calls = [0]
 
-    with pytest.raises(TrainingDiverged, match=r"non-finite loss at update 1 \(env step 200\).*qf1_loss"):
+            def nan_from_the_second(batch, grad_norms=False):
+                calls[0] += 1
+                stats = real_update(batch, grad_norms)
+                return {**stats, "qf1_loss": torch.tensor(math.nan)} if calls[0] >= 2 else stats
+
+            self.agent.update = nan_from_the_second
+
+    # The pool's burst is 4 updates: the first non-finite one is found when the burst ends.
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss first at update 2 \(env step 200; the burst ran on "
+                                               r"to update 4.*'qf1_loss': nan"):
         train(composed(), tmp_path / "nan", NaN)
     assert (tmp_path / "nan" / "checkpoints" / "diverged.pt").exists()
     assert "non-finite loss" in (tmp_path / "nan" / "ERROR.txt").read_text()

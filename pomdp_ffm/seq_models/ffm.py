@@ -241,6 +241,11 @@ def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chu
 _AGGREGATE = {"loop": aggregate_loop, "scan": aggregate_scan, "closed": aggregate_closed}
 
 
+def _bound_after_load(module: "FFM", incompatible_keys) -> None:
+    # load_state_dict writes alpha: bound it now, in either mode (the reference's next call would).
+    module.bound_decay_()
+
+
 def ffm_sizes(hidden_size: int, context_size: int | None = None, memory_size: int | None = None) -> tuple[int, int]:
     """The reference experiments' sizing: c = h // 32, m = h // c, so that m * c = h."""
     c = hidden_size // 32 if context_size is None else context_size
@@ -269,7 +274,8 @@ class FFM(SeqModel):
       fraction a trace has decayed to after its durability.
     * ``decay_horizon``: the decay bound is ``reference_decay_limit(decay_horizon)``, so that |gamma|^(-t)
       stays representable over that many steps (the reference's ``max_len``; not an episode length).
-    * ``decay_bound``: clamp the learned decay alpha into [DECAY_MIN, that limit] before every call.
+    * ``decay_bound``: clamp the learned decay alpha into [DECAY_MIN, that limit], in place, as the reference does
+      before every call (see "Decay bound" below).
     * ``input_gate``, ``output_gate``, ``context``, ``decay``: the ablations (``ABLATIONS``).
     * ``decay_context_product``: "outer" (gamma = exp(-alpha) exp(i omega)^T, the paper) or "hadamard" (one
       alpha and one omega per entry of gamma).
@@ -278,6 +284,18 @@ class FFM(SeqModel):
 
     ``alpha`` and ``gamma`` follow the paper: FFM's decay rates and complex decay, not SAC's temperature or the
     RL discount.
+
+    Decay bound. Every call must see alpha clamped into its bound, as after the reference's in-place clamp at each
+    call. The parameter changes only when something writes it (an optimiser step, a Polyak average,
+    ``load_state_dict``, a hand-made edit), so there are two ways to guarantee it:
+
+    * standalone (the default, ``external_decay_bound = False``): ``forward`` clamps when a value is out of range.
+      The check reads a device value, i.e. one host synchronisation per call.
+    * owner-managed (``external_decay_bound = True``, set by ``RecurrentAgent`` on its memories): ``forward``
+      does not look; the owner calls ``bound_decay_()`` (an unconditional in-place clamp, no synchronisation)
+      after every write it makes, before the next call. ``load_state_dict`` clamps in both modes (a post-hook).
+      A hand-made write to a managed FFM's alpha is bounded only at the owner's next ``bound_decay_()``
+      (patches/014-update-without-host-sync.md).
     """
 
     def __init__(
@@ -331,6 +349,9 @@ class FFM(SeqModel):
         self._register("alpha", alpha, decay)
         self._register("omega", omega, context)
         self._gamma_cache: tuple | None = None
+        # Who bounds the decay (class docstring): False = forward() does, True = the owner calls bound_decay_().
+        self.external_decay_bound = False
+        self.register_load_state_dict_post_hook(_bound_after_load)
 
     def _initial_decay_context(self, m, c, max_period, min_period, beta, trace_range, period_range):
         if trace_range is None:
@@ -375,10 +396,19 @@ class FFM(SeqModel):
             self._gamma_cache = (key, self.gamma())
         return self._gamma_cache[1]
 
+    def bound_decay_(self) -> None:
+        """Clamp the learned decay into [DECAY_MIN, decay_limit] in place, unconditionally: no host
+        synchronisation, but the parameter's version counter moves (which invalidates the acting gamma cache
+        and any pending autograd graph that saved alpha), so call it right after a write to alpha, not before
+        every forward."""
+        if self.decay_bound:
+            with torch.no_grad():
+                self.alpha.clamp_(DECAY_MIN, self.decay_limit)
+
     def _bound_decay(self) -> None:
-        # The reference clamps the decay parameter's data in place (its bound shapes what FFM learns).
-        # Clamping only when a value is out of range leaves the version counter, and so any pending
-        # autograd graph, untouched otherwise.
+        # The standalone per-call bound (class docstring). The reference clamps the decay parameter's data in
+        # place (its bound shapes what FFM learns). Clamping only when a value is out of range leaves the
+        # version counter, and so any pending autograd graph and the acting gamma cache, untouched otherwise.
         if self.decay_bound:
             with torch.no_grad():
                 a = self.alpha
@@ -395,7 +425,8 @@ class FFM(SeqModel):
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         self._check_input(x)
         T, B, _ = x.shape
-        self._bound_decay()
+        if not self.external_decay_bound:
+            self._bound_decay()
         y_in, thru, in_gate, out_gate = torch.split(self.pre(x), self._split, dim=-1)
         u = y_in * torch.sigmoid(in_gate) if self.input_gate else y_in
         gamma = self._gamma_for_call()
