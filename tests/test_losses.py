@@ -40,7 +40,6 @@ from torch.distributions import Normal
 from pomdp_ffm.agent import RecurrentAgent, Streams
 from pomdp_ffm.buffer import SeqBatch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
-from pomdp_ffm.seq_models import FFM
 
 O, A, T, B = 3, 2, 4, 3
 GAMMA = 0.8
@@ -85,19 +84,6 @@ def make_agent(algo, model, seed=0, sac=None, td3=None) -> RecurrentAgent:
         if algo == "sac" and agent.algo.log_alpha is not None:
             agent.algo.log_alpha.fill_(math.log(ALPHA0))  # algo.alpha is exp(log_alpha)
     return agent
-
-
-@pytest.fixture(autouse=True)
-def _ffm_float64_state(monkeypatch):
-    # FFM.initial_state is always complex64; a float64 FFM's backward then mixes complex64 and complex128
-    # (linalg.vecdot refuses). Zeros of the parameters' precision change no value.
-    initial_state = FFM.initial_state
-
-    def matching(self, batch_size, device=None):
-        state = initial_state(self, batch_size, device)
-        return state.to(torch.complex128) if self.pre.weight.dtype == torch.float64 else state
-
-    monkeypatch.setattr(FFM, "initial_state", matching)
 
 
 class NoiseRecorder:

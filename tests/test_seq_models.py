@@ -397,3 +397,12 @@ def test_ablations_build_run_and_train(ablation):
 def test_unknown_ffm_option_value():
     with pytest.raises(ValueError, match=r"aggregator='fft' is not one of \['auto', 'loop', 'scan', 'closed'\]"):
         build("ffm", input_size=4, hidden_size=32, aggregator="fft")
+
+
+def test_float64_ffm_trains_with_a_complex128_state():
+    ffm = build("ffm", input_size=8, hidden_size=32).double()
+    assert ffm.initial_state(2).dtype == torch.complex128
+    x = torch.randn(5, 2, 8, dtype=torch.float64, requires_grad=True)
+    y, state = ffm(x, None)
+    y.sum().backward()
+    assert y.dtype == torch.float64 and state.dtype == torch.complex128 and x.grad is not None

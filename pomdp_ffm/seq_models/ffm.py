@@ -375,7 +375,9 @@ class FFM(SeqModel):
 
     # ----------------------------------------------------------------------------------------------
     def initial_state(self, batch_size: int, device=None) -> State:
-        return torch.zeros(batch_size, self.memory_size, self.context_size, dtype=torch.complex64, device=device)
+        # The state's precision follows the parameters' (a float64 FFM carries complex128).
+        dtype = torch.complex128 if self.pre.weight.dtype == torch.float64 else torch.complex64
+        return torch.zeros(batch_size, self.memory_size, self.context_size, dtype=dtype, device=device)
 
     def gamma(self) -> torch.Tensor:
         """The recurrence's decay gamma = exp(-alpha) exp(i omega) (paper notation; not the RL discount):
