@@ -35,13 +35,13 @@ EVAL_COLUMNS = {
     COL_FPS: "fps",
 }
 
-MODEL_LABELS = {"gru": "GRU", "lstm": "LSTM", "ffm": "FFM", "mlp": "MLP"}
+MODEL_LABELS = {"gru": "GRU", "lstm": "LSTM", "ffm": "FFM", "mlp": "MLP", "markovian": "Markovian (reference)"}
 ALGO_LABELS = {"sac": "SAC", "td3": "TD3", "sacd": "SACD"}
 KNOWN_ALGOS = tuple(ALGO_LABELS)
 KNOWN_MODELS = tuple(MODEL_LABELS)
 
 # Fixed colours so that a model keeps its colour across every figure.
-MODEL_COLORS = {"ffm": "#d55e00", "gru": "#0072b2", "lstm": "#009e73", "mlp": "#7f7f7f"}
+MODEL_COLORS = {"ffm": "#d55e00", "gru": "#0072b2", "lstm": "#009e73", "mlp": "#7f7f7f", "markovian": "#bbbbbb"}
 # Lighter/darker shade per algorithm for figures that show both at once.
 ALGO_HATCH = {"sac": "", "td3": "//", "sacd": ".."}
 

@@ -32,7 +32,7 @@ _RC = {
     "legend.fontsize": 8, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
     "grid.alpha": 0.3, "grid.linewidth": 0.5, "savefig.dpi": 300, "pdf.fonttype": 42,
 }
-_MODEL_ORDER = ["gru", "lstm", "mlp", "ffm"]
+_MODEL_ORDER = ["markovian", "gru", "lstm", "mlp", "ffm"]
 
 
 @contextmanager

@@ -322,7 +322,8 @@ def parse_run_path(parts: list[str]) -> dict:
             meta["algo"], meta["model"] = m.group("algo"), m.group("model")
         m = _MARKOVIAN_RE.match(comp)
         if m and "algo" not in meta:
-            meta["algo"], meta["model"] = m.group("algo"), "mlp"
+            # The reference's observation-only agent, not our seq_model=mlp (patches/012): its own label.
+            meta["algo"], meta["model"] = m.group("algo"), "markovian"
         m = _SEED_RE.match(comp)
         if m and "seed" not in meta:
             meta["seed"] = int(m.group("seed"))

@@ -49,7 +49,9 @@ class LSTM(_TorchRNN):
 
 
 class MLP(SeqModel):
-    """The memoryless baseline: one Linear + ReLU applied to every step; its state is empty."""
+    """A memoryless encoder: one Linear + ReLU applied to every step; its state is empty. It sits inside the same
+    recurrent agent and sequence buffer as the memories, so it is not the reference's Markovian baseline (an
+    observation-only agent with a transition buffer; patches/012-mlp-is-not-the-markovian-baseline.md)."""
 
     def __init__(self, input_size: int, hidden_size: int):
         super().__init__()
