@@ -31,11 +31,13 @@ import pickle
 import re
 import socket
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 STATUSES = ("done", "running", "failed", "resumable", "new")  # the order status() tests them in
+CHECKPOINT_FORMAT = 2  # the layout of checkpoints/last.pt that this version writes and resumes
 
 
 class RunDirError(RuntimeError):
@@ -232,14 +234,16 @@ class RunDir:
 
 
 # --- checkpoints -----------------------------------------------------------------------------------------
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
     """A checkpoint, loaded tensors-only. Anything else (a pickle with code in it, a truncated file, an old
     format holding numpy objects) raises CheckpointError naming the file; the file is never unpickled in full."""
     import torch
 
     path = Path(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then refuses
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError,
@@ -251,12 +255,18 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 
 def _why(e: Exception) -> str:
-    """The useful line of a loader error: torch's names the refused object ("Unsupported global: GLOBAL x")
-    after paragraphs that suggest loading the file unsafely, which is never the advice here."""
+    """The useful part of a loader error. Torch's own text opens with paragraphs that suggest loading the file
+    unsafely, which is never the advice here; the reason comes after "WeightsUnpickler error:"."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
-    m = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    m = re.search(r"unsupported global:? GLOBAL (\S+)", text, re.IGNORECASE)
     if m:
-        return f"it holds the Python object {m.group(1)}, which a tensors-only checkpoint never does"
+        return f"it holds the Python object {m.group(1).rstrip('.,')}, which a tensors-only checkpoint never does"
+    if "Weights only load failed" in text:
+        tail = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else ""
+        reason = next((ln.strip() for ln in tail.splitlines() if ln.strip()), "")
+        if reason.startswith("Unsupported operand"):
+            return "it is not a tensors-only checkpoint: the safe unpickler stopped at an instruction it refuses"
+        return f"the safe unpickler refused it: {reason[:120]}" if reason else "the safe unpickler refused it"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return (lines[0] if lines else type(e).__name__)[:160]
 
@@ -281,8 +291,9 @@ def _restore_config(run: RunDir) -> int:
     from omegaconf import OmegaConf
 
     state = load_checkpoint(run.checkpoint)
-    if "config" not in state:
-        raise RunDirError(f"{run.checkpoint} holds no copy of the config (written by an older version)")
+    if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
+        raise RunDirError(f"{run.checkpoint} was written by another version of pomdp-ffm (format "
+                          f"{state.get('format')!r}, this one reads {CHECKPOINT_FORMAT}): its config copy is not used")
     with run:
         run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(state["config"])))
     print(f"{run.config}: restored from {run.checkpoint}")
@@ -299,11 +310,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.command == "status":
+            missing = 0
             for d in args.dirs:
                 run = RunDir(d)
+                if not run.path.is_dir():
+                    print(f"{'missing':9s} {d}  (no such directory)")
+                    missing += 1
+                    continue
                 holder = run.holder()
                 print(f"{run.status():9s} {d}" + (f"  (locked by {holder})" if holder else ""))
-            return 0
+            return 2 if missing else 0
         return _restore_config(RunDir(args.dir))
     except RunDirError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -41,7 +41,8 @@ register_configs()
 log = logging.getLogger("pomdp_ffm")
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_DIVERGED, EXIT_STOPPED = 0, 1, 2, 3, 75
-# Keys that may change between the starts of one run directory: where and how it runs, not what it learns.
+# Keys (or key prefixes) that may change between the starts of one run directory: where and how it runs, not
+# what it learns.
 MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint")
 
 
@@ -60,8 +61,22 @@ def _flat(d, prefix=""):
     return out
 
 
+def _with_defaults(cfg: dict) -> dict:
+    """A stored config with the keys it lacks at their defaults: a run started before a key existed ran as its
+    default says (a new key's default keeps the old behaviour), so the key's absence is no difference."""
+    try:
+        return OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+    except Exception:  # keys this version does not know: compared as they are
+        return cfg
+
+
+def _may_differ(key: str) -> bool:
+    return any(key == m or key.startswith(m + ".") for m in MAY_DIFFER)
+
+
 def config_differences(stored: dict, current: dict) -> list[str]:
     """Training-relevant keys whose values differ, as 'key: stored -> current' lines."""
+    stored, current = _with_defaults(stored), _with_defaults(current)
     a, b = _flat(stored), _flat(current)
     # Options of the algorithm and memory a run does not use cannot change it (a GRU run ignores policy.ffm).
     policy = stored.get("policy", {})
@@ -70,7 +85,7 @@ def config_differences(stored: dict, current: dict) -> list[str]:
         unused.add("policy.ffm.")
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if key.split(".")[0] in MAY_DIFFER or any(key.startswith(u) for u in unused):
+        if _may_differ(key) or any(key.startswith(u) for u in unused):
             continue
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             diffs.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
@@ -89,15 +104,19 @@ def validate(cfg: DictConfig) -> RunConfig:
 
 
 # --- what a start of a run directory does -------------------------------------------------------------------
+def _restore_hint(run: RunDir) -> str:
+    if run.checkpoint.exists():
+        return f"restore it from the checkpoint's copy with `python -m pomdp_ffm.rundir restore-config {run.path}`"
+    return "there is no checkpoint to restore it from: put it back from a backup, or choose another run directory"
+
+
 def _stored_config(run: RunDir) -> dict:
     try:
         stored = OmegaConf.to_container(OmegaConf.load(run.config))
     except Exception as e:  # a YAML or OmegaConf parse error
-        raise RunDirError(f"{run.config} cannot be read ({str(e).splitlines()[0]}); restore it with "
-                          f"`python -m pomdp_ffm.rundir restore-config {run.path}` or use another run directory")
+        raise RunDirError(f"{run.config} cannot be read ({str(e).splitlines()[0]}); {_restore_hint(run)}")
     if not isinstance(stored, dict):
-        raise RunDirError(f"{run.config} does not hold a config mapping; restore it with "
-                          f"`python -m pomdp_ffm.rundir restore-config {run.path}`")
+        raise RunDirError(f"{run.config} does not hold a config mapping; {_restore_hint(run)}")
     return with_current_key_names(stored)
 
 
@@ -121,13 +140,12 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | N
     if run.done.exists():
         if not run.config.exists():
             raise RunDirError(f"{run.path} is finished but {RunDir.CONFIG} is missing, so it cannot be checked "
-                              f"against this config; restore it with `python -m pomdp_ffm.rundir restore-config "
-                              f"{run.path}`")
+                              f"against this config; {_restore_hint(run)}")
         _refuse_other_experiment(run, _stored_config(run), composed, "was finished with")
         return "skip", None
     if run.checkpoint.exists():
         try:
-            state = load_checkpoint(run.checkpoint)
+            state = load_checkpoint(run.checkpoint, mmap=True)  # tensors are read when used, not all up front
         except CheckpointError as e:
             raise RunDirError(f"{e}: it cannot be resumed. Delete it to start this run again from scratch, or "
                               "choose another run directory") from None
@@ -135,10 +153,13 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | N
             raise RunDirError(f"{run.checkpoint} was written by another version of pomdp-ffm (format "
                               f"{state.get('format')!r}, this one reads {CHECKPOINT_FORMAT}); resume it with that "
                               "version, or delete it to start again")
+        if state.get("buffer") is None:
+            raise RunDirError(f"{run.checkpoint} was saved without its replay buffer (checkpoint.save_buffer=false), "
+                              "so the run cannot be resumed faithfully; delete it to start this run again, or "
+                              "choose another run directory")
         if not run.config.exists():
-            raise RunDirError(f"{run.config} is missing, so the checkpoint cannot be checked against it; restore it "
-                              f"from the checkpoint's copy with `python -m pomdp_ffm.rundir restore-config "
-                              f"{run.path}`")
+            raise RunDirError(f"{run.config} is missing, so the checkpoint cannot be checked against it; "
+                              f"{_restore_hint(run)}")
         diffs = config_differences(state["config"], _stored_config(run))
         if diffs:
             raise RunDirError(f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(diffs)}); "
@@ -183,9 +204,14 @@ def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Train
         raise Refused(str(e)) from None
     try:
         try:
+            # Refuse before touching the directory (a refused start writes nothing, not even the lock file);
+            # then plan again under the lock, which no other process can change any more.
+            holder = run.holder()
+            if holder is not None:
+                raise RunDirError(f"{run.path} is in use by {holder}: another process is training in it; wait for "
+                                  "it to finish or stop it first")
+            plan(run, run_cfg, composed)
             stale = run.acquire()
-            if stale:
-                log.warning("%s: %s", run.path, stale)
             action, state = plan(run, run_cfg, composed)
         except RunDirError as e:
             raise Refused(str(e)) from None
@@ -204,7 +230,7 @@ def _train(trainer: Trainer, run: RunDir, action: str, state: dict | None, compo
            stale: str | None) -> dict:
     handler = _file_log(run)
     try:
-        if stale:  # once more, now that the run's own log is open
+        if stale:  # said here, once the run's own log is open (and only by a start that goes ahead)
             log.warning("%s: %s", run.path, stale)
         run.error.unlink(missing_ok=True)
         if action == "fresh":
@@ -276,10 +302,62 @@ def main(cfg: DictConfig) -> dict:
     return result
 
 
+def _one_line(e: Exception) -> str:
+    """Hydra's composition errors in one line: what was refused, why, and what is allowed."""
+    text = str(e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if "Available options in" in text:  # an unknown config-group choice: name the choices
+        head = lines[0].replace("In 'config': ", "")
+        options = [ln.strip() for ln in text.split("Available options in", 1)[1].splitlines()[1:]
+                   if ln.startswith("\t") and "provider=" not in ln]
+        return f"{head}; the choices are {', '.join(options)}"
+    cause = e.__cause__
+    why = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
+    if lines and lines[0].startswith("Could not override"):
+        return f"{lines[0].rstrip('.')}: {why}; `--cfg job` prints every key" if why else lines[0]
+    return "; ".join([*lines[:1], *([why] if why else [])])
+
+
+def precheck(argv: list[str]) -> None:
+    """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
+    key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
+    launched. A sweep is checked one value at a time (each value with the other keys' first values).
+    Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left to Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .grid import CONF_DIR
+
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return
+    check_renamed_overrides(argv)  # Hydra's own error would name only the old key
+    args = [a for a in argv if not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+        first = [o.input_line if not o.is_sweep_override() else f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
+                 for o in parsed]
+        jobs = [first]
+        for i, o in enumerate(parsed):
+            if o.is_sweep_override():
+                for value in list(o.sweep_string_iterator())[1:]:
+                    jobs.append(first[:i] + [f"{o.get_key_element()}={value}"] + first[i + 1:])
+        for job in jobs:
+            with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+                cfg = compose("config", overrides=job)
+            try:
+                validate(cfg)
+            except Refused as e:
+                raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(jobs) > 1 else "")) from None
+    except Refused:
+        raise
+    except Exception as e:  # Hydra's and OmegaConf's composition errors
+        raise Refused(_one_line(e)) from None
+
+
 if __name__ == "__main__":
     try:
-        check_renamed_overrides(sys.argv[1:])  # before Hydra, whose own error names only the old key
-    except ValueError as e:
+        precheck(sys.argv[1:])
+    except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
     main()

@@ -97,24 +97,37 @@ def test_config_differences_ignore_where_it_runs():
     assert config_differences(gru, changed) == ["policy.ffm.beta: 0.01 -> 0.1"]
 
 
-def test_refused_job_writes_nothing_and_others_run(tmp_path):
-    # Job #0 (FFM) is refused at start on an FFM sizing its hidden size cannot take; job #1 (GRU ignores FFM
-    # options) must still run after it under the sequential launcher, and the sweep must end non-zero.
+def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
+    # Job #0 (FFM) cannot take an FFM sizing that its hidden size cannot split; the GRU job would ignore it.
+    # The whole sweep is refused up front, in one line naming the job, and nothing is launched or written.
     root = tmp_path / "sweep"
     proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
                  "policy.ffm.context_size=5", check=False)
-    assert proc.returncode != 0
-    bad, good = root / "Pendulum-V-v0" / "sac_ffm" / "seed-0", root / "Pendulum-V-v0" / "sac_gru" / "seed-0"
-    assert "FFM cannot split hidden_size=32" in proc.stderr + proc.stdout
-    assert not bad.exists()  # refused before anything was written
-    assert (good / "DONE").exists() and len(eval_steps(good)) > 0
-    # Fixing the option and rerunning starts the refused run; the finished GRU run, which never read
-    # policy.ffm, is skipped.
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
+    assert "FFM cannot split hidden_size=32" in proc.stderr and "seq_model=ffm policy.ffm.context_size=5)" in proc.stderr
+    assert not root.exists()
+    # Fixed, both run; rerun, both are skipped.
     train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
           "policy.ffm.context_size=1")
-    assert (bad / "DONE").exists() and not (bad / "ERROR.txt").exists()
-    assert "context_size: 1" in (bad / "config.yaml").read_text()
-    assert (good / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
+    runs = [root / "Pendulum-V-v0" / f"sac_{m}" / "seed-0" for m in ("ffm", "gru")]
+    assert all((r / "DONE").exists() and len(eval_steps(r)) > 0 for r in runs)
+    assert "context_size: 1" in (runs[0] / "config.yaml").read_text()
+    train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
+          "policy.ffm.context_size=1")
+    assert all((r / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)") for r in runs)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("policy.lrr=1e-3", "Could not override 'policy.lrr': Key 'lrr' not in 'PolicyConfig'"),
+    ("env=Nope-v0", "Could not find 'env/Nope-v0'; the choices are AntBLT-F-v0"),
+    ("algo=ppo", "Could not find 'algo/ppo'; the choices are sac, td3"),
+    ("seq_model=transformer", "the choices are ffm, gru, lstm, mlp"),
+    ("seed=abc", "could not be converted to Integer"),
+])
+def test_composition_errors_are_one_line_and_exit_2(tmp_path, override, needle):
+    proc = train(tmp_path, override, f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and needle in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and not (tmp_path / "run").exists()
 
 
 def _check_smoke_grid(root: Path) -> None:

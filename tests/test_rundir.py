@@ -124,10 +124,23 @@ def test_two_writers_real_processes_then_a_killed_holder_is_taken_over(tmp_path)
             first.kill()
     assert (run_dir / ".lock").read_text().startswith(f"pid={first.pid} ")
     assert RunDir(run_dir).status() == "resumable"
+    lock_before = (run_dir / ".lock").read_text()
     third = cli(run_dir, *slow, "train.num_iters=4")
-    # The dead holder's lock is taken over (and said so); a shorter budget is another experiment: refused.
-    assert f"took over the lock of pid {first.pid}" in third.stdout + third.stderr
+    # A shorter budget is another experiment: refused before touching anything, the lock file included.
     assert third.returncode == EXIT_REFUSED and "train.num_iters: 400 -> 4" in third.stderr
+    assert (run_dir / ".lock").read_text() == lock_before
+    # The same command again: the dead holder's lock is taken over, and the run's log says so.
+    fourth = cli(run_dir, *slow, wait=False)
+    try:
+        log = run_dir / "experiment.log"
+        deadline = time.time() + 120
+        while time.time() < deadline and f"took over the lock of pid {first.pid}" not in log.read_text():
+            time.sleep(0.2)
+        assert f"took over the lock of pid {first.pid}" in log.read_text()
+        assert (run_dir / ".lock").read_text().startswith(f"pid={fourth.pid} ")
+    finally:
+        fourth.kill()
+        fourth.wait(timeout=30)
 
 
 def test_sigterm_stops_with_its_own_exit_code_and_resumes(tmp_path):
@@ -334,3 +347,45 @@ def test_status_command(cut_run, full_run, capsys):
     assert rundir_main(["status", str(cut_run[0]), str(full_run)]) == 0
     out = capsys.readouterr().out.split("\n")
     assert out[0].startswith("resumable") and out[1].startswith("done")
+
+
+def test_checkpoint_without_its_buffer_is_refused_in_one_line(composed, tmp_path):
+    overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5", "checkpoint.save_buffer=false")
+    run_dir = tmp_path / "nobuf"
+    assert run(composed(*overrides), run_dir, trainer_cls=StopAt600)["stopped"]
+    attempts = (run_dir / "attempts.log").read_text()
+    with pytest.raises(Refused, match=r"saved without its replay buffer \(checkpoint.save_buffer=false\)"):
+        run(composed(*overrides, "resume=true"), run_dir)
+    assert not (run_dir / "ERROR.txt").exists() and (run_dir / "attempts.log").read_text() == attempts
+
+
+def test_garbage_checkpoint_gets_a_reason_not_torch_advice(cut_run):
+    run_dir, cfg = cut_run
+    path = run_dir / "checkpoints" / "last.pt"
+    path.write_bytes(os.urandom(4000))
+    with pytest.raises(Refused) as e:
+        run(cfg, run_dir)
+    msg = str(e.value)
+    assert str(path) in msg and "weights_only" not in msg and "Re-running" not in msg and "\n" not in msg
+
+
+def test_a_key_added_later_is_no_difference_at_its_default(cut_run, full_run, tmp_path):
+    # A run directory from before a key existed ran as the key's default says: it resumes and is skipped.
+    for run_dir in (cut_run[0], full_run):
+        text = (run_dir / "config.yaml").read_text()
+        assert "  episodes_together: true\n" in text
+        (run_dir / "config.yaml").write_text(text.replace("  episodes_together: true\n", ""))
+    assert run(cut_run[1], full_run)["skipped"]
+    run(cut_run[1], cut_run[0])
+    assert RunDir(cut_run[0]).status() == "done"
+
+
+def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, tmp_path, capsys):
+    assert rundir_main(["status", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().out.startswith("missing")
+    run_dir, _ = cut_run
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    state["format"] = 3
+    torch.save(state, run_dir / "checkpoints" / "last.pt")
+    assert rundir_main(["restore-config", str(run_dir)]) == 2
+    assert "another version of pomdp-ffm (format 3" in capsys.readouterr().err
