@@ -33,9 +33,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config import RunConfig, check_known_keys, check_renamed_overrides, register_configs, with_current_key_names
-from .rundir import CheckpointError, RunDir, RunDirError, load_checkpoint
+from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
 from .signals import StopSignals
-from .trainer import CHECKPOINT_FORMAT, Outcome, Trainer, TrainingDiverged, resolve_device
+from .trainer import Outcome, Trainer, TrainingDiverged, resolve_device
 
 register_configs()
 log = logging.getLogger("pomdp_ffm")
