@@ -89,6 +89,9 @@ def test_config_differences_ignore_where_it_runs():
          "checkpoint": {"interval": 5}}
     assert config_differences(a, b) == ["policy.lr: 0.0003 -> 0.001"]
     assert config_differences(a, a) == []
+    # How evaluation episodes are stepped and whether the update is a CUDA graph change no result.
+    how = {"eval": {"episodes_together": True}, "train": {"cuda_graph": True}}
+    assert config_differences(how, {"eval": {"episodes_together": False}, "train": {"cuda_graph": False}}) == []
     # A GRU run never reads policy.ffm; an FFM run does.
     gru = {"policy": {"seq_model": "gru", "algo_name": "sac", "ffm": {"beta": 0.01}, "td3": {"target_noise": 0.2}}}
     changed = {"policy": {"seq_model": "gru", "algo_name": "sac", "ffm": {"beta": 0.1}, "td3": {"target_noise": 0.3}}}
