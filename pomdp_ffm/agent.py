@@ -164,8 +164,27 @@ class RecurrentAgent(nn.Module):
         Returns the statistics as detached 0-d tensors on the agent's device. Nothing here reads a device value
         on the host (no .item(), no data-dependent branch), so on a GPU the update only queues kernels; the
         caller decides when to synchronise (e.g. once per burst). With tensors already on the device, the only
-        host reads left are Adam's step counters, which live on the CPU."""
-        s = Streams.from_batch(batch, self.device)
+        host reads left are Adam's step counters, which live on the CPU (unless the optimisers were made
+        capturable, see pomdp_ffm/graph.py)."""
+        return self.update_streams(Streams.from_batch(batch, self.device), grad_norms)
+
+    def update_streams(self, s: Streams, grad_norms: bool = False) -> dict[str, torch.Tensor]:
+        """`update` on streams already built (Streams.from_batch): the host's decision, the device work, the
+        count."""
+        stats = self.device_update(s, grad_norms, self.actor_step_due())
+        self.num_updates += 1
+        return stats
+
+    def actor_step_due(self) -> bool:
+        """Whether the next update moves the actor, the targets and the temperature: every update, or every d-th
+        with a TD3 policy delay d (counted by num_updates, a host integer: never data-dependent)."""
+        return (self.num_updates + 1) % self.algo.policy_delay == 0
+
+    def device_update(self, s: Streams, grad_norms: bool, actor_step: bool) -> dict[str, torch.Tensor]:
+        """The device work of one update, with the host's two decisions given (gradient-norm diagnostics, the
+        actor step): it reads no device value on the host and changes no host state the next update depends
+        on (num_updates is the caller's to count), so one call can be captured in a CUDA graph and replayed
+        (pomdp_ffm/graph.py)."""
         # Whatever wrote the memories' decays since the last update (a hand-made edit, a dtype change) is bounded
         # before the first call, as the reference's per-call clamp would.
         self._bound_decays()
@@ -176,8 +195,7 @@ class RecurrentAgent(nn.Module):
         if grad_norms:
             stats["q_grad_norm"] = mean_grad_norm(self.critic)
             stats["q_rnn_grad_norm"] = mean_grad_norm(self.critic.encoder.memory)
-        self.num_updates += 1
-        if self.num_updates % self.algo.policy_delay == 0:
+        if actor_step:
             stats.update(self._actor_step(s, actor_out))
             if grad_norms:
                 stats["pi_grad_norm"] = mean_grad_norm(self.actor)

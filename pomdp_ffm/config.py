@@ -244,6 +244,9 @@ class TrainConfig:
     batch_size: int = MISSING
     sampled_seq_len: int = MISSING  # -1: the task's max episode length
     sample_weight_baseline: float = 0.0
+    # On CUDA, run each update as the replay of a captured CUDA graph (pomdp_ffm/graph.py,
+    # patches/015-cuda-graph-update.md); ignored on a CPU. Off by default until its CUDA tests have run on a GPU.
+    cuda_graph: bool = False
 
     def __post_init__(self):
         size = self.buffer_size
@@ -265,6 +268,7 @@ class TrainConfig:
         if _given(self.sampled_seq_len) and self.sampled_seq_len > size:
             raise ValueError(f"train.buffer_size={size} must be >= train.sampled_seq_len={self.sampled_seq_len}")
         _real("train.sample_weight_baseline", self.sample_weight_baseline, lambda v: v >= 0, ">= 0")
+        _require("train.cuda_graph", self.cuda_graph, lambda v: isinstance(v, bool), "true or false")
 
 
 @dataclass

@@ -25,14 +25,13 @@ from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .config import RunConfig
 from .envs import make_env
+from .graph import make_updater
 from .logger import MetricsWriter, columns_for
 from .rollout import AgentPolicy, RandomPolicy, run_episodes
-from .rundir import RunDir
+from .rundir import CHECKPOINT_FORMAT, RunDir
 from .signals import StopSignals
 
 log = logging.getLogger("pomdp_ffm")
-
-CHECKPOINT_FORMAT = 2
 
 
 def resolve_device(name: str) -> torch.device:
@@ -105,6 +104,8 @@ class Trainer:
         self.buffer = SeqReplayBuffer(int(t.buffer_size), self.obs_dim, self.act_dim, self.seq_len,
                                       t.sample_weight_baseline, seed=cfg.seed)
         self.agent = RecurrentAgent(self.obs_dim, self.act_dim, cfg.policy).to(self.device)
+        # agent.update, or its CUDA-graph replays on CUDA with train.cuda_graph (pomdp_ffm/graph.py)
+        self.updater = make_updater(self.agent, t.cuda_graph)
         # The env-step budget is max_len x (pool + iters x rollouts/iter); the eval clock counts "iterations"
         # of iter_len env steps (docs/reference.md#evaluation).
         self.iter_len = t.num_rollouts_per_iter * self.max_len
@@ -243,7 +244,7 @@ class Trainer:
                 t_s = clock()
                 batch = self.buffer.sample(self.cfg.train.batch_size)
                 t_u = clock()
-                stats = self.agent.update(batch, grad_norms=(i == n - 1))
+                stats = self.updater(batch, grad_norms=(i == n - 1))
                 t_e = clock()
                 timers["sample"] = timers.get("sample", 0.0) + (t_u - t_s)
                 timers["update"] = timers.get("update", 0.0) + (t_e - t_u)

@@ -4,6 +4,10 @@ HopperBLT-V dimensions (obs 6, act 3), batch 64, sampled sequence 64, hidden 128
 and TD3 with FFM, GRU and LSTM memories. Reports the median seconds per update (interleaved rounds),
 matmul FLOPs per update (torch.utils.flop_counter) and the achieved rate beside this machine's plain
 matmul rate at a comparable size.
+
+On CUDA each agent also runs as CUDA-graph replays (``<algo>_<model>+graph``: pomdp_ffm/graph.py, the trainer's
+``train.cuda_graph``), from the same weights, with numpy batches as the buffer samples them; the eager and graph
+variants are timed in the same interleaved rounds, and ``graph_speedup`` is eager ms / graph ms.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..agent import RecurrentAgent
 from ..buffer import SeqBatch
 from ..config import PolicyConfig
+from ..graph import UpdateRunner
 from .common import Row, interleaved_medians
 
 OBS, ACT, BATCH, SEQ = 6, 3, 64, 64
@@ -52,18 +57,29 @@ def run(repeats: int, device: torch.device) -> list[Row]:
         with FlopCounterMode(display=False) as counter:
             copy.deepcopy(agent).cpu().update(batches[0])
         rows.append(Row("update", SHAPE, name, "gflop", counter.get_total_flops() / 1e9, "GFLOP"))
-    counter_i = {k: 0 for k in agents}
+    updates = {k: agent.update for k, agent in agents.items()}
+    if device.type == "cuda":
+        for k in list(agents):
+            runner = UpdateRunner(copy.deepcopy(agents[k]), cuda_graph=True)
+            for i in range(runner.warmup + 2):  # eager warm-up, the capture and a first replay
+                runner(batches[i % len(batches)])
+            assert runner.replays > 0 and runner.captured_paths == {(False, True)}, k
+            updates[f"{k}+graph"] = runner
+    counter_i = {k: 0 for k in updates}
 
     def step(k):
-        agents[k].update(batches[counter_i[k] % len(batches)])
+        updates[k](batches[counter_i[k] % len(batches)])
         counter_i[k] += 1
 
-    med = interleaved_medians({k: (lambda k=k: step(k)) for k in agents}, repeats, device, warmup=3)
+    med = interleaved_medians({k: (lambda k=k: step(k)) for k in updates}, repeats, device, warmup=3)
     flops = {r.model: r.value for r in rows}
     for k, v in med.items():
         rows.append(Row("update", SHAPE, k, "update_ms", v * 1e3, "ms"))
         rows.append(Row("update", SHAPE, k, "updates_per_s", 1.0 / v, "1/s"))
-        rows.append(Row("update", SHAPE, k, "achieved_gflop_s", flops[k] / v, "GFLOP/s"))
+        rows.append(Row("update", SHAPE, k, "achieved_gflop_s", flops[k.removesuffix("+graph")] / v, "GFLOP/s"))
+    for k in agents:
+        if f"{k}+graph" in med:
+            rows.append(Row("update", SHAPE, k, "graph_speedup", med[k] / med[f"{k}+graph"], "x"))
     rows.append(Row("update", "matmul_4160x256x256", "torch", "matmul_gflop_s", matmul_gflops(device), "GFLOP/s"))
     return rows
 

@@ -1,0 +1,386 @@
+"""The update runner (pomdp_ffm/graph.py, patches/015-cuda-graph-update.md) on a CPU: with the switch on or off it
+is the eager update bit for bit; its own logic (static inputs and their host ring, one graph per host path,
+warm-up, the update count, rearming after a load, the capture error) runs with a Python stand-in for CUDA graphs.
+What only a GPU can show (captured graphs, pinned copies, capturable Adam, no synchronisation) is in
+tests/test_cuda.py."""
+import contextlib
+import copy
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from pomdp_ffm.buffer import SeqBatch
+from pomdp_ffm.config import TD3Config, TrainConfig
+from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, make_capturable_, optimizers
+from pomdp_ffm.seq_models import FFM
+
+from test_agent import make_agent, make_batch, tensor_batch
+
+
+class PythonGraph:
+    """A 'graph' whose replay runs the captured function again and writes its statistics into the static
+    outputs, as a CUDA graph's replay writes into the tensors its capture returned."""
+
+    def __init__(self, fn):
+        self.fn, self.outputs = fn, None
+
+    def replay(self):
+        out = self.fn()
+        if self.outputs is None:
+            self.outputs = out
+        else:
+            assert out.keys() == self.outputs.keys()
+            for k, v in out.items():
+                self.outputs[k].copy_(v)
+
+
+class PythonGraphs:
+    """The runner's backend without a GPU: capture runs nothing (as a CUDA capture executes nothing), replay
+    runs Python. It checks the runner's bookkeeping, not what a CUDA capture freezes."""
+
+    make_capturable = False
+
+    def __init__(self, fail: Exception | None = None):
+        self.fail, self.graphs = fail, []
+
+    def side_stream(self):
+        return contextlib.nullcontext()
+
+    def capture(self, fn):
+        if self.fail is not None:
+            raise self.fail
+        self.graphs.append(PythonGraph(fn))
+        return self.graphs[-1]
+
+    def keep_for_current_stream(self, tensors):
+        list(tensors)
+
+    def synchronize(self):
+        pass
+
+
+CASES = [("sac", "ffm", {}), ("sac", "gru", {}), ("td3", "ffm", {}), ("td3", "gru", {}),
+         ("td3", "ffm", {"td3": TD3Config(policy_delay=2)}), ("td3", "gru", {"td3": TD3Config(policy_delay=3)})]
+IDS = [f"{a}-{m}" + (f"-d{kw['td3'].policy_delay}" if kw else "") for a, m, kw in CASES]
+
+
+def grad_norms_at(i):
+    return i % 3 == 0  # with a policy delay of 2 or 3, every (grad_norms, actor_step) pair occurs
+
+
+def run(update, agent, n=12, seed=7, batches=None):
+    """n updates through `update`; the statistics, acting outputs after each update, and the final state."""
+    torch.manual_seed(seed)
+    stats, actions = [], []
+    probe = make_batch(5)
+    for i in range(n):
+        batch = make_batch(i % 3) if batches is None else batches(i)
+        st = update(batch, grad_norms=grad_norms_at(i))
+        stats.append({k: v.clone() for k, v in st.items()})
+        state = agent.initial_state(1)
+        for t in range(2):
+            a, state = agent.act(probe.obs[t, 0], probe.act[t, 0], float(probe.rew[t, 0, 0]), state, True)
+            actions.append(a)
+    return stats, np.stack(actions), agent.training_state()
+
+
+def assert_same(a, b):
+    stats_a, actions_a, state_a = a
+    stats_b, actions_b, state_b = b
+    assert len(stats_a) == len(stats_b)
+    for sa, sb in zip(stats_a, stats_b):
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            assert sa[k].dtype == sb[k].dtype and sa[k].shape == sb[k].shape == ()
+            assert torch.equal(sa[k], sb[k]), k
+    np.testing.assert_array_equal(actions_a, actions_b)
+    assert state_a["num_updates"] == state_b["num_updates"]
+    for k, v in state_a["modules"].items():
+        assert torch.equal(v, state_b["modules"][k]), k
+    assert_same_optim(state_a["optim"], state_b["optim"])
+
+
+def assert_same_optim(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name]["param_groups"] == b[name]["param_groups"], name
+        assert a[name]["state"].keys() == b[name]["state"].keys()
+        for i, st in a[name]["state"].items():
+            other = b[name]["state"][i]
+            assert st.keys() == other.keys()
+            for k in st:
+                assert st[k].device == other[k].device and torch.equal(st[k], other[k]), (name, i, k)
+
+
+# --- on a CPU the runner is agent.update ---------------------------------------------------------------------
+@pytest.mark.parametrize("algo, model, kw", CASES, ids=IDS)
+def test_runner_on_cpu_is_the_eager_update(algo, model, kw):
+    eager = make_agent(algo, model, **kw)
+    ref = run(eager.update, eager)
+    agent = make_agent(algo, model, **kw)
+    runner = UpdateRunner(agent, cuda_graph=True)  # the switch is ignored on a CPU
+    assert not runner.graphed
+    assert_same(run(runner, agent), ref)
+
+
+def test_runner_calls_the_agents_update_as_it_is_then():
+    # The trainer's tests (and any wrapper) replace agent.update on the instance: the runner calls that one.
+    agent = make_agent("sac", "gru")
+    runner = UpdateRunner(agent, cuda_graph=False)
+    calls = []
+    agent.update = lambda batch, grad_norms=False: calls.append(grad_norms) or {}
+    runner(make_batch(), grad_norms=True)
+    assert calls == [True]
+    graphed = UpdateRunner(agent, backend=PythonGraphs())
+    graphed(make_batch())
+    assert calls == [True, False] and graphed.eager_updates == graphed.replays == 0
+
+
+def test_update_is_update_streams_of_the_streams():
+    from pomdp_ffm.agent import Streams
+
+    kw = {"td3": TD3Config(policy_delay=2)}
+    a, b = make_agent("td3", "ffm", **kw), make_agent("td3", "ffm", **kw)
+    for i in range(4):
+        torch.manual_seed(i)
+        sa = a.update(make_batch(i), grad_norms=i == 1)
+        torch.manual_seed(i)
+        sb = b.update_streams(Streams.from_batch(make_batch(i), "cpu"), grad_norms=i == 1)
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+        assert a.num_updates == b.num_updates == i + 1
+        assert ("policy_loss" in sa) == (i % 2 == 1) and a.actor_step_due() == (i % 2 == 0)
+
+
+# --- the runner's own logic, with a Python stand-in for the graphs -------------------------------------------
+@pytest.mark.parametrize("algo, model, kw", CASES, ids=IDS)
+def test_runner_logic_equals_the_eager_update(algo, model, kw):
+    eager = make_agent(algo, model, **kw)
+    ref = run(eager.update, eager, n=14)
+    agent = make_agent(algo, model, **kw)
+    backend = PythonGraphs()
+    runner = UpdateRunner(agent, backend=backend, warmup=3)
+    assert runner.graphed
+    out = run(runner, agent, n=14)
+    assert_same(out, ref)
+    d = agent.algo.policy_delay
+    paths = {(grad_norms_at(i), (i + 1) % d == 0) for i in range(14)}
+    assert runner.captured_paths == paths and runner.captures == len(paths) == len(backend.graphs)
+    # each path: run eagerly once (and 3 updates in all) before its capture; then every update of it is a replay
+    assert runner.eager_updates + runner.replays == 14 and runner.replays >= 14 - len(paths) - 3
+    assert runner.rearms == 1
+    # a replay's statistics are fresh tensors, not the graph's static outputs
+    st = runner(make_batch(), grad_norms=grad_norms_at(14))
+    outputs = [g.outputs for g in backend.graphs]
+    assert not any(v is o for v in st.values() for out in outputs for o in out.values())
+
+
+def test_statistics_of_a_replay_survive_the_next_replay():
+    agent = make_agent("sac", "gru")
+    runner = UpdateRunner(agent, backend=PythonGraphs(), warmup=1)
+    kept = [runner(make_batch(i)) for i in range(4)]
+    assert runner.replays == 3
+    assert len({float(s["qf1_loss"]) for s in kept}) == 4
+
+
+def test_acting_sees_the_replayed_parameters():
+    # A CUDA replay writes the FFM decays without Python seeing it: the runner moves the version counters, so the
+    # acting cache of gamma is recomputed after each replay.
+    agent = make_agent("sac", "ffm")
+    runner = UpdateRunner(agent, backend=PythonGraphs(), warmup=1)
+    runner(make_batch())
+    runner(make_batch())  # captured and replayed
+    memory = agent.actor.encoder.memory
+    agent.act(np.zeros(5, np.float32), np.zeros(2), 0.0, agent.initial_state(1), True)
+    key = memory._gamma_cache[0]
+    with torch.no_grad():
+        before = [p._version for p in agent.parameters()]
+    runner.backend.graphs[0].replay = lambda: None  # a replay Python cannot see
+    runner(make_batch())
+    assert all(p._version > v for p, v in zip(agent.parameters(), before))
+    agent.act(np.zeros(5, np.float32), np.zeros(2), 0.0, agent.initial_state(1), True)
+    assert memory._gamma_cache[0] != key
+
+
+def test_capture_drops_the_gamma_caches():
+    agent = make_agent("td3", "ffm")
+    runner = UpdateRunner(agent, backend=PythonGraphs(), warmup=1)
+    runner(make_batch())
+    memories = [m for m in agent.modules() if isinstance(m, FFM)]
+    agent.act(np.zeros(5, np.float32), np.zeros(2), 0.0, agent.initial_state(1), True)
+    seen = []
+    real = runner.backend.capture
+
+    def capture(fn):
+        seen.append([m._gamma_cache for m in memories])
+        return real(fn)
+
+    runner.backend.capture = capture
+    runner(make_batch())
+    assert seen == [[None] * len(memories)]
+
+
+def test_a_load_rearms_the_runner():
+    # A resume replaces the optimisers' state: the runner drops its graphs, warms up and captures again; the run
+    # equals the eager one that loads the same state.
+    src = make_agent("td3", "ffm", seed=3, td3=TD3Config(policy_delay=2))
+    src.update(make_batch(1))
+    src.update(make_batch(2))
+    saved = io.BytesIO()
+    torch.save(src.training_state(), saved)
+
+    def load(agent):
+        saved.seek(0)
+        agent.load_training_state(torch.load(saved))
+
+    eager = make_agent("td3", "ffm", td3=TD3Config(policy_delay=2))
+    torch.manual_seed(0)
+    for i in range(6):
+        eager.update(make_batch(i), grad_norms=i == 5)
+    load(eager)
+    ref = run(eager.update, eager, n=8)
+
+    agent = make_agent("td3", "ffm", td3=TD3Config(policy_delay=2))
+    runner = UpdateRunner(agent, backend=PythonGraphs(), warmup=2)
+    torch.manual_seed(0)
+    for i in range(6):
+        runner(make_batch(i), grad_norms=i == 5)
+    assert runner.captures >= 1 and runner.rearms == 1
+    load(agent)
+    captures = runner.captures
+    out = run(runner, agent, n=8)
+    assert runner.rearms == 2 and runner.captures > captures
+    assert_same(out, ref)
+
+
+def test_a_failed_capture_names_the_switch():
+    agent = make_agent("sac", "ffm")
+    runner = UpdateRunner(agent, backend=PythonGraphs(fail=RuntimeError("operation not permitted when stream is "
+                                                                         "capturing\nmore detail")), warmup=1)
+    runner(make_batch())
+    with pytest.raises(CaptureError) as e:
+        runner(make_batch())
+    msg = str(e.value)
+    assert "\n" not in msg and "train.cuda_graph=false" in msg and "operation not permitted" in msg
+    assert isinstance(e.value.__cause__, RuntimeError)
+
+
+# --- static inputs -------------------------------------------------------------------------------------------
+def test_staging_copies_each_batch_exactly_through_the_ring():
+    first = make_batch(0)
+    staging = Staging(first, torch.device("cpu"), ring=2)
+    assert len(staging.host) == 2 and staging.flat.dtype == torch.uint8
+    assert all(s.data_ptr() % 64 == 0 for s in staging.static)
+    statics = [s.data_ptr() for s in staging.static]
+    for i in range(5):
+        batch = make_batch(i, pad_from=i + 2)
+        staging.fill(batch)
+        assert [s.data_ptr() for s in staging.static] == statics  # the same tensors every time
+        for s, x in zip(staging.static, batch):
+            assert s.dtype == torch.float32 and tuple(s.shape) == x.shape
+            assert torch.equal(s, torch.from_numpy(x))
+    assert staging.next == 1  # five fills through a ring of two
+    # tensors (on the host or the device) are accepted; a different layout is refused
+    staging.fill(tensor_batch(make_batch(9)))
+    assert torch.equal(staging.static[0], torch.from_numpy(make_batch(9).obs))
+    bad = make_batch(0)._replace(obs=np.zeros((3, 6, 5), np.float32))
+    with pytest.raises(ValueError, match="one fixed layout.*train.cuda_graph=false"):
+        staging.fill(bad)
+    with pytest.raises(ValueError, match="one fixed layout"):
+        staging.fill(make_batch(0)._replace(term=make_batch(0).term.astype(np.float64)))
+
+
+class FakeEvent:
+    """A CUDA event's interface: recorded after a copy, complete when the copy has run."""
+
+    def __init__(self):
+        self.done, self.log = True, []
+
+    def record(self):
+        self.done = False
+        self.log.append("record")
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.log.append("wait")
+        self.done = True
+
+
+def test_a_host_buffer_is_rewritten_only_after_its_copy():
+    staging = Staging(make_batch(0), torch.device("cpu"), ring=2)
+    staging.cuda, staging.events = True, [FakeEvent(), FakeEvent()]  # the CUDA bookkeeping, on a CPU
+    staging.fill(make_batch(0))  # buffer 0
+    staging.fill(make_batch(1))  # buffer 1
+    staging.events[0].done = True  # the GPU has run buffer 0's copy, not buffer 1's
+    staging.fill(make_batch(2))  # buffer 0 again: free
+    assert staging.waits == 0 and staging.events[0].log == ["record", "record"]
+    staging.fill(make_batch(3))  # buffer 1 again: its copy is still queued, so the host waits for it first
+    assert staging.waits == 1 and staging.events[1].log == ["record", "wait", "record"]
+    assert torch.equal(staging.static[0], torch.from_numpy(make_batch(3).obs))
+
+
+def test_staging_keeps_mixed_dtypes():
+    batch = SeqBatch(*((np.arange(12 * 6 * k) % 7).astype(dt).reshape(12, 6, k) for k, dt in
+                       ((5, np.float32), (2, np.float64), (1, np.float32), (1, np.uint8), (5, np.float32),
+                        (1, np.bool_))))
+    staging = Staging(batch, torch.device("cpu"))
+    staging.fill(batch)
+    for s, x in zip(staging.static, batch):
+        np.testing.assert_array_equal(s.numpy(), x)
+        assert s.dtype == torch.from_numpy(x).dtype
+
+
+# --- optimisers: capturable, and checkpoints in the eager form -----------------------------------------------
+def test_capturable_optimisers_save_the_eager_state():
+    agent = make_agent("sac", "ffm")
+    for i in range(2):
+        agent.update(make_batch(i))
+    before = copy.deepcopy(agent.training_state()["optim"])
+    for o in optimizers(agent):
+        make_capturable_(o)
+        assert all(g["capturable"] for g in o.param_groups)
+    assert len(optimizers(agent)) == 3  # actor, critic, SAC's temperature
+    after = agent.training_state()["optim"]
+    assert_same_optim(after, before)  # capturable=False, step counters on the CPU, as saved by the eager agent
+    assert all(g["capturable"] for o in optimizers(agent) for g in o.param_groups)  # the live groups untouched
+    # a deep copy (the tests' habit) and a load keep working; the load brings the eager form back
+    twin = copy.deepcopy(agent)
+    twin.load_optimizer_state(after)
+    assert not any(g["capturable"] for o in optimizers(twin) for g in o.param_groups)
+
+
+# --- the switch ----------------------------------------------------------------------------------------------
+def test_the_switch_is_validated(run_cfg):
+    # Off by default until the CUDA tests have run on a GPU (patches/015).
+    assert TrainConfig.__dataclass_fields__["cuda_graph"].default is False
+    assert run_cfg("train.cuda_graph=true").train.cuda_graph is True
+    assert run_cfg().train.cuda_graph is False
+    with pytest.raises(ValueError, match=r"^train.cuda_graph='yes' must be true or false$"):
+        TrainConfig(num_iters=1, num_init_rollouts_pool=1, batch_size=1, sampled_seq_len=2, cuda_graph="yes")
+
+
+def test_the_trainer_runs_its_updates_through_the_runner(composed, tmp_path):
+    from test_trainer import read, train
+
+    from pomdp_ffm.logger import TIME_COLUMNS
+    from pomdp_ffm.trainer import Trainer
+
+    overrides = ("algo=td3", "seq_model=ffm", "policy.td3.policy_delay=2", "train.num_iters=4", "device=cpu")
+    train(composed(*overrides), tmp_path / "eager")
+
+    runners = []
+
+    class WithPythonGraphs(Trainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            assert isinstance(self.updater, UpdateRunner) and not self.updater.graphed
+            self.updater = UpdateRunner(self.agent, backend=PythonGraphs(), warmup=2)
+            runners.append(self.updater)
+
+    train(composed(*overrides), tmp_path / "graphs", WithPythonGraphs)
+    assert runners[0].replays > 0 and len(runners[0].captured_paths) >= 3
+    a, b = read(tmp_path / "eager"), read(tmp_path / "graphs")
+    assert a.drop(columns=TIME_COLUMNS).equals(b.drop(columns=TIME_COLUMNS))
