@@ -4,6 +4,7 @@
     python launch/paper_grid.py --dry-run                       # list the 160 jobs, start nothing
     python launch/paper_grid.py --algo sac --launcher local     # 80 SAC runs on this machine
     python launch/paper_grid.py --launcher slurm hydra.launcher.partition=gpu hydra.launcher.account=me
+    python launch/paper_grid.py --seed-axis --dry-run           # 32 jobs, each training seeds 0-4 in one process
 
 Anything after the options is passed to Hydra unchanged (overrides, e.g. seed=0,1 or
 hydra.launcher.timeout_min=720). Rerunning the same command skips finished runs and resumes interrupted
@@ -19,6 +20,8 @@ from collections import Counter
 from pomdp_ffm.grid import STATUSES, sweep_jobs
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
+# The seed sweep becomes a seed axis: the job named by seed 0 trains seeds 0-4 and writes their sibling directories.
+SEED_AXIS = ["seed=0", "seeds=[0,1,2,3,4]"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,11 +32,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="hydra/launcher preset (default: local, joblib on this machine)")
     ap.add_argument("--root", default="runs/paper", help="grid root: runs go to <root>/<task>/<algo>_<model>/seed-<k>")
     ap.add_argument("--dry-run", action="store_true", help="list the jobs and their status, start nothing")
+    ap.add_argument("--seed-axis", action="store_true",
+                    help="one job per (task, algo, model) training seeds 0-4 in one process (pomdp_ffm/seeds.py), "
+                         "each seed in its usual run directory")
     ap.add_argument("overrides", nargs="*", help="further Hydra overrides")
     args = ap.parse_args(argv)
 
     preset = "experiment=paper" if args.algo == "both" else f"experiment=paper_{args.algo}"
-    overrides = [preset, f"hydra.sweep.dir={args.root}", *args.overrides]
+    overrides = [preset, f"hydra.sweep.dir={args.root}", *(SEED_AXIS if args.seed_axis else []), *args.overrides]
     try:
         jobs = sweep_jobs(overrides)
     except ValueError as e:
@@ -43,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         for job in jobs:
             print(f"{job.status:9s} {job.run_dir}  [{' '.join(job.overrides)}]")
     counts = Counter(job.status for job in jobs)
-    print(f"{len(jobs)} jobs: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES))
+    runs = sum(len(job.run_dirs) for job in jobs)
+    print(f"{len(jobs)} jobs" + (f" ({runs} runs)" if runs != len(jobs) else "") + ": "
+          + ", ".join(f"{counts[s]} {s}" for s in STATUSES))
     if args.dry_run:
         return 0
 

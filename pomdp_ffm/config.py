@@ -301,6 +301,9 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     seed: int = 0
+    # Several seeds of this config trained in one process, each in its own run directory (pomdp_ffm/seeds.py):
+    # the directory named by seed (the first of them) and its siblings named by the others.
+    seeds: Optional[List[int]] = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_threads: int = 1  # the reference pins torch to one thread per run
     resume: bool = False  # continue from <run dir>/checkpoints/last.pt when it exists
@@ -313,6 +316,13 @@ class RunConfig:
 
     def __post_init__(self):
         _require("seed", self.seed, lambda v: _is_int(v) and 0 <= v < 2**32, f"in [0, {2**32 - 1}]")
+        if self.seeds is not None:
+            seeds = list(self.seeds)
+            _require("seeds", seeds, lambda v: len(v) >= 1 and all(_is_int(k) and 0 <= k < 2**32 for k in v)
+                     and len(set(v)) == len(v), f"null or a list of distinct seeds in [0, {2**32 - 1}]")
+            if self.seed != seeds[0]:
+                raise ValueError(f"seeds={seeds} needs seed={seeds[0]} (the first seed names the job's run "
+                                 f"directory), not seed={self.seed}")
         _require("device", self.device, lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
                  "one of auto, cpu, cuda, cuda:N")  # whether CUDA is there is checked when the run starts
         _int_at_least("num_threads", self.num_threads, 1)

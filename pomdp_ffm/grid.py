@@ -6,7 +6,7 @@ would expand them, so a dry run cannot disagree with the real launch about which
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -29,10 +29,22 @@ class Job:
     overrides: list[str]
     run_dir: Path
     status: str  # one of rundir.STATUSES
+    run_dirs: list[Path] = field(default_factory=list)  # with seeds=[...]: every seed's directory
 
 
 def run_status(run_dir: Path) -> str:
     return RunDir(run_dir).status()
+
+
+def combined_status(statuses: list[str]) -> str:
+    """A seed-axis job's status: done when every seed is; else the first of running, failed, resumable that
+    any seed has (a mix of done and new seeds is resumable: the job continues)."""
+    if all(s == "done" for s in statuses):
+        return "done"
+    for s in ("running", "failed", "resumable"):
+        if s in statuses:
+            return s
+    return "resumable" if "done" in statuses else "new"
 
 
 __all__ = ["Job", "STATUSES", "run_status", "sweep_jobs"]
@@ -57,11 +69,21 @@ def sweep_jobs(overrides: list[str]) -> list[Job]:
     for batch in batches:
         for job in batch:
             values = OmegaConf.create(base)
+            seeds = cfg.get("seeds")
             for o in parser.parse_overrides(job):
+                if o.key_or_group == "seeds":
+                    seeds = o.value()
+                    continue
                 key = _GROUP_KEYS.get(o.key_or_group, o.key_or_group)
                 if OmegaConf.select(values, key, default=None) is not None:
                     OmegaConf.update(values, key, o.value())
             values["_subdir"] = subdir
             run_dir = sweep_dir / str(values._subdir)
-            jobs.append(Job(list(job), run_dir, run_status(run_dir)))
+            if seeds:
+                from .seeds import seed_dirs
+
+                dirs = seed_dirs(run_dir, int(values.seed), [int(k) for k in seeds])
+                jobs.append(Job(list(job), run_dir, combined_status([run_status(d) for d in dirs]), dirs))
+            else:
+                jobs.append(Job(list(job), run_dir, run_status(run_dir), [run_dir]))
     return jobs

@@ -21,10 +21,12 @@ Exit codes of a single run (a multirun reports each job's failure through Hydra 
 """
 from __future__ import annotations
 
+import contextvars
 import datetime
 import logging
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -43,7 +45,8 @@ log = logging.getLogger("pomdp_ffm")
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_DIVERGED, EXIT_STOPPED = 0, 1, 2, 3, 75
 # Keys (or key prefixes) that may change between the starts of one run directory: where and how it runs, not
 # what it learns.
-MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint", "eval.episodes_together", "train.cuda_graph")
+MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint", "eval.episodes_together", "train.cuda_graph",
+              "seeds")
 
 
 class Refused(Exception):
@@ -183,18 +186,32 @@ def _set_aside_orphans(run: RunDir) -> None:
                     "continued, so the run starts again (the rows are kept in %s)", run.progress, n, aside.name)
 
 
+# The run directory whose trainer is working now, when several train in one process (pomdp_ffm/seeds.py): each
+# experiment.log takes only its own run's records.
+CURRENT_RUN: contextvars.ContextVar[Path | None] = contextvars.ContextVar("current_run", default=None)
+
+
 def _file_log(run: RunDir) -> logging.Handler:
     handler = logging.FileHandler(run / RunDir.LOG)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.addFilter(lambda record: CURRENT_RUN.get() in (None, run.path))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     return handler
 
 
-def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer) -> dict:
-    """Validate, lock, verify and train one run directory. Raises Refused (nothing written), TrainingDiverged,
-    or the error that stopped training (recorded in ERROR.txt). Returns a summary dict. ``trainer_cls`` lets
-    tests put an instrumented trainer on the real path."""
+def check_untouched(run: RunDir, run_cfg: RunConfig, composed: dict) -> None:
+    """Everything a start checks that needs no lock: nobody holds it, and plan() finds nothing to refuse."""
+    holder = run.holder()
+    if holder is not None:
+        raise RunDirError(f"{run.path} is in use by {holder}: another process is training in it; wait for it to "
+                          "finish or stop it first")
+    plan(run, run_cfg, composed)
+
+
+def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer) -> "Attempt":
+    """Validate, build the trainer, check the directory (without touching it), lock it and plan under the lock.
+    Raises Refused (nothing written; the lock released)."""
     run_cfg = validate(cfg)
     composed = OmegaConf.to_container(cfg, resolve=True)
     run = RunDir(run_dir)
@@ -203,66 +220,103 @@ def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Train
     except ValueError as e:
         raise Refused(str(e)) from None
     try:
-        try:
-            # Refuse before touching the directory (a refused start writes nothing, not even the lock file);
-            # then plan again under the lock, which no other process can change any more.
-            holder = run.holder()
-            if holder is not None:
-                raise RunDirError(f"{run.path} is in use by {holder}: another process is training in it; wait for "
-                                  "it to finish or stop it first")
-            plan(run, run_cfg, composed)
-            stale = run.acquire()
-            action, state = plan(run, run_cfg, composed)
-        except RunDirError as e:
-            raise Refused(str(e)) from None
-        if action == "skip":
-            log.info("%s is finished (%s exists): skipping", run.path, RunDir.DONE)
-            run.error.unlink(missing_ok=True)  # a finished run supersedes an earlier attempt's error
-            run.record_attempt("skipped (finished)")
-            return {"skipped": True}
-        return _train(trainer, run, action, state, composed, stale)
-    finally:
+        # Refuse before touching the directory (a refused start writes nothing, not even the lock file); then
+        # plan again under the lock, which no other process can change any more.
+        check_untouched(run, run_cfg, composed)
+        stale = run.acquire()
+        action, state = plan(run, run_cfg, composed)
+    except RunDirError as e:
         trainer.close()
         run.release()
+        raise Refused(str(e)) from None
+    except BaseException:
+        trainer.close()
+        run.release()
+        raise
+    return Attempt(trainer, run, action, state, composed, stale)
 
 
-def _train(trainer: Trainer, run: RunDir, action: str, state: dict | None, composed: dict,
-           stale: str | None) -> dict:
-    handler = _file_log(run)
-    try:
-        if stale:  # said here, once the run's own log is open (and only by a start that goes ahead)
-            log.warning("%s: %s", run.path, stale)
+@dataclass
+class Attempt:
+    """One start of a run directory that passed its checks and holds its lock: what it writes, in order."""
+
+    trainer: Trainer
+    run: RunDir
+    action: str  # skip | resume | fresh
+    state: dict | None
+    composed: dict
+    stale: str | None
+    handler: logging.Handler | None = None
+
+    def skip(self) -> dict:
+        log.info("%s is finished (%s exists): skipping", self.run.path, RunDir.DONE)
+        self.run.error.unlink(missing_ok=True)  # a finished run supersedes an earlier attempt's error
+        self.run.record_attempt("skipped (finished)")
+        return {"skipped": True}
+
+    def begin(self) -> None:
+        run = self.run
+        self.handler = _file_log(run)
+        if self.stale:  # said here, once the run's own log is open (and only by a start that goes ahead)
+            log.warning("%s: %s", run.path, self.stale)
         run.error.unlink(missing_ok=True)
-        if action == "fresh":
+        if self.action == "fresh":
             _set_aside_orphans(run)
-            run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(composed)))
+            run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(self.composed)))
         run.record_attempt("start")
-        trainer.config_copy = composed if state is None else state["config"]
-        with StopSignals() as stop:
-            trainer.stop = stop
-            try:
-                outcome: Outcome = trainer.train(resume=state)
-                c = outcome.counters
-                if not outcome.stopped and trainer.metrics.num_eval_rows == 0:
-                    raise RuntimeError("the budget was reached without a single evaluation logged")
-            except KeyboardInterrupt:
-                run.record_attempt("interrupted (KeyboardInterrupt)")
-                raise
-            except BaseException as e:
-                run.record_error(traceback.format_exc())
-                kind = "diverged" if isinstance(e, TrainingDiverged) else "failed"
-                run.record_attempt(f"{kind} (see {RunDir.ERROR})")
-                raise
+        self.trainer.config_copy = self.composed if self.state is None else self.state["config"]
+
+    def end(self, outcome: Outcome) -> dict:
+        c = outcome.counters
         if outcome.stopped:
-            run.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps (checkpoint saved)")
+            self.run.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps "
+                                    "(checkpoint saved)")
         else:
-            run.write_text(run.done, f"env_steps={c.env_steps}\n")
-            run.record_attempt(f"finished at {c.env_steps} env steps")
-        return {"skipped": False, "stopped": outcome.stopped, "signal": outcome.signal, "stop": stop,
-                **vars(c)}
+            if self.trainer.metrics.num_eval_rows == 0:
+                raise RuntimeError("the budget was reached without a single evaluation logged")
+            self.run.write_text(self.run.done, f"env_steps={c.env_steps}\n")
+            self.run.record_attempt(f"finished at {c.env_steps} env steps")
+        return {"skipped": False, "stopped": outcome.stopped, "signal": outcome.signal, **vars(c)}
+
+    def fail(self, e: BaseException) -> None:
+        if isinstance(e, KeyboardInterrupt):
+            self.run.record_attempt("interrupted (KeyboardInterrupt)")
+            return
+        self.run.record_error("".join(traceback.format_exception(e)))
+        kind = "diverged" if isinstance(e, TrainingDiverged) else "failed"
+        self.run.record_attempt(f"{kind} (see {RunDir.ERROR})")
+
+    def close(self) -> None:
+        if self.handler is not None:
+            log.removeHandler(self.handler)
+            self.handler.close()
+        self.trainer.close()
+        self.run.release()
+
+
+def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer) -> dict:
+    """Validate, lock, verify and train one run directory (or, with ``seeds``, one per seed: pomdp_ffm/seeds.py).
+    Raises Refused (nothing written), TrainingDiverged, or the error that stopped training (recorded in
+    ERROR.txt). Returns a summary dict. ``trainer_cls`` lets tests put an instrumented trainer on the real path."""
+    if cfg.get("seeds"):
+        from .seeds import run_seeds
+
+        return run_seeds(cfg, Path(run_dir), trainer_cls)
+    attempt = check_and_lock(cfg, run_dir, trainer_cls)
+    try:
+        if attempt.action == "skip":
+            return attempt.skip()
+        attempt.begin()
+        with StopSignals() as stop:
+            attempt.trainer.stop = stop
+            try:
+                result = attempt.end(attempt.trainer.train(resume=attempt.state))
+            except BaseException as e:
+                attempt.fail(e)
+                raise
+        return {**result, "stop": stop}
     finally:
-        log.removeHandler(handler)
-        handler.close()
+        attempt.close()
 
 
 def _remove_empty_dirs(path: Path, stop_at: Path) -> None:

@@ -128,6 +128,20 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------
     def train(self, resume: dict | None = None) -> Outcome:
         """Train to the budget, or until a stop signal (then checkpoint). The run directory must be locked."""
+        self.open(resume)
+        try:
+            try:
+                while self.step():
+                    pass
+            except _StopRequested:
+                return self.stopped()
+            return self.finished()
+        finally:
+            self.shut()
+
+    # The same in parts, for a caller that interleaves several trainers (pomdp_ffm/seeds.py).
+    def open(self, resume: dict | None = None) -> None:
+        """Restore a checkpoint (if any) and open the metrics writer and the progress bar."""
         if resume is not None:
             self._restore(resume)
         self.metrics = MetricsWriter(self.run.progress, self.columns,
@@ -135,30 +149,40 @@ class Trainer:
                                      checkpoint_rows=None if resume is None else resume["progress_rows"])
         self._t0 = time.time() - self.counters.elapsed
         self._last_eval_time = time.time()
-        c = self.counters
-        self.bar = tqdm(total=self.budget, initial=c.env_steps, unit="step", dynamic_ncols=True,
+        self.bar = tqdm(total=self.budget, initial=self.counters.env_steps, unit="step", dynamic_ncols=True,
                         disable=not self.cfg.progress, mininterval=2.0, desc=self.cfg.env.env_name)
-        try:
-            try:
-                if not c.pool_done:
-                    self._initial_pool()
-                elif c.burst is not None:  # stopped inside an iteration's updates
-                    self._finish_iteration()
-                while c.env_steps < self.budget:
-                    self._check_stop()
-                    self._iteration()
-            except _StopRequested:
-                self.save_checkpoint()
-                log.info("stopped by signal %d at %d env steps, %d updates; checkpoint saved", self.stop.requested,
-                         c.env_steps, c.rl_steps)
-                return Outcome(stopped=True, signal=self.stop.requested, counters=c)
-            self._snapshot(c.last_return)
-            self.save_checkpoint()
-            log.info("finished: %d env steps, %d updates, last eval return %.2f", c.env_steps, c.rl_steps,
-                     c.last_return)
-            return Outcome(counters=c)
-        finally:
+
+    def step(self) -> bool:
+        """One unit of work: the random pool and its burst, the rest of a burst a stop interrupted, or one
+        iteration. False once the budget is reached. Raises _StopRequested when a stop signal has arrived."""
+        c = self.counters
+        if not c.pool_done:
+            self._initial_pool()
+        elif c.burst is not None:  # stopped inside an iteration's updates
+            self._finish_iteration()
+        elif c.env_steps < self.budget:
+            self._check_stop()
+            self._iteration()
+        return c.env_steps < self.budget
+
+    def stopped(self) -> Outcome:
+        c = self.counters
+        self.save_checkpoint()
+        log.info("stopped by signal %d at %d env steps, %d updates; checkpoint saved", self.stop.requested,
+                 c.env_steps, c.rl_steps)
+        return Outcome(stopped=True, signal=self.stop.requested, counters=c)
+
+    def finished(self) -> Outcome:
+        c = self.counters
+        self._snapshot(c.last_return)
+        self.save_checkpoint()
+        log.info("finished: %d env steps, %d updates, last eval return %.2f", c.env_steps, c.rl_steps, c.last_return)
+        return Outcome(counters=c)
+
+    def shut(self) -> None:
+        if self.bar is not None:
             self.bar.close()
+        if self.metrics is not None:
             self.metrics.close()
 
     def _check_stop(self) -> None:

@@ -1,0 +1,109 @@
+"""Several seeds in one process (seeds=[...]): each seed is the run it would be alone, in its own directory."""
+from __future__ import annotations
+
+import importlib.util
+import signal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pomdp_ffm.grid import combined_status, sweep_jobs
+from pomdp_ffm.logger import TIME_COLUMNS
+from pomdp_ffm.rundir import RunDir
+from pomdp_ffm.seeds import seed_dirs
+from pomdp_ffm.train import Refused, run
+from pomdp_ffm.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def read(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "progress.csv").drop(columns=TIME_COLUMNS)
+
+
+@pytest.mark.parametrize("overrides", [("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=gru")])
+def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
+    # Exact: each seed's turns run with its own global RNG streams swapped in, so it draws what it draws alone.
+    out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0")
+    assert set(out["seeds"]) == {0, 1} and not out["stopped"]
+    for k in (0, 1):
+        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+        axis, solo = tmp_path / "axis" / f"seed-{k}", tmp_path / "solo" / f"seed-{k}"
+        pd.testing.assert_frame_equal(read(axis), read(solo))
+        assert "seed: %d\n" % k in (axis / "config.yaml").read_text()
+        assert (axis / "DONE").exists() and RunDir(axis).status() == "done"
+    # Each experiment.log holds its own seed's lines only.
+    logs = [(tmp_path / "axis" / f"seed-{k}" / "experiment.log").read_text() for k in (0, 1)]
+    assert logs[0] != logs[1] and logs[0].count("finished:") == logs[1].count("finished:") == 1
+
+
+def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
+    overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5")
+
+    class StopOnSeed1(Trainer):
+        def _iteration(self):
+            super()._iteration()
+            if self.cfg.seed == 1 and self.counters.env_steps >= 600:
+                self.stop.request(signal.SIGTERM)
+
+    out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopOnSeed1)
+    assert out["stopped"] and all(r["stopped"] for r in out["seeds"].values())
+    assert all(RunDir(tmp_path / "axis" / f"seed-{k}").status() == "resumable" for k in (0, 1))
+    run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0")
+    for k in (0, 1):
+        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))
+    # A seed run alone can continue or skip a directory the axis wrote, and the axis one a seed wrote alone.
+    assert run(composed(*overrides, "seed=1", "resume=true"), tmp_path / "axis" / "seed-1")["skipped"]
+    out = run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "solo" / "seed-0")
+    assert all(r["skipped"] for r in out["seeds"].values())
+
+
+def test_a_failing_seed_is_recorded_and_the_others_finish(composed, tmp_path):
+    class FailSeed1(Trainer):
+        def evaluate_and_log(self):
+            if self.cfg.seed == 1:
+                raise RuntimeError("seed 1 broke")
+            return super().evaluate_and_log()
+
+    with pytest.raises(RuntimeError, match="seed 1 broke"):
+        run(composed("seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=FailSeed1)
+    assert RunDir(tmp_path / "axis" / "seed-0").status() == "done"
+    assert "seed 1 broke" in (tmp_path / "axis" / "seed-1" / "ERROR.txt").read_text()
+    assert not (tmp_path / "axis" / "seed-0" / "ERROR.txt").exists()
+
+
+def test_a_locked_seed_refuses_the_job_and_nothing_is_written(composed, tmp_path):
+    held = RunDir(tmp_path / "axis" / "seed-1")
+    held.acquire()
+    try:
+        with pytest.raises(Refused, match=r"seed-1 is in use by pid"):
+            run(composed("seeds=[0,1]"), tmp_path / "axis" / "seed-0")
+        assert not (tmp_path / "axis" / "seed-0").exists()
+    finally:
+        held.release()
+
+
+def test_seed_settings_are_checked(composed, tmp_path):
+    with pytest.raises(Refused, match=r"seeds=\[3, 4\] needs seed=3"):
+        run(composed("seeds=[3,4]"), tmp_path / "seed-0")
+    with pytest.raises(Refused, match=r"seeds=.*distinct seeds"):
+        run(composed("seeds=[0,0]"), tmp_path / "seed-0")
+    with pytest.raises(Refused, match=r"needs a run directory with a path component seed-0"):
+        run(composed("seeds=[0,1]"), tmp_path / "somewhere")
+    assert seed_dirs(Path("runs/T/a_m/seed-0/2026"), 0, [0, 2]) == [Path("runs/T/a_m/seed-0/2026"),
+                                                                    Path("runs/T/a_m/seed-2/2026")]
+
+
+def test_the_paper_grid_as_32_seed_axis_jobs(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("paper_grid", ROOT / "launch" / "paper_grid.py")
+    grid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grid)
+    assert grid.main(["--seed-axis", "--dry-run", "--root", str(tmp_path / "grid")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        "32 jobs (160 runs): 0 done, 0 running, 0 failed, 0 resumable, 32 new"
+    jobs = sweep_jobs(["experiment=paper", f"hydra.sweep.dir={tmp_path / 'grid'}", *grid.SEED_AXIS])
+    assert all([d.name for d in j.run_dirs] == [f"seed-{k}" for k in range(5)] for j in jobs)
+    assert combined_status(["done", "new"]) == "resumable" and combined_status(["done"] * 5) == "done"
+    assert combined_status(["done", "running", "failed"]) == "running"
