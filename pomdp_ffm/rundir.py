@@ -23,6 +23,7 @@ refuses is reported, naming it, and never unpickled in full, so a downloaded tre
 from __future__ import annotations
 
 import argparse
+import contextvars
 import datetime
 import errno
 import fcntl
@@ -38,6 +39,8 @@ from typing import Any
 
 STATUSES = ("done", "running", "failed", "resumable", "new")  # the order status() tests them in
 CHECKPOINT_FORMAT = 2  # the layout of checkpoints/last.pt that this version writes and resumes
+# The run directory whose trainer is working now, where several train in one process (pomdp_ffm/seeds.py).
+CURRENT_RUN: contextvars.ContextVar[Path | None] = contextvars.ContextVar("current_run", default=None)
 
 
 class RunDirError(RuntimeError):

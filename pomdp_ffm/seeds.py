@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .rundir import RunDir, RunDirError
+from .rundir import CURRENT_RUN, RunDir, RunDirError
 from .signals import StopSignals
-from .train import CURRENT_RUN, Attempt, Refused, check_and_lock, check_untouched, validate
+from .train import Attempt, Refused, check_and_lock, check_untouched, validate
 from .trainer import Trainer, _StopRequested
 
 

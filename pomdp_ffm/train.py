@@ -21,7 +21,6 @@ Exit codes of a single run (a multirun reports each job's failure through Hydra 
 """
 from __future__ import annotations
 
-import contextvars
 import datetime
 import logging
 import sys
@@ -35,6 +34,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config import RunConfig, check_known_keys, check_renamed_overrides, register_configs, with_current_key_names
+from . import rundir as rundir_module
 from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
 from .signals import StopSignals
 from .trainer import Outcome, Trainer, TrainingDiverged, resolve_device
@@ -186,15 +186,12 @@ def _set_aside_orphans(run: RunDir) -> None:
                     "continued, so the run starts again (the rows are kept in %s)", run.progress, n, aside.name)
 
 
-# The run directory whose trainer is working now, when several train in one process (pomdp_ffm/seeds.py): each
-# experiment.log takes only its own run's records.
-CURRENT_RUN: contextvars.ContextVar[Path | None] = contextvars.ContextVar("current_run", default=None)
-
-
 def _file_log(run: RunDir) -> logging.Handler:
     handler = logging.FileHandler(run / RunDir.LOG)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    handler.addFilter(lambda record: CURRENT_RUN.get() in (None, run.path))
+    # Several trainers in one process (pomdp_ffm/seeds.py): each experiment.log takes its own run's records only.
+    # (Read through the module: a launcher pickles this module's functions, and a ContextVar does not pickle.)
+    handler.addFilter(lambda record: rundir_module.CURRENT_RUN.get() in (None, run.path))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     return handler

@@ -145,7 +145,8 @@ def _check_smoke_grid(root: Path) -> None:
         assert not (run / ".hydra").exists()  # config.yaml is the run's one record of its config
 
 
-@pytest.mark.slow
+# Not marked slow (10-15 s each): the launchers pickle the entry point's functions, and only these runs show
+# it when something they reference cannot be pickled.
 @pytest.mark.parametrize("launcher", ["local", "slurm_local"])
 def test_smoke_multirun_and_rerun_skips(tmp_path, launcher):
     root = tmp_path / "sweep"
@@ -160,7 +161,6 @@ def test_smoke_multirun_and_rerun_skips(tmp_path, launcher):
         assert (p.parent / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
 
 
-@pytest.mark.slow
 def test_scheduler_warning_checkpoints_requeues_and_resumes(tmp_path):
     # submitit's local backend runs the cluster code path: its signal handler, the pickled job and the
     # requeue (a restart of the same job). USR2 is submitit's warning signal (SLURM's --signal=USR2@delay).
