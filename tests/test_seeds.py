@@ -107,3 +107,18 @@ def test_the_paper_grid_as_32_seed_axis_jobs(tmp_path, capsys):
     assert all([d.name for d in j.run_dirs] == [f"seed-{k}" for k in range(5)] for j in jobs)
     assert combined_status(["done", "new"]) == "resumable" and combined_status(["done"] * 5) == "done"
     assert combined_status(["done", "running", "failed"]) == "running"
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm_local"])
+def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
+    # The launchers pickle the entry point: the seed axis must survive that, and each seed gets its directory.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "experiment=smoke", "seed=0", "seeds=[0,1]",
+                           "seq_model=gru", f"hydra/launcher={launcher}", f"hydra.sweep.dir={tmp_path / 'sw'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.parent.name for p in (tmp_path / "sw").glob("*/*/*/DONE")) == ["seed-0", "seed-1"]
