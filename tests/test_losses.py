@@ -195,9 +195,8 @@ def close(actual, expected, what):
 
 # ------------------------------------------------------------------------------------------------------
 # the loss functions themselves
-@pytest.mark.parametrize("model", MODELS)
-def test_sac_critic_and_actor_losses(model, monkeypatch):
-    agent, batch = make_agent("sac", model), make_batch()
+def agent_losses(agent, batch, monkeypatch):
+    """The agent's own critic and actor losses on the batch, with its noise draws recorded."""
     rec = NoiseRecorder()
     with monkeypatch.context() as m:
         m.setattr(torch, "randn_like", rec)
@@ -205,6 +204,13 @@ def test_sac_critic_and_actor_losses(model, monkeypatch):
         out = agent.algo.shared_actor_pass(agent, s)
         qf1, qf2 = agent.critic_loss(s, out)
         pi, log_prob = agent.actor_loss(s, out)
+    return qf1, qf2, pi, log_prob, rec
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sac_critic_and_actor_losses(model, monkeypatch):
+    agent, batch = make_agent("sac", model), make_batch()
+    qf1, qf2, pi, log_prob, rec = agent_losses(agent, batch, monkeypatch)
     assert [d.shape for d in rec.draws] == [(T + 1, B, A), (T, B, A)]
     exp = reference(agent, batch, rec.draws[0], rec.draws[1], alpha=ALPHA0)
     close(qf1, exp["qf1_loss"], "qf1_loss")
@@ -221,13 +227,7 @@ def test_sac_critic_and_actor_losses(model, monkeypatch):
 @pytest.mark.parametrize("model", MODELS)
 def test_td3_critic_and_actor_losses(model, td3, monkeypatch):
     agent, batch = make_agent("td3", model, td3=td3), make_batch()
-    rec = NoiseRecorder()
-    with monkeypatch.context() as m:
-        m.setattr(torch, "randn_like", rec)
-        s = Streams.from_batch(batch, "cpu")
-        out = agent.algo.shared_actor_pass(agent, s)
-        qf1, qf2 = agent.critic_loss(s, out)
-        pi, log_prob = agent.actor_loss(s, out)
+    qf1, qf2, pi, log_prob, rec = agent_losses(agent, batch, monkeypatch)
     assert log_prob is None and [d.shape for d in rec.draws] == [(T + 1, B, A)]
     noise = rec.draws[0]
     if td3.target_noise_clip == 0.3:
