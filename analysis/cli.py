@@ -108,24 +108,31 @@ class Context:
         return "Best eval return" if self.args.metric == C.METRIC_RUNMAX else "Eval return (last 20%)"
 
 
+class UsageError(Exception):
+    """Bad input (an option's value, a missing folder or file): ``error: <message>`` and exit code 2."""
+
+
 def _validate(args: argparse.Namespace, command: str) -> None:
     if args.resamples < 1:
-        raise SystemExit(f"--resamples must be positive, got {args.resamples}")
+        raise UsageError(f"--resamples must be positive, got {args.resamples}")
     if not 0 < args.confidence < 1:
-        raise SystemExit(f"--confidence must be in (0, 1), got {args.confidence}")
+        raise UsageError(f"--confidence must be in (0, 1), got {args.confidence}")
     if not 0 < args.last_frac <= 1:
-        raise SystemExit(f"--last-frac must be in (0, 1], got {args.last_frac}")
+        raise UsageError(f"--last-frac must be in (0, 1], got {args.last_frac}")
     if not 0 < args.beta < 1:
-        raise SystemExit(f"--beta must be in (0, 1), got {args.beta}")
+        raise UsageError(f"--beta must be in (0, 1), got {args.beta}")
     if (args.window is not None and args.window < 1) or (args.grid_interval is not None and args.grid_interval <= 0):
-        raise SystemExit(f"--window must be >= 1 and --grid-interval > 0, got {args.window}, {args.grid_interval}")
+        raise UsageError(f"--window must be >= 1 and --grid-interval > 0, got {args.window}, {args.grid_interval}")
     bad = [f for f in args.formats.split(",") if f.strip() not in ("png", "pdf", "svg")]
     if bad:
-        raise SystemExit(f"--formats: unsupported format(s) {bad}; use png, pdf, svg")
+        raise UsageError(f"--formats: unsupported format(s) {bad}; use png, pdf, svg")
     if command == "efficiency" and not args.bench:
-        raise SystemExit("the efficiency command needs at least one --bench FILE")
+        raise UsageError("the efficiency command needs at least one --bench FILE")
     if command not in ("efficiency",) and not args.runs:
-        raise SystemExit(f"the {command} command needs at least one RUNS folder")
+        raise UsageError(f"the {command} command needs at least one RUNS folder")
+    missing = [r for r in args.runs if not Path(r).exists()]
+    if missing:
+        raise UsageError(f"no such RUNS folder: {', '.join(missing)}")
 
 
 def _load(ctx: Context) -> None:
@@ -134,10 +141,10 @@ def _load(ctx: Context) -> None:
     try:
         table, report = load.load_runs(a.runs, cache_dir=cache)
     except (FileNotFoundError, ValueError) as exc:
-        raise SystemExit(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     if table.empty:
         skipped = "".join(f"\n  skipped {i.path}: {i.reason}" for i in report.skipped)
-        raise SystemExit(f"no usable runs (folders with a {load.PROGRESS} holding evaluations) under "
+        raise UsageError(f"no usable runs (folders with a {load.PROGRESS} holding evaluations) under "
                          f"{', '.join(map(str, a.runs))}{skipped}")
     if not a.pool_sources:
         table = load.separate_sources(table)
@@ -247,7 +254,7 @@ def cmd_efficiency(ctx: Context) -> None:
     try:
         bench, problems = read_bench(ctx.args.bench)
     except FileNotFoundError as exc:
-        raise SystemExit(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     ctx.report.extend(problems)
     if bench.empty:
         ctx.notes.append("efficiency: no usable benchmark rows; figure skipped")
@@ -327,10 +334,18 @@ _RUNNERS = {"table": cmd_table, "bars": cmd_bars, "lines": cmd_lines, "aggregate
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "all"
     args = build_parser().parse_args(argv)
-    _validate(args, command)
+    _validate(args, command)  # before --out is created: bad input leaves nothing behind
     out = _prepare_out(args.out)
     if out is None:
         return 2

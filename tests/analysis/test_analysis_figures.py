@@ -213,8 +213,15 @@ def test_cli_single_command_and_options(small_tree, tmp_path):
 def test_cli_rejects_bad_options(small_tree, tmp_path, args, message):
     root, _ = small_tree
     res = _run_cli(str(root), "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
-    assert res.returncode != 0
-    assert message in res.stderr
+    assert res.returncode == 2  # a usage error, as argparse's own
+    assert message in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "o").exists()  # refused before the output folder is made
+
+
+def test_cli_missing_runs_folder_is_a_usage_error(tmp_path):
+    res = _run_cli(str(tmp_path / "nope"), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.startswith("error: no such RUNS folder")
+    assert not (tmp_path / "o").exists()
 
 
 def test_cli_seed_reproducible(small_tree, tmp_path):
