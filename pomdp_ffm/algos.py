@@ -12,7 +12,6 @@ from torch import nn
 from .config import PolicyConfig
 from .nets import DeterministicHead, TanhGaussianHead
 
-ALGORITHMS = ("sac", "td3")
 
 
 class SAC(nn.Module):
@@ -133,6 +132,7 @@ class TD3(nn.Module):
 
 
 _REGISTRY = {"sac": SAC, "td3": TD3}
+ALGORITHMS = tuple(_REGISTRY)
 
 
 def _lookup(name: str):

@@ -268,7 +268,7 @@ class UpdateRunner:
         # inside a graph that tensor would be a constant computed outside it. Drop the caches, so that every
         # gamma the update uses is computed in the graph.
         for m in self._ffms():
-            m._gamma_cache = None
+            m.drop_gamma_cache()
         # The optimisers' state was created on the side stream (warm-up) and is used by replays on this one.
         self.backend.keep_for_current_stream(
             [v for o in optimizers(agent) for st in o.state.values() for v in st.values() if torch.is_tensor(v)])

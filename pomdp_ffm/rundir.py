@@ -149,6 +149,16 @@ class RunDir:
         finally:
             os.close(fd)
 
+    def ensure_free(self) -> None:
+        """Raise RunDirLocked, naming the holder, while another process holds the lock; touches nothing."""
+        holder = self.holder()
+        if holder is not None:
+            raise self._in_use(holder)
+
+    def _in_use(self, holder: str) -> "RunDirLocked":
+        return RunDirLocked(f"{self.path} is in use by {holder}: another process is training in it; wait for it to "
+                            "finish or stop it first")
+
     def acquire(self) -> str | None:
         """Take the exclusive lock for the life of this process's run, or raise RunDirLocked naming the holder.
 
@@ -165,8 +175,7 @@ class RunDir:
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise RunDirLocked(f"{self.path} is in use by {_describe(_read_lock_text(path))}: another process "
-                                   "is training in it; wait for it to finish or stop it first") from None
+                raise self._in_use(_describe(_read_lock_text(path))) from None
             raise
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         stamp = datetime.datetime.now().isoformat(timespec="seconds")

@@ -199,10 +199,7 @@ def _file_log(run: RunDir) -> logging.Handler:
 
 def check_untouched(run: RunDir, run_cfg: RunConfig, composed: dict) -> None:
     """Everything a start checks that needs no lock: nobody holds it, and plan() finds nothing to refuse."""
-    holder = run.holder()
-    if holder is not None:
-        raise RunDirError(f"{run.path} is in use by {holder}: another process is training in it; wait for it to "
-                          "finish or stop it first")
+    run.ensure_free()
     plan(run, run_cfg, composed)
 
 

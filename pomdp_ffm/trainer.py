@@ -15,15 +15,13 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
-from .config import RunConfig
+from .config import RunConfig, TrainConfig
 from .envs import make_env
 from .graph import make_updater
 from .logger import MetricsWriter, columns_for
@@ -81,8 +79,12 @@ class Outcome:
     signal: int | None = None
     counters: Counters = field(default_factory=Counters)
 
-    def __getitem__(self, key: str) -> Any:  # convenient in tests and logs: outcome["env_steps"]
-        return self.stopped if key == "stopped" else getattr(self.counters, key)
+
+def env_step_budget(train: TrainConfig, max_len: int) -> tuple[int, int]:
+    """(iter_len, budget): the eval clock's "iteration" of iter_len env steps, and the run's env-step budget
+    max_len x (pool + iters x rollouts/iter) (docs/reference.md#budgets)."""
+    iter_len = train.num_rollouts_per_iter * max_len
+    return iter_len, max_len * train.num_init_rollouts_pool + train.num_iters * iter_len
 
 
 class Trainer:
@@ -106,10 +108,7 @@ class Trainer:
         self.agent = RecurrentAgent(self.obs_dim, self.act_dim, cfg.policy).to(self.device)
         # agent.update, or its CUDA-graph replays on CUDA with train.cuda_graph (pomdp_ffm/graph.py)
         self.updater = make_updater(self.agent, t.cuda_graph)
-        # The env-step budget is max_len x (pool + iters x rollouts/iter); the eval clock counts "iterations"
-        # of iter_len env steps (docs/reference.md#evaluation).
-        self.iter_len = t.num_rollouts_per_iter * self.max_len
-        self.budget = self.max_len * t.num_init_rollouts_pool + t.num_iters * self.iter_len
+        self.iter_len, self.budget = env_step_budget(t, self.max_len)
         last_iters = self.budget // self.iter_len
         if last_iters < cfg.eval.log_interval:
             raise ValueError(f"eval.log_interval={cfg.eval.log_interval} is more than the {last_iters} iterations "
@@ -121,7 +120,7 @@ class Trainer:
         self._eval_envs: list = []
         # Wall seconds and counts of this process's work, by part (python -m pomdp_ffm.bench loop reads them).
         self.timers: dict[str, float] = {}
-        self._pool_timers: dict[str, float] = {}
+        self.pool_timers: dict[str, float] = {}  # the random pool's, apart: its "acting" is a uniform draw
         self.bar = None
         self._updates_per_s = 0.0
 
@@ -226,8 +225,7 @@ class Trainer:
     def collect_episode(self, random_actions: bool) -> int:
         envs = [self.env]
         policy = RandomPolicy(envs) if random_actions else AgentPolicy(self.agent, deterministic=False)
-        # Random pool episodes are timed apart: their "acting" is a uniform draw, not an actor forward.
-        timers = self._pool_timers if random_actions else self.timers
+        timers = self.pool_timers if random_actions else self.timers
         (ep,) = run_episodes(envs, policy, record=True, on_step=self.bar.update if self.bar else None,
                              timers=timers)
         self._count("pool_steps" if random_actions else "steps", ep.length)
@@ -398,16 +396,14 @@ class Trainer:
         return self.run.save(self.checkpoint_state(), path or self.run.checkpoint)
 
     def _restore(self, state: dict) -> None:
-        if state.get("buffer") is None:
-            raise ValueError(f"{self.run.checkpoint} was saved without its replay buffer "
-                             "(checkpoint.save_buffer=false); it cannot be resumed faithfully")
+        """A checkpoint that pomdp_ffm.train.plan() accepted (the format, the config, the buffer)."""
         self.agent.load_training_state(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
         self.counters = Counters(**state["counters"])
         rng = state["rng"]
         torch.set_rng_state(rng["torch"].cpu())
         np.random.set_state(_numpy_rng_from_plain(rng["numpy"]))
-        random.setstate(_as_tuples(rng["python"]))
+        random.setstate(rng["python"])
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         # The env resumes at an episode boundary with its RNG where it was: the next reset matches.
@@ -433,7 +429,3 @@ def _numpy_rng_to_plain(state: tuple) -> dict:
 def _numpy_rng_from_plain(d: dict) -> tuple:
     return (d["kind"], d["keys"].numpy().astype(np.uint32), d["pos"], d["has_gauss"], d["cached_gaussian"])
 
-
-def _as_tuples(x):
-    # random.setstate wants the tuples it gave; a round trip through a checkpoint keeps them, this is a guard.
-    return tuple(_as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x

@@ -239,8 +239,8 @@ def test_acting_after_a_replay_uses_the_new_parameters():
     after = act()
     twin = copy.deepcopy(agent)
     for m in twin.modules():
-        if hasattr(m, "_gamma_cache"):
-            m._gamma_cache = None
+        if hasattr(m, "drop_gamma_cache"):
+            m.drop_gamma_cache()
     expected = twin.act(probe.obs[0, 0], probe.act[0, 0], 0.0, twin.initial_state(1), True)[0]
     assert (after == expected).all() and not (after == before).all()
 

@@ -247,6 +247,15 @@ def adam_first_step(x0, grad, lr, eps=1e-8):
     return x0 - lr * grad / (abs(grad) + eps)
 
 
+def recorded_update(agent, batch, monkeypatch):
+    """agent.update(batch), with its noise draws recorded."""
+    rec = NoiseRecorder()
+    with monkeypatch.context() as m:
+        m.setattr(torch, "randn_like", rec)
+        stats = agent.update(batch)
+    return stats, rec
+
+
 @pytest.mark.parametrize("alpha_loss", ["alpha", "log_alpha"])
 @pytest.mark.parametrize("target_entropy", [-10.0, 10.0])
 @pytest.mark.parametrize("model", ["ffm", "gru"])
@@ -254,10 +263,7 @@ def test_sac_update_reports_losses_and_moves_temperature(model, target_entropy, 
     agent = make_agent("sac", model, sac=SACConfig(alpha_loss=alpha_loss, target_entropy=target_entropy))
     batch = make_batch(1)
     before = copy.deepcopy(agent)
-    rec = NoiseRecorder()
-    with monkeypatch.context() as m:
-        m.setattr(torch, "randn_like", rec)
-        stats = agent.update(batch)
+    stats, rec = recorded_update(agent, batch, monkeypatch)
     assert [d.shape for d in rec.draws] == [(T + 1, B, A), (T, B, A)]
     # The actor loss is taken after the critic step: with the updated critic (which the actor step, the Polyak
     # averaging and the temperature step leave alone) and the not yet updated actor.
@@ -286,10 +292,7 @@ def test_sac_fixed_temperature_update(monkeypatch):
     agent = make_agent("sac", "ffm", sac=SACConfig(automatic_entropy_tuning=False, entropy_alpha=0.3))
     batch = make_batch(2)
     before = copy.deepcopy(agent)
-    rec = NoiseRecorder()
-    with monkeypatch.context() as m:
-        m.setattr(torch, "randn_like", rec)
-        stats = agent.update(batch)
+    stats, rec = recorded_update(agent, batch, monkeypatch)
     exp = reference(before, batch, rec.draws[0], rec.draws[1], actor_critic=agent.critic, alpha=0.3)
     for k in ("qf1_loss", "qf2_loss", "policy_loss"):
         close(stats[k], exp[k], k)
@@ -302,10 +305,7 @@ def test_td3_update_reports_losses(model, actor_q, monkeypatch):
     agent = make_agent("td3", model, td3=TD3Config(actor_q=actor_q, target_noise=1.0, target_noise_clip=0.3))
     batch = make_batch(3)
     before = copy.deepcopy(agent)
-    rec = NoiseRecorder()
-    with monkeypatch.context() as m:
-        m.setattr(torch, "randn_like", rec)
-        stats = agent.update(batch)
+    stats, rec = recorded_update(agent, batch, monkeypatch)
     assert set(stats) == {"qf1_loss", "qf2_loss", "policy_loss"}
     exp = reference(before, batch, rec.draws[0], actor_critic=agent.critic)
     for k in ("qf1_loss", "qf2_loss", "policy_loss"):

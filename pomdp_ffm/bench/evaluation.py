@@ -10,12 +10,17 @@ Timed interleaved, median seconds per evaluation, with ratios to one-after-anoth
 """
 from __future__ import annotations
 
+import tempfile
+
+import gymnasium
 import numpy as np
-import torch
 
 from ..envs import make_env
 from ..rollout import AgentPolicy, run_episodes
+from ..rundir import RunDir
+from ..trainer import Trainer
 from .common import Row, interleaved_medians
+from .loop import compose_run
 
 
 def _vector_episodes(venv, policy: AgentPolicy, n: int) -> None:
@@ -32,17 +37,8 @@ def _vector_episodes(venv, policy: AgentPolicy, n: int) -> None:
 
 
 def run(overrides: list[str], repeats: int, device: str, threads: int | None) -> list[Row]:
-    import gymnasium
-
-    from .loop import _compose
-
-    base = [*overrides, f"device={device}", "progress=false"] + ([f"num_threads={threads}"] if threads else [])
-    cfg, _ = _compose(base)
-    from ..trainer import Trainer
-    from ..rundir import RunDir
-    import tempfile
-
-    trainer = Trainer(cfg, RunDir(tempfile.gettempdir()))
+    cfg, _ = compose_run(overrides, device, threads)
+    trainer = Trainer(cfg, RunDir(tempfile.gettempdir()))  # the actor, seeded and on its device; writes nothing
     task, n = cfg.env.env_name, cfg.env.num_eval_tasks
     policy = AgentPolicy(trainer.agent, deterministic=True)
     single = make_env(task, seed=0)
@@ -56,8 +52,7 @@ def run(overrides: list[str], repeats: int, device: str, threads: int | None) ->
         "async-vector": lambda: _vector_episodes(asyn, policy, n),
     }
     try:
-        med = interleaved_medians(fns, repeats, torch.device(cfg.device if cfg.device != "auto" else "cpu"),
-                                  warmup=1)
+        med = interleaved_medians(fns, repeats, trainer.device, warmup=1)
     finally:
         for e in [single, *envs, sync, asyn]:
             e.close()

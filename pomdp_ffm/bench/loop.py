@@ -21,13 +21,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ..config import RunConfig, register_configs
+from ..envs import get_task
 from ..grid import CONF_DIR
 from ..rundir import RunDir
-from ..trainer import Trainer
+from ..trainer import Trainer, env_step_budget
 
 
-def _compose(overrides: list[str]) -> tuple[RunConfig, dict]:
+def compose_run(overrides: list[str], device: str, threads: int | None) -> tuple[RunConfig, dict]:
+    """The config a benchmark trains with: the overrides, on ``device``, without the progress bar."""
     register_configs()
+    overrides = [*overrides, f"device={device}", "progress=false"] + ([f"num_threads={threads}"] if threads else [])
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     return OmegaConf.to_object(cfg), OmegaConf.to_container(cfg, resolve=True)
@@ -37,8 +40,7 @@ def full_budget(cfg: RunConfig, max_len: int) -> dict[str, float]:
     """Env steps, updates and evaluations of a whole run (full-length episodes)."""
     t = cfg.train
     pool = max_len * t.num_init_rollouts_pool
-    iter_len = t.num_rollouts_per_iter * max_len
-    steps = pool + t.num_iters * iter_len
+    iter_len, steps = env_step_budget(t, max_len)
     ratio = t.num_updates_per_iter
     updates = (int(pool * ratio) + t.num_iters * math.ceil(iter_len * ratio) if isinstance(ratio, float)
                else t.num_iters * ratio)
@@ -48,15 +50,13 @@ def full_budget(cfg: RunConfig, max_len: int) -> dict[str, float]:
 
 
 def run(overrides: list[str], steps: int, device: str, threads: int | None) -> dict:
-    base = [*overrides, f"device={device}", "progress=false"] + ([f"num_threads={threads}"] if threads else [])
-    full_cfg, _ = _compose(base)
-    probe = Trainer(full_cfg, RunDir(tempfile.gettempdir()))  # the task's episode length and budget
-    max_len, iter_len = probe.max_len, probe.iter_len
-    probe.close()
+    full_cfg, _ = compose_run(overrides, device, threads)
+    max_len = get_task(full_cfg.env.env_name).max_episode_steps
+    iter_len, _ = env_step_budget(full_cfg.train, max_len)
     iters = max(1, math.ceil(steps / iter_len) - 1)
-    short = base + ["train.num_init_rollouts_pool=1", f"train.num_iters={iters}", "eval.log_interval=1",
-                    "checkpoint.interval=1000000", "eval.save_interval=-1"]
-    cfg, composed = _compose(short)
+    short = [*overrides, "train.num_init_rollouts_pool=1", f"train.num_iters={iters}", "eval.log_interval=1",
+             "checkpoint.interval=1000000", "eval.save_interval=-1"]
+    cfg, composed = compose_run(short, device, threads)
     with tempfile.TemporaryDirectory() as d:
         run_dir = RunDir(d)
         trainer = Trainer(cfg, run_dir)
@@ -78,7 +78,7 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
     }
     parts = {"env": tm.get("env", 0.0), "act": tm.get("act", 0.0), "sample": tm.get("sample", 0.0),
              "update": tm.get("update", 0.0), "eval": tm.get("eval", 0.0),
-             "pool": sum(trainer._pool_timers.values())}
+             "pool": sum(trainer.pool_timers.values())}
     parts["other"] = max(wall - sum(parts.values()), 0.0)
     budget = full_budget(full_cfg, max_len)
     pool_per_step = parts["pool"] / max(tm.get("n_pool_steps", 1), 1)

@@ -398,6 +398,10 @@ class FFM(SeqModel):
             self._gamma_cache = (key, self.gamma())
         return self._gamma_cache[1]
 
+    def drop_gamma_cache(self) -> None:
+        """Forget the acting cache of gamma: the next call without gradients computes it again."""
+        self._gamma_cache = None
+
     def bound_decay_(self) -> None:
         """Clamp the learned decay into [DECAY_MIN, decay_limit] in place, unconditionally: no host
         synchronisation, but the parameter's version counter moves (which invalidates the acting gamma cache
