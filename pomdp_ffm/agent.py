@@ -280,20 +280,11 @@ class RecurrentAgent(nn.Module):
     def initial_state(self, batch_size: int = 1):
         return self.actor.encoder.initial_state(batch_size, self.device)
 
-    @torch.no_grad()
     def act(self, obs, prev_action, prev_reward, state, deterministic: bool):
         """One acting step with the carried memory state, for one env (obs [O], prev_action [A], prev_reward a
         float) or a batch of envs stepped together (obs [B, O], prev_action [B, A], prev_reward [B]).
         Returns (actions in [-1, 1] with the batch shape of obs, state)."""
-        dev = self.device
-        o = torch.as_tensor(obs, dtype=torch.float32, device=dev)
-        single = o.dim() == 1
-        o = o.view(1, -1, self.obs_dim)  # [1, B, O]: one time step
-        a = torch.as_tensor(prev_action, dtype=torch.float32, device=dev).view(1, -1, self.act_dim)
-        r = torch.as_tensor(prev_reward, dtype=torch.float32, device=dev).view(1, -1, 1)
-        out, state = self.actor(a, r, o, state)
-        action = self.algo.act(out, deterministic).view(-1, self.act_dim).cpu().numpy()
-        return (action[0] if single else action), state
+        return act_with(self.actor, self.algo, obs, prev_action, prev_reward, state, deterministic)
 
     def optimizer_state(self) -> dict:
         return {"actor": self.actor_optim.state_dict(), "critic": self.critic_optim.state_dict(),
@@ -313,3 +304,24 @@ class RecurrentAgent(nn.Module):
         self.load_state_dict(state["modules"])
         self.load_optimizer_state(state["optim"])
         self.num_updates = int(state["num_updates"])
+
+
+@torch.no_grad()
+def act_with(actor: Actor, algo, obs, prev_action, prev_reward, state, deterministic: bool):
+    """RecurrentAgent.act with a given actor (the agent's own, or its CPU copy): inputs go to the actor's device,
+    the action comes back as numpy."""
+    dev = next(actor.parameters()).device
+    # Copies (torch.tensor), never views of the caller's numpy arrays: a CPU matmul's last bits depend on its
+    # input's address alignment, and a view starts wherever the caller's array does. Copies start aligned, as
+    # the CUDA-graph acting step's static inputs do (graph.ActingRunner), so both compute the same bits.
+    f32 = lambda x: torch.tensor(np.asarray(x, np.float32), device=dev)
+    o = f32(obs)
+    single = o.dim() == 1
+    obs_dim, act_dim = o.shape[-1], np.shape(prev_action)[-1]
+    o = o.view(1, -1, obs_dim)  # [1, B, O]: one time step
+    a = f32(prev_action).view(1, -1, act_dim)
+    r = f32(prev_reward).view(1, -1, 1)
+    out, state = actor(a, r, o, state)
+    action = algo.act(out, deterministic).view(-1, act_dim).cpu().numpy()
+    return (action[0] if single else action), state
+

@@ -244,10 +244,12 @@ class TrainConfig:
     batch_size: int = MISSING
     sampled_seq_len: int = MISSING  # -1: the task's max episode length
     sample_weight_baseline: float = 0.0
-    # On CUDA, run each update as the replay of a captured CUDA graph (pomdp_ffm/graph.py,
-    # patches/015-cuda-graph-update.md); ignored on a CPU. Off by default until its CUDA tests have run on a GPU.
-    cuda_graph: bool = False
-
+    # On CUDA, run each update, and each acting step, as the replay of a captured CUDA graph (pomdp_ffm/graph.py,
+    # patches/015-cuda-graph-update.md); ignored on a CPU. false: eager, as the reference.
+    cuda_graph: bool = True
+    # TF32 tensor-core matmuls on CUDA (torch.backends.cuda.matmul.allow_tf32): faster, 10-bit mantissas in the
+    # products. Off, as in the reference and PyTorch's default (docs/benchmarks.md has its measured effect).
+    tf32: bool = False
     def __post_init__(self):
         size = self.buffer_size
         if isinstance(size, float) and size.is_integer():
@@ -269,6 +271,7 @@ class TrainConfig:
             raise ValueError(f"train.buffer_size={size} must be >= train.sampled_seq_len={self.sampled_seq_len}")
         _real("train.sample_weight_baseline", self.sample_weight_baseline, lambda v: v >= 0, ">= 0")
         _require("train.cuda_graph", self.cuda_graph, lambda v: isinstance(v, bool), "true or false")
+        _require("train.tf32", self.tf32, lambda v: isinstance(v, bool), "true or false")
 
 
 @dataclass

@@ -177,6 +177,7 @@ class CudaGraphs:
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
         self.side = torch.cuda.Stream(device=self.device)
+        self._branches: list[torch.cuda.Stream] = []
 
     @contextlib.contextmanager
     def side_stream(self):
@@ -195,6 +196,25 @@ class CudaGraphs:
         current.wait_stream(self.side)
         return _Captured(graph, outputs)
 
+    @contextlib.contextmanager
+    def branches(self, n: int):
+        """n streams forked from the current one and joined back into it on exit: inside one capture, the
+        graph's branches (one per seed of a seed axis), which the GPU may run concurrently."""
+        if n <= 1:
+            yield [None] * n
+            return
+        while len(self._branches) < n:
+            self._branches.append(torch.cuda.Stream(device=self.device))
+        current = torch.cuda.current_stream(self.device)
+        streams = self._branches[:n]
+        for s in streams:
+            s.wait_stream(current)
+        try:
+            yield streams
+        finally:
+            for s in streams:
+                current.wait_stream(s)
+
     def keep_for_current_stream(self, tensors) -> None:
         """Tensors allocated on the side stream and used on the current one: the allocator must not reuse their
         memory before the current stream's work on them is done."""
@@ -209,24 +229,44 @@ class CudaGraphs:
 # --- the runner ---------------------------------------------------------------------------------------------
 class UpdateRunner:
     """``runner(batch, grad_norms)`` = ``agent.update(batch, grad_norms)``, as graph replays on CUDA (module
-    docstring). The statistics of a replay are fresh tensors (clones of the graph's static outputs)."""
+    docstring). The statistics of a replay are fresh tensors (clones of the graph's static outputs).
 
-    def __init__(self, agent: RecurrentAgent, cuda_graph: bool = True, *, warmup: int = WARMUP_UPDATES,
-                 ring: int = HOST_RING, backend=None):
-        self.agent = agent
-        self.device = agent.device
+    Given several agents (the seeds of a seed axis, pomdp_ffm/seeds.py), ``runner.update_all(batches,
+    grad_norms)`` updates each agent on its own batch, ``agent.update`` for each in turn when eager; on CUDA all
+    of them are one graph, each agent's update a branch of it on its own stream, so that one replay launches the
+    S updates and the GPU overlaps their small kernels. Each agent's update is exactly its own: the graph only
+    orders the S independent updates differently in time. The agents must agree on the host path of each update
+    (with a TD3 policy delay, whether it moves the actors), which is then the first agent's."""
+
+    def __init__(self, agents: RecurrentAgent | Sequence[RecurrentAgent], cuda_graph: bool = True, *,
+                 warmup: int = WARMUP_UPDATES, ring: int = HOST_RING, backend=None):
+        self.agents = [agents] if isinstance(agents, RecurrentAgent) else list(agents)
+        if not self.agents:
+            raise ValueError("an UpdateRunner needs at least one agent")
+        self.agent = self.agents[0]
+        delays = sorted({a.algo.policy_delay for a in self.agents})
+        if len(delays) > 1:
+            raise ValueError(f"agents updated together must share their policy delay: got {delays}")
+        self.device = self.agent.device
+        if any(a.device != self.device for a in self.agents):
+            raise ValueError(f"the agents of one UpdateRunner must share a device: got "
+                             f"{sorted({str(a.device) for a in self.agents})}")
         if backend is None and cuda_graph and self.device.type == "cuda":
             backend = CudaGraphs(self.device)
         self.backend = backend
         self.graphed = backend is not None
         self.warmup, self.ring = max(int(warmup), 1), int(ring)
-        self.staging: Staging | None = None
+        self.stagings: list[Staging] | None = None
         self._graphs: dict[tuple[bool, bool], _Captured] = {}
         self._eager_runs: Counter = Counter()
         self._fingerprint: tuple | None = None
-        self._params: list[torch.Tensor] = []  # the agent's parameters, listed at the last rearm
+        self._params: list[torch.Tensor] = []  # the agents' parameters, listed at the last rearm
         # What a caller (tests, the benchmark) may read: updates run each way, captures made.
         self.eager_updates = self.replays = self.captures = self.rearms = 0
+
+    @property
+    def staging(self) -> Staging | None:
+        return None if self.stagings is None else self.stagings[0]
 
     @property
     def captured_paths(self) -> set[tuple[bool, bool]]:
@@ -234,36 +274,65 @@ class UpdateRunner:
         return set(self._graphs)
 
     def __call__(self, batch, grad_norms: bool = False) -> dict[str, torch.Tensor]:
+        if len(self.agents) != 1:
+            raise TypeError(f"this runner updates {len(self.agents)} agents together: call update_all(batches)")
         # A replaced agent.update (a test's or a tool's wrapper on the instance) is honoured: it is then called.
         if not self.graphed or "update" in vars(self.agent):
             return self.agent.update(batch, grad_norms=grad_norms)
-        agent = self.agent
+        return self._update(agents_batches=[batch], grad_norms=grad_norms)[0]
+
+    def update_all(self, batches: Sequence, grad_norms: bool = False) -> list[dict[str, torch.Tensor]]:
+        """One update of every agent, agent k on batches[k]; their statistics, in the agents' order."""
+        if len(batches) != len(self.agents):
+            raise ValueError(f"update_all needs one batch per agent: got {len(batches)} for {len(self.agents)}")
+        due = [a.actor_step_due() for a in self.agents]
+        if len(set(due)) != 1:
+            raise ValueError(f"agents updated together must agree on whether this update moves their actors (a "
+                             f"TD3 policy delay): got {due} after {[a.num_updates for a in self.agents]} updates")
+        if not self.graphed:
+            return [a.update(b, grad_norms=grad_norms) for a, b in zip(self.agents, batches)]
+        return self._update(batches, grad_norms)
+
+    # ------------------------------------------------------------------------------------------------
+    def _update(self, agents_batches: Sequence, grad_norms: bool) -> list[dict[str, torch.Tensor]]:
         self._check_state()
-        path = (bool(grad_norms), agent.actor_step_due())
-        if self.staging is None:
-            self.staging = Staging(batch, self.device, self.ring)
-        self.staging.fill(batch)
+        path = (bool(grad_norms), self.agent.actor_step_due())
+        if self.stagings is None:
+            self.stagings = [Staging(b, self.device, self.ring) for b in agents_batches]
+        for staging, b in zip(self.stagings, agents_batches):
+            staging.fill(b)
         captured = self._graphs.get(path)
         if captured is None and self._eager_runs[path] >= 1 and sum(self._eager_runs.values()) >= self.warmup:
             captured = self._capture(path)
         stats = self._eager(path) if captured is None else self._replay(captured)
-        agent.num_updates += 1
+        for a in self.agents:
+            a.num_updates += 1
         return stats
 
-    # ------------------------------------------------------------------------------------------------
-    def _streams(self) -> Streams:
-        return Streams.from_batch(self.staging.static, self.device)
+    def _streams(self, k: int) -> Streams:
+        return Streams.from_batch(self.stagings[k].static, self.device)
 
-    def _eager(self, path: tuple[bool, bool]) -> dict[str, torch.Tensor]:
+    def _device_updates(self, grad_norms: bool, actor_step: bool) -> list[dict[str, torch.Tensor]]:
+        """Every agent's device work on its static inputs; inside a capture, each on its own branch stream."""
+        if len(self.agents) == 1:
+            return [self.agent.device_update(self._streams(0), grad_norms, actor_step)]
+        out = []
+        with self.backend.branches(len(self.agents)) as streams:
+            for k, (agent, stream) in enumerate(zip(self.agents, streams)):
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    out.append(agent.device_update(self._streams(k), grad_norms, actor_step))
+        return out
+
+    def _eager(self, path: tuple[bool, bool]) -> list[dict[str, torch.Tensor]]:
         with self.backend.side_stream():
-            stats = self.agent.device_update(self._streams(), *path)
-        self.backend.keep_for_current_stream(stats.values())
+            stats = [a.device_update(self._streams(k), *path) for k, a in enumerate(self.agents)]
+        self.backend.keep_for_current_stream([v for st in stats for v in st.values()])
         self._eager_runs[path] += 1
         self.eager_updates += 1
         return stats
 
     def _capture(self, path: tuple[bool, bool]) -> _Captured:
-        agent, (grad_norms, actor_step) = self.agent, path
+        grad_norms, actor_step = path
         # A memory called without gradients reuses its cached gamma while its parameters' versions are unchanged:
         # inside a graph that tensor would be a constant computed outside it. Drop the caches, so that every
         # gamma the update uses is computed in the graph.
@@ -271,9 +340,10 @@ class UpdateRunner:
             m.drop_gamma_cache()
         # The optimisers' state was created on the side stream (warm-up) and is used by replays on this one.
         self.backend.keep_for_current_stream(
-            [v for o in optimizers(agent) for st in o.state.values() for v in st.values() if torch.is_tensor(v)])
+            [v for a in self.agents for o in optimizers(a) for st in o.state.values() for v in st.values()
+             if torch.is_tensor(v)])
         try:
-            captured = self.backend.capture(lambda: agent.device_update(self._streams(), grad_norms, actor_step))
+            captured = self.backend.capture(lambda: self._device_updates(grad_norms, actor_step))
         except Exception as e:
             detail = (str(e).strip().splitlines() or [""])[0]
             raise CaptureError(f"capturing the update (grad_norms={grad_norms}, actor_step={actor_step}) in a CUDA "
@@ -285,22 +355,22 @@ class UpdateRunner:
         self.captures += 1
         return captured
 
-    def _replay(self, captured: _Captured) -> dict[str, torch.Tensor]:
+    def _replay(self, captured: _Captured) -> list[dict[str, torch.Tensor]]:
         captured.replay()
         # The graph wrote the parameters in place without Python seeing it: move their version counters as the
         # eager update's in-place writes do (FFM's acting cache of gamma is keyed on them).
         _bump_versions(self._params)
         self.replays += 1
-        return {k: v.clone() for k, v in captured.outputs.items()}
+        return [{k: v.clone() for k, v in out.items()} for out in captured.outputs]
 
     def _ffms(self) -> list[FFM]:
-        return [m for m in self.agent.modules() if isinstance(m, FFM)]
+        return [m for a in self.agents for m in a.modules() if isinstance(m, FFM)]
 
     # ------------------------------------------------------------------------------------------------
     def _current_fingerprint(self) -> tuple:
         # The parameters listed at the last rearm (walking the modules at every update would cost more than the
         # rest of the host's work): an in-place move or re-allocation shows in their data pointers.
-        optims = optimizers(self.agent)
+        optims = [o for a in self.agents for o in optimizers(a)]
         return (tuple(o.state for o in optims),
                 tuple(all(g.get("capturable", False) for g in o.param_groups) for o in optims),
                 tuple(p.data_ptr() for p in self._params),
@@ -323,15 +393,181 @@ class UpdateRunner:
             self.backend.synchronize()  # replays still queued read what the graphs own
         self._graphs.clear()
         self._eager_runs.clear()
-        self._params = list(self.agent.parameters())
+        self._params = [p for a in self.agents for p in a.parameters()]
         if self.backend.make_capturable:
-            for o in optimizers(self.agent):
-                make_capturable_(o)
+            for a in self.agents:
+                for o in optimizers(a):
+                    make_capturable_(o)
         self._fingerprint = self._current_fingerprint()
         self.rearms += 1
+
+
+# --- acting -------------------------------------------------------------------------------------------------
+def _state_tensors(state) -> list[torch.Tensor]:
+    """The tensors of a memory state (FFM, GRU: a tensor; LSTM: a pair; MLP: None), in a fixed order."""
+    if state is None:
+        return []
+    if torch.is_tensor(state):
+        return [state]
+    return [t for s in state for t in _state_tensors(s)]
+
+
+class _Carried:
+    """The memory state of a batch of envs acted for by an ActingRunner: eager tensors for its first steps, then
+    the static state of the graph that replays its steps."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self.key: tuple[int, bool] | None = None  # (batch size, deterministic) of its first step
+        self.eager = None  # the state while steps run eagerly
+        self.graphed = False  # its steps are replays of the graph of its key, whose static state it holds
+
+
+class _ActingGraph:
+    """One captured acting step of n envs. Its inputs (observations, previous actions and rewards) are views of
+    one device buffer, filled from one pinned host buffer by one copy; its action comes back through a pinned
+    host buffer: two copies and one wait per step."""
+
+    def __init__(self, runner: "ActingRunner", key: tuple[int, bool], state):
+        agent, (n, deterministic) = runner.agent, key
+        dev = agent.device
+        self.cuda = dev.type == "cuda"
+        sizes = [n * agent.obs_dim, n * agent.act_dim, n]
+        self.host = torch.zeros(sum(sizes), pin_memory=self.cuda)
+        self.flat = torch.zeros(sum(sizes), device=dev)
+        host_views, dev_views = self.host.numpy(), []
+        self.host_in, at = [], 0
+        for size, last in zip(sizes, (agent.obs_dim, agent.act_dim, 1)):
+            self.host_in.append(host_views[at:at + size].reshape(n, last))
+            dev_views.append(self.flat[at:at + size].view(1, n, last))
+            at += size
+        self.obs, self.prev_action, self.prev_reward = dev_views
+        self.action_host = torch.zeros(n, agent.act_dim, pin_memory=self.cuda)
+        self.state = None if state is None else _clone_state(state)
+        self.owner: _Carried | None = None  # the one memory state the static state is (one episode at a time)
+
+        @torch.no_grad()
+        def step():
+            out, new_state = agent.actor(self.prev_action, self.prev_reward, self.obs, self.state)
+            for old, new in zip(_state_tensors(self.state), _state_tensors(new_state)):
+                old.copy_(new)
+            return [{"action": agent.algo.act(out, deterministic).view(n, agent.act_dim)}]
+
+        self.captured = runner.backend.capture(step)
+
+    def set_state(self, state) -> None:
+        for dst, src in zip(_state_tensors(self.state), _state_tensors(state)):
+            dst.copy_(src)
+
+    def __call__(self, obs, prev_action, prev_reward) -> np.ndarray:
+        for dst, src in zip(self.host_in, (obs, prev_action, prev_reward)):
+            dst[...] = np.asarray(src, np.float32).reshape(dst.shape)
+        # The previous step's copies are done (its wait below): the host buffers are free to rewrite.
+        self.flat.copy_(self.host, non_blocking=True)
+        self.captured.replay()
+        self.action_host.copy_(self.captured.outputs[0]["action"], non_blocking=True)
+        if self.cuda:
+            torch.cuda.current_stream(self.flat.device).synchronize()  # acting needs the action on the host
+        return self.action_host.numpy().copy()
+
+
+def _clone_state(state):
+    if torch.is_tensor(state):
+        return state.clone()
+    return type(state)(_clone_state(s) for s in state)
+
+
+class ActingRunner:
+    """``agent.act`` as replays of captured CUDA graphs (``train.cuda_graph``): one graph per (batch size,
+    deterministic), i.e. one for collection and one for the evaluation's episodes played together. On a GPU a
+    batch-1 acting step eagerly is a dozen tiny kernels, each launched from Python; a replay launches them at
+    once.
+
+    Called as the agent is (``initial_state(n)``, ``act(obs, prev_action, prev_reward, state, deterministic)``)
+    and computing what it computes, with the same random draws: the first ``warmup`` steps of a key run eagerly
+    (real steps, as in the update runner), its next step is captured and replayed at once. The memory state of a
+    graph's envs lives in the graph's static tensors, which a replay updates in place; ``initial_state`` returns
+    a handle to it. The actor's parameters are read where they are, so updates (eager or replayed) and loads are
+    seen by the next step; FFM's acting cache of gamma is dropped around a capture so that the graph computes
+    gamma from the parameters at each step."""
+
+    def __init__(self, agent: RecurrentAgent, *, warmup: int = WARMUP_UPDATES, backend=None):
+        self.agent, self.warmup = agent, max(int(warmup), 1)
+        self.backend = backend if backend is not None else CudaGraphs(agent.device)
+        self._graphs: dict[tuple[int, bool], _ActingGraph] = {}
+        self._eager_steps: Counter = Counter()
+        self._ptrs: tuple | None = None
+        self.captures = self.replays = self.eager_steps = 0
+
+    def initial_state(self, batch_size: int = 1) -> _Carried:
+        return _Carried(batch_size)
+
+    def act(self, obs, prev_action, prev_reward, state: _Carried, deterministic: bool):
+        self._check_params()
+        o = np.asarray(obs, np.float32)
+        single = o.ndim == 1
+        n = 1 if single else o.shape[0]
+        key = (n, bool(deterministic))
+        if state.key is None:
+            state.key = key
+            state.eager = self.agent.initial_state(n)
+        elif state.key != key:
+            raise ValueError(f"a memory state started as (batch size, deterministic)={state.key} is now used as "
+                             f"{key}: start a new one with initial_state()")
+        graph = self._graphs.get(key)
+        if graph is None and not state.graphed and self._eager_steps[key] >= self.warmup:
+            graph = self._capture(key, state)
+        if graph is None or not state.graphed:
+            if graph is not None:  # a new episode of a captured key: its state goes into the graph's
+                graph.set_state(state.eager)
+                graph.owner, state.graphed, state.eager = state, True, None
+            else:
+                with self.backend.side_stream():  # as the update runner warms up: on the capture's stream
+                    action, state.eager = self.agent.act(obs, prev_action, prev_reward, state.eager, deterministic)
+                self._eager_steps[key] += 1
+                self.eager_steps += 1
+                return action, state
+        elif graph.owner is not state:
+            raise ValueError(f"this memory state's graph {key} has been taken by a newer episode: one episode at a "
+                             "time per (batch size, deterministic)")
+        action = graph(o, prev_action, prev_reward)
+        self.replays += 1
+        return (action[0] if single else action), state
+
+    def _capture(self, key: tuple[int, bool], state: _Carried) -> _ActingGraph:
+        ffms = [m for m in self.agent.actor.modules() if isinstance(m, FFM)]
+        for m in ffms:
+            m.drop_gamma_cache()
+        try:
+            graph = _ActingGraph(self, key, state.eager)
+        except Exception as e:
+            detail = (str(e).strip().splitlines() or [""])[0]
+            raise CaptureError(f"capturing the acting step {key} in a CUDA graph failed: {type(e).__name__}: "
+                               f"{detail}; set train.cuda_graph=false to act eagerly") from e
+        for m in ffms:
+            m.drop_gamma_cache()  # it holds the graph's gamma now: an eager call computes its own
+        self._graphs[key] = graph
+        self.captures += 1
+        # The state a graph was captured with is its static state: the episode goes on in the graph.
+        graph.owner, state.graphed, state.eager = state, True, None
+        return graph
+
+    def _check_params(self) -> None:
+        ptrs = tuple(p.data_ptr() for p in self.agent.actor.parameters())
+        if ptrs != self._ptrs:
+            if self._graphs:
+                self.backend.synchronize()
+            self._graphs.clear()
+            self._eager_steps.clear()
+            self._ptrs = ptrs
 
 
 def make_updater(agent: RecurrentAgent, cuda_graph: bool) -> UpdateRunner:
     """What the trainer calls for each update: graph replays on CUDA with ``train.cuda_graph``, else the eager
     ``agent.update``."""
     return UpdateRunner(agent, cuda_graph=cuda_graph)
+
+
+def make_actor(agent: RecurrentAgent, cuda_graph: bool):
+    """What acts (collection, evaluation): graph replays on CUDA with ``train.cuda_graph``, else the agent."""
+    return ActingRunner(agent) if cuda_graph and agent.device.type == "cuda" else agent

@@ -23,7 +23,7 @@ from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .config import RunConfig, TrainConfig
 from .envs import make_env
-from .graph import make_updater
+from .graph import make_actor, make_updater
 from .logger import MetricsWriter, columns_for
 from .rollout import AgentPolicy, RandomPolicy, run_episodes
 from .rundir import CHECKPOINT_FORMAT, RunDir
@@ -87,6 +87,50 @@ def env_step_budget(train: TrainConfig, max_len: int) -> tuple[int, int]:
     return iter_len, max_len * train.num_init_rollouts_pool + train.num_iters * iter_len
 
 
+class Burst:
+    """The running sums of one burst of updates (counters.burst: {"n", "done", "sums", "counts"}) on the device:
+    ``add`` after each update reads nothing on the host; ``close`` reads the sums once and stores them in the
+    burst's state (for its row, or for the checkpoint of a stop inside it)."""
+
+    def __init__(self, trainer: "Trainer", state: dict):
+        self.trainer, self.state = trainer, state
+        self.n, self.start = state["n"], state["done"]
+        dev = trainer.agent.device
+        # Float64 sums of the float32 statistics, as the reference's float sums; with a TD3 policy delay the
+        # actor's statistics come from fewer updates, hence a count per key.
+        self.sums = {k: torch.as_tensor(v, dtype=torch.float64, device=dev) for k, v in state["sums"].items()}
+        self.counts = state["counts"]
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=dev)
+        self.last: dict[str, torch.Tensor] = {}
+
+    @property
+    def done(self) -> int:
+        return self.state["done"]
+
+    @property
+    def ran(self) -> int:
+        return self.done - self.start
+
+    def add(self, stats: dict[str, torch.Tensor]) -> None:
+        """One update's statistics: counted, summed, checked for non-finite values (on the device)."""
+        t = self.trainer
+        t._count("updates")
+        t.counters.rl_steps += 1
+        finite = torch.stack([torch.isfinite(v) for v in stats.values()]).all()
+        self.first_bad = torch.where((self.first_bad < 0) & ~finite, t.counters.rl_steps, self.first_bad)
+        for k, v in stats.items():
+            if not k.endswith("grad_norm"):
+                self.sums[k] = self.sums[k] + v.double() if k in self.sums else v.double()
+                self.counts[k] = self.counts.get(k, 0) + 1
+        self.last = stats
+        self.state["done"] += 1
+
+    def close(self) -> int:
+        """Read the sums into the burst's state; the update count at the first non-finite statistic, or -1."""
+        self.state["sums"] = {k: float(v) for k, v in self.sums.items()}
+        return int(self.first_bad)
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: RunDir | str | Path, stop: StopSignals | None = None):
         """Builds everything and checks what only the task can tell; writes nothing."""
@@ -94,6 +138,8 @@ class Trainer:
         self.run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.stop = stop if stop is not None else StopSignals()
         torch.set_num_threads(cfg.num_threads)
+        # Process-wide, as torch's flag is: the seeds of one axis share their config, hence the value.
+        torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
         # One env instance for training and evaluation, as in the reference.
@@ -108,6 +154,8 @@ class Trainer:
         self.agent = RecurrentAgent(self.obs_dim, self.act_dim, cfg.policy).to(self.device)
         # agent.update, or its CUDA-graph replays on CUDA with train.cuda_graph (pomdp_ffm/graph.py)
         self.updater = make_updater(self.agent, t.cuda_graph)
+        # What acts (collection, evaluation): the agent, or its acting step as graph replays on CUDA
+        self.acting = make_actor(self.agent, t.cuda_graph)
         self.iter_len, self.budget = env_step_budget(t, self.max_len)
         last_iters = self.budget // self.iter_len
         if last_iters < cfg.eval.log_interval:
@@ -154,15 +202,36 @@ class Trainer:
     def step(self) -> bool:
         """One unit of work: the random pool and its burst, the rest of a burst a stop interrupted, or one
         iteration. False once the budget is reached. Raises _StopRequested when a stop signal has arrived."""
+        self.drive(self.step_parts())
+        return self.counters.env_steps < self.budget
+
+    def step_parts(self):
+        """``step()`` as a generator that hands each burst of updates to its caller: it yields a ``Burst`` whose
+        updates the caller runs (``run_updates``, or pomdp_ffm/seeds.py for several seeds together) before
+        resuming it; an exception in them is thrown back into it, so that the burst records how far it got."""
         c = self.counters
         if not c.pool_done:
-            self._initial_pool()
+            yield from self._initial_pool()
         elif c.burst is not None:  # stopped inside an iteration's updates
-            self._finish_iteration()
+            yield from self._finish_iteration()
         elif c.env_steps < self.budget:
             self._check_stop()
-            self._iteration()
-        return c.env_steps < self.budget
+            yield from self._iteration()
+
+    def drive(self, parts, burst: "Burst | None" = None) -> None:
+        """Run a generator of ``step_parts`` (from its start, or from the ``burst`` it has just yielded), each
+        burst's updates alone with this trainer's updater."""
+        try:
+            burst = next(parts) if burst is None else burst
+            while True:
+                try:
+                    self.run_updates(burst)
+                except BaseException as e:
+                    burst = parts.throw(e)
+                else:
+                    burst = parts.send(None)
+        except StopIteration:
+            pass
 
     def stopped(self) -> Outcome:
         c = self.counters
@@ -189,7 +258,7 @@ class Trainer:
             raise _StopRequested
 
     # ------------------------------------------------------------------------------------------------
-    def _initial_pool(self) -> None:
+    def _initial_pool(self):
         t, c = self.cfg.train, self.counters
         while c.env_steps < t.num_init_rollouts_pool * self.max_len:
             self.collect_episode(random_actions=True)
@@ -198,19 +267,19 @@ class Trainer:
         if isinstance(t.num_updates_per_iter, float):
             if c.burst is None:
                 self._start_burst(int(c.env_steps * t.num_updates_per_iter))
-            self._run_burst()
+            yield from self._run_burst()
         c.pool_done = True
 
-    def _iteration(self) -> None:
+    def _iteration(self):
         steps = 0
         for _ in range(self.cfg.train.num_rollouts_per_iter):
             steps += self.collect_episode(random_actions=False)
         ratio = self.cfg.train.num_updates_per_iter
         self._start_burst(ratio if isinstance(ratio, int) else math.ceil(steps * ratio))
-        self._finish_iteration()
+        yield from self._finish_iteration()
 
-    def _finish_iteration(self) -> None:
-        self._run_burst()
+    def _finish_iteration(self):
+        yield from self._run_burst()
         c, ev = self.counters, self.cfg.eval
         iters = c.env_steps // self.iter_len  # the reference's env-step clock
         if iters != c.last_eval_iters and iters % ev.log_interval == 0:
@@ -224,7 +293,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------
     def collect_episode(self, random_actions: bool) -> int:
         envs = [self.env]
-        policy = RandomPolicy(envs) if random_actions else AgentPolicy(self.agent, deterministic=False)
+        policy = RandomPolicy(envs) if random_actions else AgentPolicy(self.acting, deterministic=False)
         timers = self.pool_timers if random_actions else self.timers
         (ep,) = run_episodes(envs, policy, record=True, on_step=self.bar.update if self.bar else None,
                              timers=timers)
@@ -241,55 +310,50 @@ class Trainer:
     def _start_burst(self, n: int) -> None:
         self.counters.burst = {"n": n, "done": 0, "sums": {}, "counts": {}}
 
-    def _run_burst(self) -> None:
-        """The burst's updates, with no host sync between them: statistics are summed on the device, and a
-        non-finite one is found (the first update that had it) when the burst ends or stops
-        (patches/014-update-without-host-sync.md)."""
+    def _run_burst(self):
+        """The burst in hand (counters.burst), yielded as a ``Burst`` for its updates to be run, then logged.
+        No host sync between its updates: statistics are summed on the device, and a non-finite one is found
+        (the first update that had it) when the burst ends or stops (patches/014-update-without-host-sync.md)."""
         c = self.counters
-        burst = c.burst
-        n, start = burst["n"], burst["done"]
-        if n <= 0 or len(self.buffer) == 0:
+        if c.burst["n"] <= 0 or len(self.buffer) == 0:
             c.burst = None
             return
-        dev = self.agent.device
-        # Float64 sums of the float32 statistics, as the reference's float sums; with a TD3 policy delay the
-        # actor's statistics come from fewer updates, hence a count per key.
-        sums = {k: torch.as_tensor(v, dtype=torch.float64, device=dev) for k, v in burst["sums"].items()}
-        counts = burst["counts"]
-        first_bad = torch.full((), -1, dtype=torch.int64, device=dev)
-        stats: dict[str, torch.Tensor] = {}
+        burst = Burst(self, c.burst)
         t0 = time.time()
-        clock, timers = time.perf_counter, self.timers
         try:
-            for i in range(start, n):
-                self._check_stop()
-                t_s = clock()
-                batch = self.buffer.sample(self.cfg.train.batch_size)
-                t_u = clock()
-                stats = self.updater(batch, grad_norms=(i == n - 1))
-                t_e = clock()
-                timers["sample"] = timers.get("sample", 0.0) + (t_u - t_s)
-                timers["update"] = timers.get("update", 0.0) + (t_e - t_u)
-                self._count("updates")
-                c.rl_steps += 1
-                finite = torch.stack([torch.isfinite(v) for v in stats.values()]).all()
-                first_bad = torch.where((first_bad < 0) & ~finite, c.rl_steps, first_bad)
-                for k, v in stats.items():
-                    if not k.endswith("grad_norm"):
-                        sums[k] = sums[k] + v.double() if k in sums else v.double()
-                        counts[k] = counts.get(k, 0) + 1
-                burst["done"] = i + 1
+            yield burst
         finally:
             # One read of the device per burst (or per stop inside it): the sums, for the row or the checkpoint.
-            burst["sums"] = {k: float(v) for k, v in sums.items()}
-            if int(first_bad) >= 0:
-                self._diverged(int(first_bad), stats)
+            # It waits for the GPU to finish the updates queued: that wait is update time too.
+            t_w = time.perf_counter()
+            first_bad = burst.close()
+            self.timers["update"] = self.timers.get("update", 0.0) + (time.perf_counter() - t_w)
+            if first_bad >= 0:
+                self._diverged(first_bad, burst.last)
         c.burst = None
-        row = {f"rl_loss/{k}": v / counts[k] for k, v in burst["sums"].items()}
-        row.update({f"rl_loss/{k}": float(v) for k, v in stats.items() if k.endswith("grad_norm")})
+        row = {f"rl_loss/{k}": v / burst.counts[k] for k, v in burst.state["sums"].items()}
+        row.update({f"rl_loss/{k}": float(v) for k, v in burst.last.items() if k.endswith("grad_norm")})
         self.metrics.write(row, c.env_steps)
-        self._updates_per_s = (n - start) / max(time.time() - t0, 1e-9)
+        self._updates_per_s = burst.ran / max(time.time() - t0, 1e-9)
         self._show_status()
+
+    def run_updates(self, burst: "Burst", limit: int | None = None) -> None:
+        """The burst's remaining updates (at most ``limit`` of them), one after another through this trainer's
+        updater; gradient-norm diagnostics at the burst's last update."""
+        clock, timers, n = time.perf_counter, self.timers, burst.n
+        stop = n if limit is None else min(n, burst.done + limit)
+        while burst.done < stop:
+            self._check_stop()
+            t_s = clock()
+            batch = self.sample_batch()
+            t_u = clock()
+            stats = self.updater(batch, grad_norms=burst.done == n - 1)
+            timers["sample"] = timers.get("sample", 0.0) + (t_u - t_s)
+            timers["update"] = timers.get("update", 0.0) + (clock() - t_u)
+            burst.add(stats)
+
+    def sample_batch(self):
+        return self.buffer.sample(self.cfg.train.batch_size)
 
     def _show_status(self) -> None:
         if self.bar is not None:
@@ -317,12 +381,14 @@ class Trainer:
         tests/test_trainer.py.) A stochastic evaluation stays one after another: its action noise is drawn
         per step, and a batch would draw it in another order."""
         t0 = time.perf_counter()
-        n, policy, eval_timers = self.cfg.env.num_eval_tasks, AgentPolicy(self.agent, deterministic), {}
+        n, policy, eval_timers = self.cfg.env.num_eval_tasks, AgentPolicy(self.acting, deterministic), {}
         if deterministic and self.cfg.eval.episodes_together and n > 1:
             eps = self._episodes_together(policy, n, eval_timers)
         else:
             eps = [run_episodes([self.env], policy, record=False, timers=eval_timers)[0] for _ in range(n)]
         self.timers["eval"] = self.timers.get("eval", 0.0) + time.perf_counter() - t0
+        for k, v in eval_timers.items():
+            self.timers[f"eval_{k}"] = self.timers.get(f"eval_{k}", 0.0) + v
         self._count("eval_steps", sum(e.length for e in eps))
         self._count("evals")
         return (float(np.mean([e.ret for e in eps])), float(np.mean([e.length for e in eps])),

@@ -308,7 +308,7 @@ EQUIVALENCE_CASES = [
 
 
 @pytest.mark.parametrize("algo, kw", EQUIVALENCE_CASES)
-def test_updates_equal_the_per_call_bound_path(algo, kw, device="cpu"):
+def test_updates_equal_the_per_call_bound_path(algo, kw, device="cpu", rtol=0.0):
     # lr 0.05: the optimiser steps push the FFM decays out of their bound at nearly every step, so when and where
     # the clamp runs matters (the target actor averages the actor's decay *before* its clamp, as before).
     make = lambda: make_agent(algo, "ffm", lr=0.05, **kw).to(device)
@@ -326,11 +326,20 @@ def test_updates_equal_the_per_call_bound_path(algo, kw, device="cpu"):
     new = make()
     new_stats, new_actions, new_params, out_of_bound = run_updates(new)
     assert out_of_bound == 0
-    assert new_stats == old_stats  # bit for bit
-    np.testing.assert_array_equal(new_actions, old_actions)
     assert new_params.keys() == old_params.keys()
+    if rtol == 0.0:  # bit for bit
+        assert new_stats == old_stats
+        np.testing.assert_array_equal(new_actions, old_actions)
+        for k in new_params:
+            assert torch.equal(new_params[k], old_params[k]), k
+        return
+    for key in old_stats[0]:
+        a, b = (np.array([st[key] for st in ss if key in st]) for ss in (new_stats, old_stats))
+        assert np.linalg.norm(a - b) <= rtol * np.linalg.norm(b), key
+    np.testing.assert_allclose(new_actions, old_actions, rtol=rtol, atol=rtol)
     for k in new_params:
-        assert torch.equal(new_params[k], old_params[k]), k
+        a, b = new_params[k].double(), old_params[k].double()
+        assert float((a - b).norm()) <= rtol * float(b.norm()) + 1e-6, k
 
 
 def test_acting_gamma_cache_is_kept_between_updates(monkeypatch):
@@ -364,3 +373,4 @@ def test_loaded_state_is_bounded():
     for net in (fresh.actor, fresh.actor_target):
         a = net.encoder.memory.alpha
         assert a[0].item() == pytest.approx(net.encoder.memory.decay_limit) and a[1].item() == pytest.approx(DECAY_MIN)
+

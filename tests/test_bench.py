@@ -92,3 +92,33 @@ def test_bench_refuses_overrides_it_does_not_take():
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "memory", "seed=1"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "only `loop` and `eval` take key=value overrides" in proc.stderr
+
+
+# --- the acting benchmark's CPU copy computes what the agent computes -------------------------------------------
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+def test_cpu_acting_is_the_agents_acting_as_of_its_last_refresh(algo, model):
+    from pomdp_ffm.bench.acting import CpuActing
+    from test_agent import make_agent, make_batch
+
+    agent = make_agent(algo, model)
+    copy_ = CpuActing(agent)
+    probe = make_batch(5)
+
+    def episode(actor, deterministic, seed=3):
+        torch.manual_seed(seed)
+        state, out = actor.initial_state(2), []
+        for t in range(6):
+            a, state = actor.act(probe.obs[t, :2], probe.act[t, :2], probe.rew[t, :2, 0], state, deterministic)
+            out.append(a)
+        return np.stack(out)
+
+    for det in (True, False):
+        np.testing.assert_array_equal(episode(copy_, det), episode(agent, det))
+    agent.update(make_batch(1))
+    stale = episode(copy_, True)
+    assert not np.array_equal(stale, episode(agent, True))  # the copy moves only at a refresh
+    copy_.refresh()
+    for det in (True, False):
+        np.testing.assert_array_equal(episode(copy_, det), episode(agent, det))
+    assert all(p.device.type == "cpu" and not p.requires_grad for p in copy_.actor.parameters())

@@ -13,7 +13,7 @@ import torch
 
 from pomdp_ffm.buffer import SeqBatch
 from pomdp_ffm.config import TD3Config, TrainConfig
-from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, make_capturable_, optimizers
+from pomdp_ffm.graph import ActingRunner, CaptureError, Staging, UpdateRunner, make_capturable_, optimizers
 from pomdp_ffm.seq_models import FFM
 
 from test_agent import make_agent, make_batch, tensor_batch
@@ -27,13 +27,14 @@ class PythonGraph:
         self.fn, self.outputs = fn, None
 
     def replay(self):
-        out = self.fn()
+        out = self.fn()  # one dict of statistics per agent
         if self.outputs is None:
             self.outputs = out
         else:
-            assert out.keys() == self.outputs.keys()
-            for k, v in out.items():
-                self.outputs[k].copy_(v)
+            assert [o.keys() for o in out] == [o.keys() for o in self.outputs]
+            for static, new in zip(self.outputs, out):
+                for k, v in new.items():
+                    static[k].copy_(v)
 
 
 class PythonGraphs:
@@ -43,10 +44,15 @@ class PythonGraphs:
     make_capturable = False
 
     def __init__(self, fail: Exception | None = None):
-        self.fail, self.graphs = fail, []
+        self.fail, self.graphs, self.branched = fail, [], []
 
     def side_stream(self):
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def branches(self, n):
+        self.branched.append(n)
+        yield [None] * n
 
     def capture(self, fn):
         if self.fail is not None:
@@ -172,7 +178,7 @@ def test_runner_logic_equals_the_eager_update(algo, model, kw):
     assert runner.rearms == 1
     # a replay's statistics are fresh tensors, not the graph's static outputs
     st = runner(make_batch(), grad_norms=grad_norms_at(14))
-    outputs = [g.outputs for g in backend.graphs]
+    outputs = [out for g in backend.graphs for out in g.outputs]
     assert not any(v is o for v in st.values() for out in outputs for o in out.values())
 
 
@@ -266,6 +272,128 @@ def test_a_failed_capture_names_the_switch():
     assert isinstance(e.value.__cause__, RuntimeError)
 
 
+# --- several agents (the seed axis) ----------------------------------------------------------------------------
+SEED_CASES = [("sac", "ffm", {}), ("td3", "gru", {"td3": TD3Config(policy_delay=2)}), ("sac", "lstm", {}),
+              ("td3", "mlp", {})]
+
+
+@pytest.mark.parametrize("algo, model, kw", SEED_CASES, ids=["sac-ffm", "td3-gru-d2", "sac-lstm", "td3-mlp"])
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "python-graphs"])
+def test_several_agents_update_as_each_alone(algo, model, kw, graphed):
+    # update_all: agent k on batch k, each exactly as its own update in turn (the same RNG draws in the same
+    # order), with the switch off and through the runner's logic with a stand-in for the graphs.
+    S, n = 3, 10
+    ref = [make_agent(algo, model, seed=k, **kw) for k in range(S)]
+    torch.manual_seed(5)
+    ref_stats = [[a.update(make_batch((i + k) % 4), grad_norms=grad_norms_at(i)) for k, a in enumerate(ref)]
+                 for i in range(n)]
+    agents = [make_agent(algo, model, seed=k, **kw) for k in range(S)]
+    backend = PythonGraphs() if graphed else None
+    runner = UpdateRunner(agents, cuda_graph=False, backend=backend, warmup=2)
+    torch.manual_seed(5)
+    stats = [runner.update_all([make_batch((i + k) % 4) for k in range(S)], grad_norms=grad_norms_at(i))
+             for i in range(n)]
+    for i in range(n):
+        for k in range(S):
+            assert stats[i][k].keys() == ref_stats[i][k].keys()
+            assert all(torch.equal(stats[i][k][key], ref_stats[i][k][key]) for key in stats[i][k]), (i, k)
+    for a, b in zip(agents, ref):
+        assert a.num_updates == b.num_updates == n
+        sa, sb = a.training_state(), b.training_state()
+        assert all(torch.equal(v, sb["modules"][key]) for key, v in sa["modules"].items())
+        assert_same_optim(sa["optim"], sb["optim"])
+    if graphed:
+        assert runner.replays > 0 and backend.branched and set(backend.branched) == {S}
+
+
+def test_several_agents_bad_calls():
+    agents = [make_agent("sac", "gru", seed=k) for k in range(2)]
+    runner = UpdateRunner(agents, backend=PythonGraphs())
+    with pytest.raises(TypeError, match="update_all"):
+        runner(make_batch())
+    with pytest.raises(ValueError, match="one batch per agent: got 1 for 2"):
+        runner.update_all([make_batch()])
+    agents[1].num_updates = 4  # no policy delay: counts may differ
+    assert len(runner.update_all([make_batch(), make_batch()])) == 2
+    delayed = [make_agent("td3", "gru", seed=k, td3=TD3Config(policy_delay=2)) for k in range(2)]
+    delayed[1].num_updates = 1
+    with pytest.raises(ValueError, match=r"agree on whether this update moves their actors.*\[False, True\]"):
+        UpdateRunner(delayed, backend=PythonGraphs()).update_all([make_batch(), make_batch()])
+    with pytest.raises(ValueError, match="policy delay"):
+        UpdateRunner([make_agent("td3", "gru", td3=TD3Config(policy_delay=2)), make_agent("td3", "gru")])
+
+
+# --- acting as replays ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_acting_runner_logic_equals_the_agents_acting(algo, model):
+    # Episodes of batch 1 (stochastic) and 3 (deterministic) with updates between them, through the runner's
+    # logic (eager warm-up, capture, static state handed from episode to episode) with the Python stand-in.
+    agent = make_agent(algo, model)
+    runner = ActingRunner(agent, warmup=2, backend=PythonGraphs())
+    twin = copy.deepcopy(agent)
+    probe = make_batch(5)
+    for ep in range(4):
+        for n, det in ((1, False), (3, True)):
+            out = []
+            for actor in (runner, twin):
+                torch.manual_seed(ep)
+                state, acts = actor.initial_state(n), []
+                for t in range(5):
+                    a, state = actor.act(probe.obs[t, :n], probe.act[t, :n], probe.rew[t, :n, 0], state, det)
+                    acts.append(a)
+                out.append(np.stack(acts))
+            np.testing.assert_array_equal(out[0], out[1])
+        for a in (agent, twin):
+            torch.manual_seed(10 + ep)
+            a.update(make_batch(ep))
+    assert runner.captures == 2 and runner.eager_steps == 4 and runner.replays == 4 * 2 * 5 - 4 - 0
+    # one episode at a time per key: an older state whose graph a newer episode took is refused
+    old = runner.initial_state(1)
+    runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], old, False)
+    runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], runner.initial_state(1), False)
+    with pytest.raises(ValueError, match="taken by a newer episode"):
+        runner.act(probe.obs[1, :1], probe.act[1, :1], probe.rew[1, :1, 0], old, False)
+    with pytest.raises(ValueError, match=r"started as \(batch size, deterministic\)=\(1, True\)"):
+        s = runner.initial_state(1)
+        runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], s, True)
+        runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], s, False)
+
+
+@pytest.mark.parametrize("algo, model", [("sac", "ffm"), ("td3", "gru")])
+def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_path, monkeypatch, algo, model):
+    # The trainer with its updates and its acting through the runners' logic (the Python stand-in for graphs):
+    # the same progress.csv as the eager run, and through a stop and resume too.
+    import pandas as pd
+
+    from pomdp_ffm import trainer as trainer_mod
+    from pomdp_ffm.logger import TIME_COLUMNS
+    from test_trainer import read, train
+
+    # device=cpu: the runners' logic with the stand-in; on a GPU machine tests/test_cuda.py runs the real thing
+    overrides = (f"algo={algo}", f"seq_model={model}", "train.num_iters=4", "env.num_eval_tasks=2", "device=cpu")
+    train(composed(*overrides), tmp_path / "eager")
+    runners = []
+    monkeypatch.setattr(trainer_mod, "make_updater",
+                        lambda agent, on: runners.append(UpdateRunner(agent, backend=PythonGraphs(), warmup=2))
+                        or runners[-1])
+    monkeypatch.setattr(trainer_mod, "make_actor",
+                        lambda agent, on: runners.append(ActingRunner(agent, backend=PythonGraphs(), warmup=2))
+                        or runners[-1])
+
+    class Interrupt(trainer_mod.Trainer):
+        def _iteration(self):
+            yield from super()._iteration()
+            if self.counters.env_steps >= 600:
+                self.stop.request(15)
+
+    assert train(composed(*overrides), tmp_path / "graphs", Interrupt)["stopped"]
+    train(composed(*overrides, "resume=true"), tmp_path / "graphs")
+    assert all(r.replays > 0 for r in runners)
+    pd.testing.assert_frame_equal(read(tmp_path / "graphs").drop(columns=TIME_COLUMNS),
+                                  read(tmp_path / "eager").drop(columns=TIME_COLUMNS))
+
+
 # --- static inputs -------------------------------------------------------------------------------------------
 def test_staging_copies_each_batch_exactly_through_the_ring():
     first = make_batch(0)
@@ -355,9 +483,9 @@ def test_capturable_optimisers_save_the_eager_state():
 # --- the switch ----------------------------------------------------------------------------------------------
 def test_the_switch_is_validated(run_cfg):
     # Off by default until the CUDA tests have run on a GPU (patches/015).
-    assert TrainConfig.__dataclass_fields__["cuda_graph"].default is False
-    assert run_cfg("train.cuda_graph=true").train.cuda_graph is True
-    assert run_cfg().train.cuda_graph is False
+    assert TrainConfig.__dataclass_fields__["cuda_graph"].default is True
+    assert run_cfg("train.cuda_graph=false").train.cuda_graph is False
+    assert run_cfg().train.cuda_graph is True
     with pytest.raises(ValueError, match=r"^train.cuda_graph='yes' must be true or false$"):
         TrainConfig(num_iters=1, num_init_rollouts_pool=1, batch_size=1, sampled_seq_len=2, cuda_graph="yes")
 

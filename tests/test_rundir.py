@@ -48,7 +48,7 @@ def read(run_dir: Path) -> pd.DataFrame:
 
 class StopAt600(Trainer):
     def _iteration(self):
-        super()._iteration()
+        yield from super()._iteration()
         if self.counters.env_steps >= 600:
             self.stop.request(signal.SIGTERM)
 

@@ -25,6 +25,8 @@ def read(run_dir: Path) -> pd.DataFrame:
 @pytest.mark.parametrize("overrides", [("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=gru")])
 def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
     # Exact: each seed's turns run with its own global RNG streams swapped in, so it draws what it draws alone.
+    # On a CPU: on CUDA the seeds' updates run together and share the lead seed's streams (patches/016).
+    overrides = (*overrides, "device=cpu")
     out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0")
     assert set(out["seeds"]) == {0, 1} and not out["stopped"]
     for k in (0, 1):
@@ -43,7 +45,7 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
 
     class StopOnSeed1(Trainer):
         def _iteration(self):
-            super()._iteration()
+            yield from super()._iteration()
             if self.cfg.seed == 1 and self.counters.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
 
@@ -122,3 +124,94 @@ def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.parent.name for p in (tmp_path / "sw").glob("*/*/*/DONE")) == ["seed-0", "seed-1"]
+
+
+# --- bursts run together (on CUDA: one graph for the seeds' updates) ----------------------------------------------
+def joint_with(monkeypatch, make):
+    from pomdp_ffm import seeds as seeds_mod
+
+    made = []
+    monkeypatch.setattr(seeds_mod, "joint_runner", lambda trainers: made.append(make(trainers)) or made[-1])
+    return made
+
+
+@pytest.mark.parametrize("overrides", [("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=lstm")])
+def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(composed, tmp_path, monkeypatch,
+                                                                            overrides):
+    # The joint path runs on CUDA only; here on a CPU, once through the runner's logic (the Python stand-in for
+    # graphs) and once eagerly (each seed's update in turn within the joint round): the same logs, the same
+    # number of updates as the seed alone, and a stop and resume in between changes nothing.
+    from pomdp_ffm.graph import UpdateRunner
+    from test_graph import PythonGraphs
+
+    overrides = (*overrides, "train.num_iters=4", "device=cpu")
+    eager = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
+    run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "eager" / "seed-0")
+    assert eager and all(not r.graphed for r in eager)
+    graphs = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], backend=PythonGraphs(),
+                                                             warmup=2))
+
+    class StopOnSeed2(Trainer):
+        def _iteration(self):
+            yield from super()._iteration()
+            if self.cfg.seed == 2 and self.counters.env_steps >= 600:
+                self.stop.request(signal.SIGTERM)
+
+    out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "graphs" / "seed-0", trainer_cls=StopOnSeed2)
+    assert out["stopped"]
+    run(composed(*overrides, "seeds=[0,1,2]", "resume=true"), tmp_path / "graphs" / "seed-0")
+    assert sum(r.replays for r in graphs) > 0
+    run(composed(*overrides, "seed=1"), tmp_path / "solo" / "seed-1")
+    for k in (0, 1, 2):
+        a, b = read(tmp_path / "graphs" / f"seed-{k}"), read(tmp_path / "eager" / f"seed-{k}")
+        pd.testing.assert_frame_equal(a, b)
+        assert (tmp_path / "graphs" / f"seed-{k}" / "DONE").exists()
+    solo = read(tmp_path / "solo" / "seed-1")
+    assert solo["z/rl_steps"].dropna().tolist() == read(tmp_path / "eager" / "seed-1")["z/rl_steps"].dropna().tolist()
+
+
+def _trainers_with_data(run_cfg, tmp_path, overrides=(), n=3):
+    trainers = []
+    for k in range(n):
+        t = Trainer(run_cfg(*overrides, f"seed={k}"), tmp_path / f"t{k}")
+        t.collect_episode(random_actions=True)
+        trainers.append(t)
+    return trainers
+
+
+@pytest.mark.parametrize("lengths, joint_rounds", [((5, 7, 7), 4), ((6, 6, 6), 6), ((1, 4, 4), 0)])
+def test_joint_rounds_stop_where_the_seeds_paths_part(run_cfg, tmp_path, lengths, joint_rounds):
+    # Rounds go together while every seed is before its burst's last update (which logs gradient norms); bursts of
+    # one length go together to the end; what is left runs in each seed's own turn.
+    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.seeds import JointBursts
+    from pomdp_ffm.trainer import Burst
+
+    trainers = _trainers_with_data(run_cfg, tmp_path)
+    bursts = [Burst(t, {"n": n, "done": 0, "sums": {}, "counts": {}}) for t, n in zip(trainers, lengths)]
+    runners = []
+    joint = JointBursts(lambda ts: runners.append(UpdateRunner([t.agent for t in ts], cuda_graph=False))
+                        or runners[-1])
+    joint.run([0, 1, 2], trainers, bursts)
+    assert [b.done for b in bursts] == [joint_rounds] * 3
+    assert all(t.agent.num_updates == joint_rounds for t in trainers)
+    if joint_rounds == lengths[0]:
+        assert "q_grad_norm" in bursts[0].last
+    for t, b in zip(trainers, bursts):
+        t.run_updates(b)
+        assert b.done == b.n and t.counters.rl_steps == b.n
+        t.close()
+
+
+def test_no_joint_rounds_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_path):
+    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.seeds import JointBursts
+    from pomdp_ffm.trainer import Burst
+
+    trainers = _trainers_with_data(run_cfg, tmp_path, ("algo=td3", "policy.td3.policy_delay=2"), n=2)
+    trainers[1].agent.num_updates = 1  # after bursts of other lengths: the next update moves its actor
+    bursts = [Burst(t, {"n": 4, "done": 0, "sums": {}, "counts": {}}) for t in trainers]
+    JointBursts(lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False)).run([0, 1], trainers, bursts)
+    assert [b.done for b in bursts] == [0, 0]
+    for t in trainers:
+        t.close()

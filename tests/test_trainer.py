@@ -69,7 +69,7 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
 
     class Interrupt(Trainer):
         def _iteration(self):
-            super()._iteration()
+            yield from super()._iteration()
             if self.counters.env_steps >= 600:
                 self.stop.request(15)  # what SIGTERM does
 
@@ -227,3 +227,20 @@ def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path,
     # Batched matmuls may round differently in the last bits; 1e-4 relative covers 4 x 200-1000 steps.
     assert r1 == pytest.approx(r0, rel=1e-4, abs=1e-3)
     assert s0 == s1
+
+
+
+def test_tf32_is_a_switch_off_by_default(run_cfg, tmp_path):
+    from pomdp_ffm.config import TrainConfig
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for value, flag in (("true", True), ("false", False)):
+            t = Trainer(run_cfg(f"train.tf32={value}"), tmp_path / value)
+            assert torch.backends.cuda.matmul.allow_tf32 is flag
+            t.close()
+        assert run_cfg().train.tf32 is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    with pytest.raises(ValueError, match=r"^train.tf32='on' must be true or false$"):
+        TrainConfig(num_iters=1, num_init_rollouts_pool=1, batch_size=1, sampled_seq_len=2, tf32="on")

@@ -1,4 +1,4 @@
-"""``python -m pomdp_ffm.bench {memory,update,loop,eval}``: benchmarks that compare variants in one process.
+"""``python -m pomdp_ffm.bench {memory,update,act,loop,eval}``: benchmarks that compare variants in one process.
 
 ``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
 seq_model=ffm --steps 3000``; so does ``eval`` (``python -m pomdp_ffm.bench eval env=Pendulum-V-v0``)."""
@@ -30,7 +30,7 @@ def main(argv=None) -> None:
     if argv is None:
         _reexec_with_stable_malloc()
     p = argparse.ArgumentParser(prog="python -m pomdp_ffm.bench", description=__doc__)
-    p.add_argument("which", choices=["memory", "update", "loop", "eval"])
+    p.add_argument("which", choices=["memory", "update", "act", "loop", "eval"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds")
@@ -39,6 +39,13 @@ def main(argv=None) -> None:
                    help="memory: time only these (e.g. ffm gru gru-loop); default all")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file")
     p.add_argument("--steps", type=int, default=3000, help="loop: env steps to train for (default 3000)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="update: also the seed axis for these seed counts (e.g. 1 5 10 20)")
+    p.add_argument("--project", default=None, metavar="TASK",
+                   help="loop: also project the full budget of TASK (e.g. HopperBLT-V-v0) from this run's acting, "
+                        "update and evaluation costs, with --env-step-ms as its env step cost")
+    p.add_argument("--env-step-ms", type=float, default=None,
+                   help="loop: TASK's env step cost in ms, measured where its env runs (with --project)")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
     if bad or (overrides and args.which not in ("loop", "eval")):
@@ -57,7 +64,12 @@ def main(argv=None) -> None:
     if args.which == "loop":
         from . import loop
 
-        loop.report(loop.run(overrides, args.steps, args.device, args.threads))
+        if (args.project is None) != (args.env_step_ms is None):
+            p.error("--project and --env-step-ms go together")
+        result = loop.run(overrides, args.steps, args.device, args.threads)
+        loop.report(result)
+        if args.project:
+            loop.report_projection(result, args.project, args.env_step_ms, args.device, args.threads)
         return
     if args.which == "eval":
         from . import evaluation
@@ -69,11 +81,20 @@ def main(argv=None) -> None:
 
         rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants)
         print_table(rows, baseline="gru")
+    elif args.which == "act":
+        from . import acting
+
+        rows = acting.run(args.repeats, device)
+        print_table(rows, baseline="agent")
     else:
         from . import update
 
         rows = update.run(args.repeats, device)
         print_table(rows, baseline="sac_gru")
+        if args.seeds:
+            seed_rows = update.run_seeds(args.seeds, args.repeats, device)
+            print_table(seed_rows, baseline="separate")
+            rows += seed_rows
     if args.csv:
         write_csv(rows, args.csv)
         print(f"\nwrote {args.csv}")

@@ -17,22 +17,28 @@ import math
 import tempfile
 import time
 
+from pathlib import Path
+
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..config import RunConfig, register_configs
 from ..envs import get_task
 from ..grid import CONF_DIR
-from ..rundir import RunDir
+from ..train import run as train_run
 from ..trainer import Trainer, env_step_budget
 
 
-def compose_run(overrides: list[str], device: str, threads: int | None) -> tuple[RunConfig, dict]:
-    """The config a benchmark trains with: the overrides, on ``device``, without the progress bar."""
+def compose_cfg(overrides: list[str], device: str, threads: int | None) -> DictConfig:
+    """The composed config a benchmark trains with: the overrides, on ``device``, without the progress bar."""
     register_configs()
     overrides = [*overrides, f"device={device}", "progress=false"] + ([f"num_threads={threads}"] if threads else [])
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+        return compose("config", overrides=overrides)
+
+
+def compose_run(overrides: list[str], device: str, threads: int | None) -> tuple[RunConfig, dict]:
+    cfg = compose_cfg(overrides, device, threads)
     return OmegaConf.to_object(cfg), OmegaConf.to_container(cfg, resolve=True)
 
 
@@ -56,19 +62,29 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
     iters = max(1, math.ceil(steps / iter_len) - 1)
     short = [*overrides, "train.num_init_rollouts_pool=1", f"train.num_iters={iters}", "eval.log_interval=1",
              "checkpoint.interval=1000000", "eval.save_interval=-1"]
-    cfg, composed = compose_run(short, device, threads)
+    composed = compose_cfg(short, device, threads)
+    cfg = OmegaConf.to_object(composed)
+    made: list[Trainer] = []
+
+    class Recording(Trainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
     with tempfile.TemporaryDirectory() as d:
-        run_dir = RunDir(d)
-        trainer = Trainer(cfg, run_dir)
-        try:
-            with run_dir:
-                trainer.config_copy = composed
-                t0 = time.perf_counter()
-                trainer.train()
-                wall = time.perf_counter() - t0
-        finally:
-            trainer.close()
-    tm = trainer.timers
+        # The entry point's own path; with seeds=[...] the seed axis (its directories: .../seed-<k>).
+        t0 = time.perf_counter()
+        out = train_run(composed, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
+        wall = time.perf_counter() - t0
+    if out.get("stopped"):
+        raise RuntimeError("the benchmark's run was stopped by a signal")
+    tm: dict[str, float] = {}
+    pool_timers: dict[str, float] = {}
+    for trainer in made:  # the seeds' parts add up (a joint round charges each seed its share)
+        for k, v in trainer.timers.items():
+            tm[k] = tm.get(k, 0) + v
+        for k, v in trainer.pool_timers.items():
+            pool_timers[k] = pool_timers.get(k, 0) + v
     n_steps, n_updates, n_eval_steps = tm.get("n_steps", 0), tm.get("n_updates", 0), tm.get("n_eval_steps", 0)
     per = {
         "env": tm.get("env", 0.0) / max(n_steps, 1),
@@ -78,9 +94,9 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
     }
     parts = {"env": tm.get("env", 0.0), "act": tm.get("act", 0.0), "sample": tm.get("sample", 0.0),
              "update": tm.get("update", 0.0), "eval": tm.get("eval", 0.0),
-             "pool": sum(trainer.pool_timers.values())}
+             "pool": sum(pool_timers.values())}
     parts["other"] = max(wall - sum(parts.values()), 0.0)
-    budget = full_budget(full_cfg, max_len)
+    budget = {k: v * len(made) for k, v in full_budget(full_cfg, max_len).items()}
     pool_per_step = parts["pool"] / max(tm.get("n_pool_steps", 1), 1)
     projected = {
         "pool env steps": budget["pool_steps"] * pool_per_step,
@@ -89,14 +105,17 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
         "updates": budget["updates"] * per["update"],
         "evaluation (upper bound)": budget["eval_steps"] * per["eval"],
     }
+    per["eval_act"] = tm.get("eval_act", 0.0) / max(n_eval_steps, 1)
     return {"wall": wall, "steps": n_steps + tm.get("n_pool_steps", 0), "n_steps": n_steps, "n_updates": n_updates,
             "n_evals": tm.get("n_evals", 0), "n_eval_steps": n_eval_steps, "parts": parts, "per": per,
             "budget": budget, "projected": projected, "task": cfg.env.env_name,
-            "model": f"{cfg.policy.algo_name}+{cfg.policy.seq_model}"}
+            "model": f"{cfg.policy.algo_name}+{cfg.policy.seq_model}", "overrides": list(overrides),
+            "seeds": len(made)}
 
 
 def report(r: dict) -> None:
-    print(f"\n{r['task']} {r['model']}: {r['steps']} env steps, {r['n_updates']} updates, {r['n_evals']} "
+    runs = f" x {r['seeds']} seeds in one process" if r["seeds"] > 1 else ""
+    print(f"\n{r['task']} {r['model']}{runs}: {r['steps']} env steps, {r['n_updates']} updates, {r['n_evals']} "
           f"evaluations ({r['n_eval_steps']} eval steps) in {r['wall']:.1f} s -> "
           f"{r['steps'] / r['wall']:.1f} env steps/s")
     print("\n  share of the time")
@@ -107,11 +126,40 @@ def report(r: dict) -> None:
     print(f"    env step      {1e3 * per['env']:8.3f} ms")
     print(f"    acting step   {1e3 * per['act']:8.3f} ms")
     print(f"    update        {1e3 * per['update']:8.3f} ms  (sampling included)")
-    print(f"    eval step     {1e3 * per['eval']:8.3f} ms  (acting and env, episodes together where configured)")
+    print(f"    eval step     {1e3 * per['eval']:8.3f} ms  (acting and env, episodes together where configured; "
+          f"acting {1e3 * per['eval_act']:.3f} ms)")
     b = r["budget"]
-    print(f"\n  projected for the full budget: {b['pool_steps'] + b['steps']:,} env steps, {b['updates']:,} "
+    of_runs = f" of the {r['seeds']} runs" if r["seeds"] > 1 else ""
+    print(f"\n  projected for the full budget{of_runs}: {b['pool_steps'] + b['steps']:,} env steps, {b['updates']:,} "
           f"updates, {b['evals']} evaluations")
     total = sum(r["projected"].values())
     for k, v in r["projected"].items():
         print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %")
     print(f"    {'total':<26} {total / 3600:7.2f} h")
+
+
+def report_projection(r: dict, task: str, env_step_ms: float, device: str, threads: int | None) -> dict:
+    """The full budget of ``task`` at this run's acting, update and evaluation-acting costs, with ``env_step_ms``
+    as the task's env step cost (measured where its env can run, e.g. a BLT task on a CPU, when this run's
+    machine cannot build it)."""
+    # The task's own config: a stand-in env (``env.env_name=...``) of the measured run is dropped.
+    overrides = [o for o in r["overrides"] if not o.startswith(("env=", "env.env_name="))] + [f"env={task}"]
+    cfg, _ = compose_run(overrides, device, threads)
+    budget = {k: v * r["seeds"] for k, v in full_budget(cfg, get_task(task).max_episode_steps).items()}
+    env_s, per = env_step_ms / 1e3, r["per"]
+    projected = {
+        "pool env steps": budget["pool_steps"] * env_s,
+        "env steps": budget["steps"] * env_s,
+        "acting": budget["steps"] * per["act"],
+        "updates": budget["updates"] * per["update"],
+        "evaluation (upper bound)": budget["eval_steps"] * (per["eval_act"] + env_s),
+    }
+    total = sum(projected.values())
+    of_runs = f"{r['seeds']} runs of " if r["seeds"] > 1 else ""
+    print(f"\n  projected for {of_runs}{task} ({budget['pool_steps'] + budget['steps']:,} env steps, {budget['updates']:,} "
+          f"updates, {budget['evals']} evaluations of {budget['eval_steps'] // max(budget['evals'], 1):,} steps at "
+          f"most) with its env step at {env_step_ms:.3f} ms and this run's other costs")
+    for k, v in projected.items():
+        print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %")
+    print(f"    {'total':<26} {total / 3600:7.2f} h")
+    return projected

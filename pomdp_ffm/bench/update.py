@@ -8,6 +8,11 @@ matmul rate at a comparable size.
 On CUDA each agent also runs as CUDA-graph replays (``<algo>_<model>+graph``: pomdp_ffm/graph.py, the trainer's
 ``train.cuda_graph``), from the same weights, with numpy batches as the buffer samples them; the eager and graph
 variants are timed in the same interleaved rounds, and ``graph_speedup`` is eager ms / graph ms.
+
+``--seeds 1 5 10 20`` adds the seed axis (pomdp_ffm/seeds.py): for each S, S SAC+FFM agents updated as S separate
+runners in turn (each its own graph on CUDA: what S separate runs cost on one GPU) against one runner that
+updates the S agents together (``UpdateRunner.update_all``: one graph with a branch per seed), and on CUDA the
+same with TF32 matmuls (captured with TF32 on). Reported as seed-updates/s and the ratio to the separate runners.
 """
 from __future__ import annotations
 
@@ -83,3 +88,65 @@ def run(repeats: int, device: torch.device) -> list[Row]:
     rows.append(Row("update", "matmul_4160x256x256", "torch", "matmul_gflop_s", matmul_gflops(device), "GFLOP/s"))
     return rows
 
+
+
+def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model: str = "ffm") -> list[Row]:
+    """Seed-updates/s of S agents updated separately (in turn) and together (one runner), for each S."""
+    rng = np.random.default_rng(0)
+    batches = [random_batch(rng) for _ in range(4)]
+    graph = device.type == "cuda"
+    rows: list[Row] = []
+    for S in seed_counts:
+        def agents():
+            out = []
+            for k in range(S):
+                torch.manual_seed(k)
+                out.append(RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name="sac")).to(device))
+            return out
+
+        separate = [UpdateRunner(a, cuda_graph=graph) for a in agents()]
+        together = UpdateRunner(agents(), cuda_graph=graph)
+        variants = {"separate": lambda i: [r(batches[(i + k) % 4]) for k, r in enumerate(separate)],
+                    "together": lambda i: together.update_all([batches[(i + k) % 4] for k in range(S)])}
+        if graph:
+            tf32 = UpdateRunner(agents(), cuda_graph=True)
+            variants["together+tf32"] = lambda i: tf32.update_all([batches[(i + k) % 4] for k in range(S)])
+        calls = {k: 0 for k in variants}
+
+        def step(k):
+            variants[k](calls[k])
+            calls[k] += 1
+
+        # Warm up every runner to its replays; the TF32 runner captures with TF32 matmuls on.
+        for k in variants:
+            with _tf32(k.endswith("+tf32")):
+                for _ in range(WARMUP + 2):
+                    step(k)
+        med = interleaved_medians({k: (lambda k=k: step(k)) for k in variants}, repeats, device, warmup=1)
+        shape = f"{SHAPE}_sac_{model}_S{S}"
+        for k, v in med.items():
+            rows.append(Row("seed-axis", shape, k, "round_ms", v * 1e3, "ms"))
+            rows.append(Row("seed-axis", shape, k, "seed_updates_per_s", S / v, "1/s"))
+        del separate, together, variants
+        if graph:
+            torch.cuda.empty_cache()
+    return rows
+
+
+WARMUP = 3
+
+
+class _tf32:
+    """TF32 matmuls on (PyTorch's default, and the reference's, is off) for what runs inside; cuDNN keeps its own
+    default."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.saved = torch.backends.cuda.matmul.allow_tf32
+        if self.on:
+            torch.backends.cuda.matmul.allow_tf32 = True
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.saved

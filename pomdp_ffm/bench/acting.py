@@ -1,0 +1,67 @@
+"""``python -m pomdp_ffm.bench act``: one acting step (the actor's memory and head, the action sampled and read
+on the host) at the HopperBLT-V dimensions, batch 1 as in collection, for SAC with each memory, three ways:
+
+* ``agent``: the agent's own ``act`` on its device (the reference acts on its GPU);
+* ``graph`` (CUDA): ``graph.ActingRunner``, the step as a CUDA-graph replay (the trainer's ``train.cuda_graph``);
+* ``cpu-copy`` (CUDA): a CPU copy of the actor (``CpuActing`` below), the other way to cheap acting on a GPU
+  machine; measured against the graph, not used by the trainer.
+
+Median microseconds per step over interleaved rounds of episodes of INNER steps, carrying the memory state.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from ..agent import RecurrentAgent, act_with
+from ..config import PolicyConfig
+from ..graph import ActingRunner
+from .common import Row, interleaved_medians
+from .update import ACT, OBS
+
+INNER = 50
+
+
+class CpuActing:
+    """Acting from a CPU copy of the agent's actor, refreshed from the agent by ``refresh()`` (a trainer would call
+    it after each burst of updates, when the actor has moved). Its exploration noise would come from the CPU's
+    generator instead of the GPU's."""
+
+    def __init__(self, agent: RecurrentAgent):
+        self.agent = agent
+        self.actor = copy.deepcopy(agent.actor).to("cpu").requires_grad_(False)
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.actor.load_state_dict(self.agent.actor.state_dict())
+
+    def initial_state(self, batch_size: int = 1):
+        return self.actor.encoder.initial_state(batch_size, torch.device("cpu"))
+
+    def act(self, obs, prev_action, prev_reward, state, deterministic: bool):
+        return act_with(self.actor, self.agent.algo, obs, prev_action, prev_reward, state, deterministic)
+
+
+def run(repeats: int, device: torch.device, models=("ffm", "gru", "lstm"), deterministic: bool = False) -> list[Row]:
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((INNER, 1, OBS)).astype(np.float32)
+    rows: list[Row] = []
+    for model in models:
+        torch.manual_seed(0)
+        agent = RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name="sac")).to(device)
+        ways = {"agent": agent}
+        if device.type == "cuda":
+            ways["graph"] = ActingRunner(agent)
+            ways["cpu-copy"] = CpuActing(agent)
+
+        def episode(actor):
+            state, action = actor.initial_state(1), np.zeros((1, ACT), np.float32)
+            for t in range(INNER):
+                action, state = actor.act(obs[t], action, np.full(1, 0.5, np.float32), state, deterministic)
+
+        med = interleaved_medians({k: (lambda a=a: episode(a)) for k, a in ways.items()}, repeats, device)
+        for k, v in med.items():
+            rows.append(Row("acting", f"HopperBLT-V_B1_sac_{model}", k, "step_us", v / INNER * 1e6, "us"))
+    return rows
