@@ -553,10 +553,14 @@ class ActingRunner:
         return graph
 
     def _check_params(self) -> None:
+        """A parameter re-allocated (moved, or loaded by assignment) is not where the graphs read: drop them; an
+        episode on a graph goes on eagerly from the graph's memory state, and is captured again later."""
         ptrs = tuple(p.data_ptr() for p in self.agent.actor.parameters())
         if ptrs != self._ptrs:
-            if self._graphs:
-                self.backend.synchronize()
+            for graph in self._graphs.values():
+                if graph.owner is not None:
+                    graph.owner.eager, graph.owner.graphed = graph.state, False
+                    graph.owner = None
             self._graphs.clear()
             self._eager_steps.clear()
             self._ptrs = ptrs

@@ -123,19 +123,18 @@ class JointBursts:
 
     def run(self, seeds: list[int], trainers: list[Trainer], bursts: list[Burst]) -> None:
         key = tuple(seeds)
-        if key not in self._runners:
-            make = self.make_runner or joint_runner
-            self._runners = {key: make(trainers)}  # the set of seeds changed: a new runner
+        if key not in self._runners:  # one per set of seeds that has run together (their graphs are kept)
+            self._runners[key] = (self.make_runner or joint_runner)(trainers)
         runner = self._runners[key]
         if runner is None:
             return
         remaining = [b.n - b.done for b in bursts]
         # the last update of a burst logs gradient norms: a joint round only where all seeds agree on that
         rounds = remaining[0] if len(set(remaining)) == 1 else min(remaining) - 1
-        if rounds <= 0 or len({t.agent.actor_step_due() for t in trainers}) > 1:
-            return
         clock, S = time.perf_counter, len(trainers)
         for _ in range(rounds):
+            if len({t.agent.actor_step_due() for t in trainers}) > 1:
+                break  # a TD3 policy delay parts the seeds here (their update counts differ)
             trainers[0]._check_stop()
             t_s = clock()
             batches = [t.sample_batch() for t in trainers]
@@ -193,6 +192,19 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                 a.trainer.stop = stop
                 a.trainer.open(a.state)
         try:
+            # A stop in the seeds' own turns after a joint phase left some seeds mid-burst and the others done
+            # with that unit of work: the former finish it alone first, as they would have without the stop.
+            for k, a in list(running):
+                burst = a.trainer.counters.burst
+                if burst is not None and burst.get("alone"):
+                    try:
+                        with turn(k, a):
+                            a.trainer.step()
+                            stepped(k, a)
+                    except _StopRequested:
+                        raise
+                    except BaseException as e:
+                        failed(k, a, e)
             while running:
                 # Each seed's unit of work up to its burst of updates (if any), in its turn.
                 pending = []
@@ -206,6 +218,8 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                             else:
                                 pending.append((k, a, parts, burst))
                     except _StopRequested:
+                        for k2, a2, parts2, _ in pending:  # their bursts record that nothing ran
+                            _throw_into(k2, a2, parts2, _StopRequested(), turn, failed)
                         raise
                     except BaseException as e:
                         failed(k, a, e)
@@ -216,6 +230,9 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                         with turn(k0, a0):
                             joint.run([p[0] for p in pending], [p[1].trainer for p in pending],
                                       [p[3] for p in pending])
+                        for p in pending:
+                            # Its joint part is over: after a stop, it resumes alone, before any seed goes on.
+                            p[3].state["alone"] = True
                     except BaseException as e:
                         for k, a, parts, _ in pending:
                             _throw_into(k, a, parts, e, turn, failed)

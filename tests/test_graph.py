@@ -360,6 +360,28 @@ def test_acting_runner_logic_equals_the_agents_acting(algo, model):
         runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], s, False)
 
 
+@pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
+def test_acting_goes_on_when_a_parameter_is_reallocated_mid_episode(model):
+    # The graphs read the parameters where they were: a re-allocated one drops them, and the episode goes on
+    # eagerly from the graph's memory state (then is captured again), as the agent itself would act.
+    agent = make_agent("sac", model)
+    runner = ActingRunner(agent, warmup=1, backend=PythonGraphs())
+    twin = copy.deepcopy(agent)
+    probe = make_batch(5)
+    out = []
+    for actor in (runner, twin):
+        state, acts = actor.initial_state(2), []
+        for t in range(6):
+            if t == 3:
+                for p in actor.agent.actor.parameters() if actor is runner else ():
+                    p.data = p.data.clone()
+            a, state = actor.act(probe.obs[t, :2], probe.act[t, :2], probe.rew[t, :2, 0], state, True)
+            acts.append(a)
+        out.append(np.stack(acts))
+    np.testing.assert_array_equal(out[0], out[1])
+    assert runner.captures == 2
+
+
 @pytest.mark.parametrize("algo, model", [("sac", "ffm"), ("td3", "gru")])
 def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_path, monkeypatch, algo, model):
     # The trainer with its updates and its acting through the runners' logic (the Python stand-in for graphs):

@@ -203,15 +203,47 @@ def test_joint_rounds_stop_where_the_seeds_paths_part(run_cfg, tmp_path, lengths
         t.close()
 
 
-def test_no_joint_rounds_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_path):
+@pytest.mark.parametrize("delay, counts, joint_rounds", [(2, (0, 1), 0), (3, (0, 1), 1), (3, (1, 4), 6)])
+def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_path, delay, counts, joint_rounds):
+    # After bursts of other lengths the seeds' update counts differ: they agree on the actor step for some rounds
+    # (counts 0 and 1 with a delay of 3: one round), then part; the joint rounds stop there, without an error.
     from pomdp_ffm.graph import UpdateRunner
     from pomdp_ffm.seeds import JointBursts
     from pomdp_ffm.trainer import Burst
 
-    trainers = _trainers_with_data(run_cfg, tmp_path, ("algo=td3", "policy.td3.policy_delay=2"), n=2)
-    trainers[1].agent.num_updates = 1  # after bursts of other lengths: the next update moves its actor
-    bursts = [Burst(t, {"n": 4, "done": 0, "sums": {}, "counts": {}}) for t in trainers]
+    trainers = _trainers_with_data(run_cfg, tmp_path, ("algo=td3", f"policy.td3.policy_delay={delay}"), n=2)
+    for t, c in zip(trainers, counts):
+        t.agent.num_updates = c
+    bursts = [Burst(t, {"n": 6, "done": 0, "sums": {}, "counts": {}}) for t in trainers]
     JointBursts(lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False)).run([0, 1], trainers, bursts)
-    assert [b.done for b in bursts] == [0, 0]
+    assert [b.done for b in bursts] == [joint_rounds] * 2
     for t in trainers:
         t.close()
+
+
+def test_a_stop_in_a_seeds_own_turn_after_joint_rounds_resumes_to_the_same_logs(composed, tmp_path, monkeypatch):
+    # Episodes of different lengths give bursts of different lengths: each seed finishes what is left of its
+    # burst alone, after the joint rounds. A stop there leaves the seeds before it done with their iteration and
+    # the others mid-burst; on resume the latter finish alone first, so every log is the uninterrupted one's.
+    from pomdp_ffm.graph import UpdateRunner
+
+    joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
+    overrides = ("env=HopperMJ-V-v0", "algo=sac", "seq_model=gru", "train.num_updates_per_iter=0.25",
+                 "train.num_iters=1", "device=cpu", "seeds=[0,1,2]")
+    run(composed(*overrides), tmp_path / "full" / "seed-0")
+
+    class StopInSeed1sOwnTurn(Trainer):
+        calls = 0
+
+        def run_updates(self, burst, limit=None):
+            if self.cfg.seed == 1 and burst.done < burst.n:
+                StopInSeed1sOwnTurn.calls += 1
+                if StopInSeed1sOwnTurn.calls == 3:
+                    self.stop.request(signal.SIGTERM)
+            return super().run_updates(burst, limit)
+
+    assert run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopInSeed1sOwnTurn)["stopped"]
+    assert StopInSeed1sOwnTurn.calls == 3
+    run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
+    for k in range(3):
+        pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"))
