@@ -368,37 +368,37 @@ def seed_axis_run(agents, update_all, n=20):
             [{k: v.detach().cpu() for k, v in a.state_dict().items()} for a in agents])
 
 
-@pytest.mark.parametrize("algo, model, kw", SEED_AXIS_CASES, ids=SEED_AXIS_IDS)
-def test_seed_axis_graph_equals_the_agents_updated_in_turn(algo, model, kw):
-    # One graph with a branch per agent against each agent's eager update in turn: <= 1e-5 relative over 20
-    # updates, as for one agent (the branches run concurrently; each agent's arithmetic is its own).
-    S = 3
+def seed_axis_and_in_turn(algo, model, kw, capturable_eager=False, S=3):
+    """20 updates of S agents as one graph with a branch per agent, and of S twins each updated eagerly in turn
+    (optionally with the same capturable Adam): (graph run, eager run, runner)."""
     eager = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
+    if capturable_eager:
+        for a in eager:
+            for o in optimizers(a):
+                make_capturable_(o)
     torch.manual_seed(7)
     ref = seed_axis_run(eager, lambda bs, g: [a.update(b, grad_norms=g) for a, b in zip(eager, bs)])
     agents = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
     runner = UpdateRunner(agents, cuda_graph=True)
     torch.manual_seed(7)
     out = seed_axis_run(agents, lambda bs, g: runner.update_all(bs, grad_norms=g))
+    return out, ref, runner
+
+
+@pytest.mark.parametrize("algo, model, kw", SEED_AXIS_CASES, ids=SEED_AXIS_IDS)
+def test_seed_axis_graph_equals_the_agents_updated_in_turn(algo, model, kw):
+    # One graph with a branch per agent against each agent's eager update in turn, to the tolerance of one
+    # agent's graph (the branches run concurrently; each agent's arithmetic is its own).
+    out, ref, runner = seed_axis_and_in_turn(algo, model, kw)
     assert runner.graphed and runner.replays >= 20 - len(runner.captured_paths) - 3
-    for k in range(S):
+    for k in range(len(runner.agents)):
         assert_relative(([st[k] for st in out[0]], out[1][k]), ([st[k] for st in ref[0]], ref[1][k]), 3e-5,
                         stats_rtol=1e-4)
 
 
 @pytest.mark.parametrize("algo, model, kw", SEED_AXIS_CASES, ids=SEED_AXIS_IDS)
 def test_seed_axis_graph_equals_the_capturable_agents_bit_for_bit(algo, model, kw):
-    S = 3
-    eager = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
-    for a in eager:
-        for o in optimizers(a):
-            make_capturable_(o)
-    torch.manual_seed(7)
-    ref = seed_axis_run(eager, lambda bs, g: [a.update(b, grad_norms=g) for a, b in zip(eager, bs)])
-    agents = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
-    runner = UpdateRunner(agents, cuda_graph=True)
-    torch.manual_seed(7)
-    out = seed_axis_run(agents, lambda bs, g: runner.update_all(bs, grad_norms=g))
+    out, ref, _ = seed_axis_and_in_turn(algo, model, kw, capturable_eager=True)
     assert out[0] == ref[0]
     for a, b in zip(out[1], ref[1]):
         assert all(torch.equal(a[k], b[k]) for k in b)
@@ -428,25 +428,12 @@ def test_acting_replays_equal_the_agents_acting(algo, model):
     # Episodes of batch 1 (stochastic, as collected) and batch 3 (deterministic, as evaluated together), with
     # updates between them: the same actions as the agent's eager acting with the same RNG.
     from pomdp_ffm.graph import ActingRunner
+    from test_graph import acting_episodes
 
     agent = make_agent(algo, model).to(CUDA)
     graph = ActingRunner(agent, warmup=2)
-    twin = copy.deepcopy(agent)
-    probe = make_batch(5)
-    for ep in range(4):
-        for n, det in ((1, False), (3, True)):
-            out = []
-            for actor in (graph, twin):
-                torch.manual_seed(ep)
-                state, acts = actor.initial_state(n), []
-                for t in range(6):
-                    a, state = actor.act(probe.obs[t, :n], probe.act[t, :n], probe.rew[t, :n, 0], state, det)
-                    acts.append(a)
-                out.append(np.stack(acts))
-            np.testing.assert_allclose(out[0], out[1], rtol=1e-6, atol=1e-7)
-        for a in (agent, twin):
-            torch.manual_seed(10 + ep)
-            a.update(make_batch(ep))
+    for replayed, eager in acting_episodes(agent, graph, steps=6):
+        np.testing.assert_allclose(replayed, eager, rtol=1e-6, atol=1e-7)
     assert graph.captures == 2 and graph.replays > 0
 
 

@@ -331,24 +331,11 @@ def test_acting_runner_logic_equals_the_agents_acting(algo, model):
     # logic (eager warm-up, capture, static state handed from episode to episode) with the Python stand-in.
     agent = make_agent(algo, model)
     runner = ActingRunner(agent, warmup=2, backend=PythonGraphs())
-    twin = copy.deepcopy(agent)
-    probe = make_batch(5)
-    for ep in range(4):
-        for n, det in ((1, False), (3, True)):
-            out = []
-            for actor in (runner, twin):
-                torch.manual_seed(ep)
-                state, acts = actor.initial_state(n), []
-                for t in range(5):
-                    a, state = actor.act(probe.obs[t, :n], probe.act[t, :n], probe.rew[t, :n, 0], state, det)
-                    acts.append(a)
-                out.append(np.stack(acts))
-            np.testing.assert_array_equal(out[0], out[1])
-        for a in (agent, twin):
-            torch.manual_seed(10 + ep)
-            a.update(make_batch(ep))
+    for replayed, eager in acting_episodes(agent, runner, steps=5):
+        np.testing.assert_array_equal(replayed, eager)
     assert runner.captures == 2 and runner.eager_steps == 4 and runner.replays == 4 * 2 * 5 - 4 - 0
     # one episode at a time per key: an older state whose graph a newer episode took is refused
+    probe = make_batch(5)
     old = runner.initial_state(1)
     runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], old, False)
     runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], runner.initial_state(1), False)
@@ -358,6 +345,30 @@ def test_acting_runner_logic_equals_the_agents_acting(algo, model):
         s = runner.initial_state(1)
         runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], s, True)
         runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], s, False)
+
+
+def acting_episodes(agent, runner, steps: int, episodes: int = 4):
+    """Episodes of batch 1 (stochastic, as collected) and of batch 3 (deterministic, as evaluated together)
+    through ``runner`` and through a copy of ``agent`` acting itself, with the same RNG, the two updated alike
+    between episodes: a list of (runner's actions, copy's actions)."""
+    twin = copy.deepcopy(agent)
+    probe = make_batch(5)
+    pairs = []
+    for ep in range(episodes):
+        for n, det in ((1, False), (3, True)):
+            out = []
+            for actor in (runner, twin):
+                torch.manual_seed(ep)
+                state, acts = actor.initial_state(n), []
+                for t in range(steps):
+                    a, state = actor.act(probe.obs[t, :n], probe.act[t, :n], probe.rew[t, :n, 0], state, det)
+                    acts.append(a)
+                out.append(np.stack(acts))
+            pairs.append(tuple(out))
+        for a in (agent, twin):
+            torch.manual_seed(10 + ep)
+            a.update(make_batch(ep))
+    return pairs
 
 
 @pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
