@@ -122,3 +122,19 @@ def test_cpu_acting_is_the_agents_acting_as_of_its_last_refresh(algo, model):
     for det in (True, False):
         np.testing.assert_array_equal(episode(copy_, det), episode(agent, det))
     assert all(p.device.type == "cpu" and not p.requires_grad for p in copy_.actor.parameters())
+
+
+def test_loop_benchmark_of_a_seed_axis_and_its_projection_to_another_task(capsys):
+    # Two seeds in one process: the parts add up over the seeds, the budget is the two runs'; the projection takes
+    # the other task's whole budget, this run's acting, update and evaluation-acting costs, and the given env cost.
+    from pomdp_ffm.bench import loop
+
+    r = loop.run([*SMALL, "seeds=[0,1]"], steps=400, device="cpu", threads=1)
+    assert r["seeds"] == 2 and r["parts"]["once"] > 0
+    assert sum(r["parts"].values()) == pytest.approx(r["wall"], rel=0.05)
+    assert (r["budget"]["pool_steps"], r["budget"]["steps"]) == (2 * 1000, 2 * 50000)
+    loop.report(r)
+    projected = loop.report_projection(r, "HopperBLT-V-v0", 0.5, "cpu", 1)
+    assert "2 runs of HopperBLT-V-v0 (3,020,000 env steps" in capsys.readouterr().out
+    assert projected["env steps"] == pytest.approx(2 * (1_510_000 - 1000 * 10) * 0.5e-3)  # after its 10-episode pool
+    assert projected["acting"] == pytest.approx(2 * (1_510_000 - 10_000) * r["per"]["act"])

@@ -67,9 +67,20 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
     made: list[Trainer] = []
 
     class Recording(Trainer):
+        """Times what happens once per run (building, the final checkpoint) apart from the loop's parts."""
+
         def __init__(self, *a, **kw):
+            t0 = time.perf_counter()
             super().__init__(*a, **kw)
+            self.timers["once"] = time.perf_counter() - t0
             made.append(self)
+
+        def finished(self):
+            t0 = time.perf_counter()
+            try:
+                return super().finished()
+            finally:
+                self.timers["once"] += time.perf_counter() - t0
 
     with tempfile.TemporaryDirectory() as d:
         # The entry point's own path; with seeds=[...] the seed axis (its directories: .../seed-<k>).
@@ -94,7 +105,9 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
     }
     parts = {"env": tm.get("env", 0.0), "act": tm.get("act", 0.0), "sample": tm.get("sample", 0.0),
              "update": tm.get("update", 0.0), "eval": tm.get("eval", 0.0),
-             "pool": sum(pool_timers.values())}
+             "pool": sum(pool_timers.values()), "once": tm.get("once", 0.0)}
+    # once: building the trainers and the final checkpoint, not projected; other: what no part timed (the
+    # entry point's checks and files, logging, the loop's own bookkeeping), not projected either
     parts["other"] = max(wall - sum(parts.values()), 0.0)
     budget = {k: v * len(made) for k, v in full_budget(full_cfg, max_len).items()}
     pool_per_step = parts["pool"] / max(tm.get("n_pool_steps", 1), 1)
