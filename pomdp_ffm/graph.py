@@ -265,10 +265,6 @@ class UpdateRunner:
         self.eager_updates = self.replays = self.captures = self.rearms = 0
 
     @property
-    def staging(self) -> Staging | None:
-        return None if self.stagings is None else self.stagings[0]
-
-    @property
     def captured_paths(self) -> set[tuple[bool, bool]]:
         """(grad_norms, actor_step) of each graph held now."""
         return set(self._graphs)

@@ -8,6 +8,7 @@ env); several envs step their episodes together.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -65,7 +66,7 @@ class RandomPolicy:
 def run_episodes(envs: Sequence, policy: Policy, record: bool,
                  on_step: Callable[[int], None] | None = None,
                  reset: Callable[[int], np.ndarray] | None = None,
-                 timers: dict[str, float] | None = None) -> list[Episode]:
+                 timers: Counter | None = None) -> list[Episode]:
     """One episode per env. ``record`` keeps the transitions; ``on_step(n)`` is told of n env steps taken;
     ``reset(i)`` resets env i and returns its first observation (default: ``envs[i].reset()``), called for
     i = 0, 1, ... in order; ``timers`` accumulates the seconds spent in the policy ("act") and in the envs
@@ -105,8 +106,7 @@ def run_episodes(envs: Sequence, policy: Policy, record: bool,
         if on_step is not None:
             on_step(stepped)
     if timers is not None:
-        timers["act"] = timers.get("act", 0.0) + t_act
-        timers["env"] = timers.get("env", 0.0) + t_env
+        timers.update(act=t_act, env=t_env)
     episodes = []
     for i in range(n):
         o, a, r, d, o2 = zip(*trans[i]) if trans[i] else ((),) * 5

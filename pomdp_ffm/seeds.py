@@ -143,8 +143,7 @@ class JointBursts:
             t_e = clock()
             for t, b, st in zip(trainers, bursts, stats):
                 # each seed is charged its share of the joint round
-                t.timers["sample"] = t.timers.get("sample", 0.0) + (t_u - t_s) / S
-                t.timers["update"] = t.timers.get("update", 0.0) + (t_e - t_u) / S
+                t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S)
                 b.add(st)
 
 
@@ -179,6 +178,17 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
             raise e
         errors.append(e)
 
+    @contextlib.contextmanager
+    def own_turn(k: int, a: Attempt):
+        """Seed k's turn, where an error is that seed's failure (the others go on); a stop goes up."""
+        try:
+            with turn(k, a):
+                yield
+        except _StopRequested:
+            raise
+        except BaseException as e:
+            failed(k, a, e)
+
     def stepped(k: int, a: Attempt) -> None:
         if a.trainer.counters.env_steps >= a.trainer.budget:
             results[k] = a.end(a.trainer.finished())
@@ -197,32 +207,25 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
             for k, a in list(running):
                 burst = a.trainer.counters.burst
                 if burst is not None and burst.get("alone"):
-                    try:
-                        with turn(k, a):
-                            a.trainer.step()
-                            stepped(k, a)
-                    except _StopRequested:
-                        raise
-                    except BaseException as e:
-                        failed(k, a, e)
+                    with own_turn(k, a):
+                        a.trainer.step()
+                        stepped(k, a)
             while running:
                 # Each seed's unit of work up to its burst of updates (if any), in its turn.
                 pending = []
-                for k, a in list(running):
-                    try:
-                        with turn(k, a):
+                try:
+                    for k, a in list(running):
+                        with own_turn(k, a):
                             parts = a.trainer.step_parts()
                             burst = next(parts, None)
                             if burst is None:
                                 stepped(k, a)
                             else:
                                 pending.append((k, a, parts, burst))
-                    except _StopRequested:
-                        for k2, a2, parts2, _ in pending:  # their bursts record that nothing ran
-                            _throw_into(k2, a2, parts2, _StopRequested(), turn, failed)
-                        raise
-                    except BaseException as e:
-                        failed(k, a, e)
+                except _StopRequested:
+                    for k, a, parts, _ in pending:  # their bursts record that nothing ran
+                        _throw_into(k, a, parts, _StopRequested(), turn, failed)
+                    raise
                 # The bursts together, as far as they can go; then the rest of each seed's unit, in its turn.
                 if pending:
                     k0, a0 = pending[0][:2]
@@ -242,17 +245,15 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                             if (k, a) in running:
                                 failed(k, a, e)
                         continue
-                    for k, a, parts, burst in pending:
+                    for i, (k, a, parts, burst) in enumerate(pending):
                         try:
-                            with turn(k, a):
+                            with own_turn(k, a):
                                 a.trainer.drive(parts, burst)
                                 stepped(k, a)
                         except _StopRequested:
-                            for k2, a2, parts2, _ in pending[pending.index((k, a, parts, burst)) + 1:]:
+                            for k2, a2, parts2, _ in pending[i + 1:]:
                                 _throw_into(k2, a2, parts2, _StopRequested(), turn, failed)
                             raise
-                        except BaseException as e:
-                            failed(k, a, e)
         except _StopRequested:
             for k, a in running:
                 with turn(k, a):

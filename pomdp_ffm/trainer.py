@@ -13,6 +13,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -167,8 +168,8 @@ class Trainer:
         self.config_copy: dict | None = None  # the composed config, stored in every checkpoint
         self._eval_envs: list = []
         # Wall seconds and counts of this process's work, by part (python -m pomdp_ffm.bench loop reads them).
-        self.timers: dict[str, float] = {}
-        self.pool_timers: dict[str, float] = {}  # the random pool's, apart: its "acting" is a uniform draw
+        self.timers: Counter = Counter()
+        self.pool_timers: Counter = Counter()  # the random pool's, apart: its "acting" is a uniform draw
         self.bar = None
         self._updates_per_s = 0.0
 
@@ -327,7 +328,7 @@ class Trainer:
             # It waits for the GPU to finish the updates queued: that wait is update time too.
             t_w = time.perf_counter()
             first_bad = burst.close()
-            self.timers["update"] = self.timers.get("update", 0.0) + (time.perf_counter() - t_w)
+            self.timers["update"] += time.perf_counter() - t_w
             if first_bad >= 0:
                 self._diverged(first_bad, burst.last)
         c.burst = None
@@ -337,19 +338,18 @@ class Trainer:
         self._updates_per_s = burst.ran / max(time.time() - t0, 1e-9)
         self._show_status()
 
-    def run_updates(self, burst: "Burst", limit: int | None = None) -> None:
-        """The burst's remaining updates (at most ``limit`` of them), one after another through this trainer's
-        updater; gradient-norm diagnostics at the burst's last update."""
+    def run_updates(self, burst: "Burst") -> None:
+        """The burst's remaining updates, one after another through this trainer's updater; gradient-norm
+        diagnostics at the burst's last update."""
         clock, timers, n = time.perf_counter, self.timers, burst.n
-        stop = n if limit is None else min(n, burst.done + limit)
-        while burst.done < stop:
+        while burst.done < n:
             self._check_stop()
             t_s = clock()
             batch = self.sample_batch()
             t_u = clock()
             stats = self.updater(batch, grad_norms=burst.done == n - 1)
-            timers["sample"] = timers.get("sample", 0.0) + (t_u - t_s)
-            timers["update"] = timers.get("update", 0.0) + (clock() - t_u)
+            timers["sample"] += t_u - t_s
+            timers["update"] += clock() - t_u
             burst.add(stats)
 
     def sample_batch(self):
@@ -381,14 +381,13 @@ class Trainer:
         tests/test_trainer.py.) A stochastic evaluation stays one after another: its action noise is drawn
         per step, and a batch would draw it in another order."""
         t0 = time.perf_counter()
-        n, policy, eval_timers = self.cfg.env.num_eval_tasks, AgentPolicy(self.acting, deterministic), {}
+        n, policy, eval_timers = self.cfg.env.num_eval_tasks, AgentPolicy(self.acting, deterministic), Counter()
         if deterministic and self.cfg.eval.episodes_together and n > 1:
             eps = self._episodes_together(policy, n, eval_timers)
         else:
             eps = [run_episodes([self.env], policy, record=False, timers=eval_timers)[0] for _ in range(n)]
-        self.timers["eval"] = self.timers.get("eval", 0.0) + time.perf_counter() - t0
-        for k, v in eval_timers.items():
-            self.timers[f"eval_{k}"] = self.timers.get(f"eval_{k}", 0.0) + v
+        self.timers["eval"] += time.perf_counter() - t0
+        self.timers.update({f"eval_{k}": v for k, v in eval_timers.items()})
         self._count("eval_steps", sum(e.length for e in eps))
         self._count("evals")
         return (float(np.mean([e.ret for e in eps])), float(np.mean([e.length for e in eps])),
@@ -414,7 +413,7 @@ class Trainer:
         return eps
 
     def _count(self, key: str, n: int = 1) -> None:
-        self.timers[f"n_{key}"] = self.timers.get(f"n_{key}", 0) + n
+        self.timers[f"n_{key}"] += n
 
     def evaluate_and_log(self) -> float:
         ret, length, success = self.evaluate(deterministic=True)

@@ -235,12 +235,12 @@ def test_a_stop_in_a_seeds_own_turn_after_joint_rounds_resumes_to_the_same_logs(
     class StopInSeed1sOwnTurn(Trainer):
         calls = 0
 
-        def run_updates(self, burst, limit=None):
+        def run_updates(self, burst):
             if self.cfg.seed == 1 and burst.done < burst.n:
                 StopInSeed1sOwnTurn.calls += 1
                 if StopInSeed1sOwnTurn.calls == 3:
                     self.stop.request(signal.SIGTERM)
-            return super().run_updates(burst, limit)
+            return super().run_updates(burst)
 
     assert run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopInSeed1sOwnTurn)["stopped"]
     assert StopInSeed1sOwnTurn.calls == 3

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from collections import Counter
 
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
         def __init__(self, *a, **kw):
             t0 = time.perf_counter()
             super().__init__(*a, **kw)
-            self.timers["once"] = time.perf_counter() - t0
+            self.timers["once"] += time.perf_counter() - t0
             made.append(self)
 
         def finished(self):
@@ -89,13 +90,10 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
         wall = time.perf_counter() - t0
     if out.get("stopped"):
         raise RuntimeError("the benchmark's run was stopped by a signal")
-    tm: dict[str, float] = {}
-    pool_timers: dict[str, float] = {}
+    tm, pool_timers = Counter(), Counter()
     for trainer in made:  # the seeds' parts add up (a joint round charges each seed its share)
-        for k, v in trainer.timers.items():
-            tm[k] = tm.get(k, 0) + v
-        for k, v in trainer.pool_timers.items():
-            pool_timers[k] = pool_timers.get(k, 0) + v
+        tm.update(trainer.timers)
+        pool_timers.update(trainer.pool_timers)
     n_steps, n_updates, n_eval_steps = tm.get("n_steps", 0), tm.get("n_updates", 0), tm.get("n_eval_steps", 0)
     per = {
         "env": tm.get("env", 0.0) / max(n_steps, 1),

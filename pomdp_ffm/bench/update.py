@@ -16,6 +16,7 @@ same with TF32 matmuls (captured with TF32 on). Reported as seed-updates/s and t
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import numpy as np
@@ -25,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..agent import RecurrentAgent
 from ..buffer import SeqBatch
 from ..config import PolicyConfig
-from ..graph import UpdateRunner
+from ..graph import WARMUP_UPDATES, UpdateRunner
 from .common import Row, interleaved_medians
 
 OBS, ACT, BATCH, SEQ = 6, 3, 64, 64
@@ -120,7 +121,7 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
         # Warm up every runner to its replays; the TF32 runner captures with TF32 matmuls on.
         for k in variants:
             with _tf32(k.endswith("+tf32")):
-                for _ in range(WARMUP + 2):
+                for _ in range(WARMUP_UPDATES + 2):
                     step(k)
         med = interleaved_medians({k: (lambda k=k: step(k)) for k in variants}, repeats, device, warmup=1)
         shape = f"{SHAPE}_sac_{model}_S{S}"
@@ -133,20 +134,13 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
     return rows
 
 
-WARMUP = 3
-
-
-class _tf32:
+@contextlib.contextmanager
+def _tf32(on: bool):
     """TF32 matmuls on (PyTorch's default, and the reference's, is off) for what runs inside; cuDNN keeps its own
     default."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.saved = torch.backends.cuda.matmul.allow_tf32
-        if self.on:
-            torch.backends.cuda.matmul.allow_tf32 = True
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32 = self.saved
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = saved or on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
