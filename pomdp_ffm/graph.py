@@ -180,12 +180,16 @@ class CudaGraphs:
         self._branches: list[torch.cuda.Stream] = []
 
     @contextlib.contextmanager
-    def side_stream(self):
+    def side_stream(self, join: bool = True):
+        """Work queued on the side stream after the current stream's. ``join``: the current stream then waits
+        for it; without, the caller waits for it on the host (an acting step), and several runners' side
+        streams (a seed axis) run at once."""
         current = torch.cuda.current_stream(self.device)
         self.side.wait_stream(current)
         with torch.cuda.stream(self.side):
             yield
-        current.wait_stream(self.side)
+        if join:
+            current.wait_stream(self.side)
 
     def capture(self, fn: Callable[[], dict[str, torch.Tensor]]) -> _Captured:
         graph = torch.cuda.CUDAGraph()
@@ -427,6 +431,7 @@ class _ActingGraph:
     def __init__(self, runner: "ActingRunner", key: tuple[int, bool], state):
         agent, (n, deterministic) = runner.agent, key
         dev = agent.device
+        self.side_stream = runner.backend.side_stream
         self.cuda = dev.type == "cuda"
         sizes = [n * agent.obs_dim, n * agent.act_dim, n]
         self.host = torch.zeros(sum(sizes), pin_memory=self.cuda)
@@ -439,6 +444,8 @@ class _ActingGraph:
             at += size
         self.obs, self.prev_action, self.prev_reward = dev_views
         self.action_host = torch.zeros(n, agent.act_dim, pin_memory=self.cuda)
+        self.done = torch.cuda.Event() if self.cuda else None
+        self.in_flight = False
         self.state = None if state is None else _clone_state(state)
         self.owner: _Carried | None = None  # the one memory state the static state is (one episode at a time)
 
@@ -455,16 +462,29 @@ class _ActingGraph:
         for dst, src in zip(_state_tensors(self.state), _state_tensors(state)):
             dst.copy_(src)
 
-    def __call__(self, obs, prev_action, prev_reward) -> np.ndarray:
+    def submit(self, obs, prev_action, prev_reward) -> Callable[[], np.ndarray]:
+        """The step queued on the runner's side stream (after the work queued so far on the current one, e.g.
+        the updates); the function returned waits for it and returns the action. Steps of several runners
+        (a seed axis) so run at once."""
+        if self.in_flight:
+            raise RuntimeError("an acting step was submitted before the previous one of its graph was waited for")
+        # The previous step's copies are done (its wait): the host buffers are free to rewrite.
         for dst, src in zip(self.host_in, (obs, prev_action, prev_reward)):
             dst[...] = np.asarray(src, np.float32).reshape(dst.shape)
-        # The previous step's copies are done (its wait below): the host buffers are free to rewrite.
-        self.flat.copy_(self.host, non_blocking=True)
-        self.captured.replay()
-        self.action_host.copy_(self.captured.outputs[0]["action"], non_blocking=True)
-        if self.cuda:
-            torch.cuda.current_stream(self.flat.device).synchronize()  # acting needs the action on the host
-        return self.action_host.numpy().copy()
+        with self.side_stream(join=False):
+            self.flat.copy_(self.host, non_blocking=True)
+            self.captured.replay()
+            self.action_host.copy_(self.captured.outputs[0]["action"], non_blocking=True)
+            if self.done is not None:
+                self.done.record()
+        self.in_flight = True
+
+        def wait() -> np.ndarray:
+            if self.done is not None:
+                self.done.synchronize()  # acting needs the action on the host
+            self.in_flight = False
+            return self.action_host.numpy().copy()
+        return wait
 
 
 def _clone_state(state):
@@ -499,6 +519,11 @@ class ActingRunner:
         return _Carried(batch_size)
 
     def act(self, obs, prev_action, prev_reward, state: _Carried, deterministic: bool):
+        return self.submit(obs, prev_action, prev_reward, state, deterministic)()
+
+    def submit(self, obs, prev_action, prev_reward, state: _Carried, deterministic: bool):
+        """``act`` in two halves: the step started (a replay queued on the GPU), and the function returned,
+        which waits for it and returns (action, state). A seed axis submits its seeds' steps, then waits."""
         self._check_params()
         o = np.asarray(obs, np.float32)
         single = o.ndim == 1
@@ -522,13 +547,17 @@ class ActingRunner:
                     action, state.eager = self.agent.act(obs, prev_action, prev_reward, state.eager, deterministic)
                 self._eager_steps[key] += 1
                 self.eager_steps += 1
-                return action, state
+                return lambda: (action, state)
         elif graph.owner is not state:
             raise ValueError(f"this memory state's graph {key} has been taken by a newer episode: one episode at a "
                              "time per (batch size, deterministic)")
-        action = graph(o, prev_action, prev_reward)
+        wait = graph.submit(o, prev_action, prev_reward)
         self.replays += 1
-        return (action[0] if single else action), state
+
+        def result():
+            action = wait()
+            return (action[0] if single else action), state
+        return result
 
     def _capture(self, key: tuple[int, bool], state: _Carried) -> _ActingGraph:
         ffms = [m for m in self.agent.actor.modules() if isinstance(m, FFM)]

@@ -1,16 +1,20 @@
 """The one rollout loop, for collecting and for evaluating.
 
-``run_episodes`` plays one episode in each of the given envs, in lockstep: one batched policy call per step,
+``play_episodes`` plays one episode in each of the given envs, in lockstep: one batched policy call per step,
 finished episodes masked (their envs are no longer stepped and their actions are ignored). Collection and the
 reference's evaluation use one env (the reference evaluates its episodes one after another on the training
 env); several envs step their episodes together.
+
+It is a generator that hands each step's policy call to its caller as an ``ActRequest``: ``run_episodes``
+answers them at once, with the policy; a seed axis (pomdp_ffm/seeds.py) gathers the requests of several seeds'
+rollouts and submits them together.
 """
 from __future__ import annotations
 
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Generator, Protocol, Sequence
 
 import numpy as np
 
@@ -46,6 +50,15 @@ class AgentPolicy:
     def __call__(self, obs, prev_action, prev_reward, state, active):
         return self.agent.act(obs, prev_action, prev_reward, state, self.deterministic)
 
+    def submit(self, obs, prev_action, prev_reward, state, active) -> Callable[[], tuple[np.ndarray, object]]:
+        """The step started; the function returned waits for it and returns (actions, state). An actor of CUDA
+        graph replays queues the step, so that several actors' steps run at once; any other computes it now."""
+        submit = getattr(self.agent, "submit", None)
+        if submit is None:
+            out = self(obs, prev_action, prev_reward, state, active)
+            return lambda: out
+        return submit(obs, prev_action, prev_reward, state, self.deterministic)
+
 
 class RandomPolicy:
     """Uniform actions from each env's native action space (the reference's initial pool)."""
@@ -63,19 +76,74 @@ class RandomPolicy:
         return actions, None
 
 
+@dataclass
+class ActRequest:
+    """One step's policy call of a rollout: the actions (and the next memory state) for its envs. Whoever
+    answers it charges the time to ``timers["act"]``."""
+
+    policy: Policy
+    obs: np.ndarray
+    prev_action: np.ndarray
+    prev_reward: np.ndarray
+    state: object
+    active: np.ndarray
+    timers: Counter | None
+
+    def answer(self) -> tuple[np.ndarray, object]:
+        t0 = time.perf_counter()
+        try:
+            return self.policy(self.obs, self.prev_action, self.prev_reward, self.state, self.active)
+        finally:
+            self.charge(time.perf_counter() - t0)
+
+    @property
+    def by_agent(self) -> bool:
+        """An acting step of the agent (not the initial pool's uniform draws): one a seed axis may gather."""
+        return isinstance(self.policy, AgentPolicy)
+
+    def submit(self) -> Callable[[], tuple[np.ndarray, object]]:
+        return self.policy.submit(self.obs, self.prev_action, self.prev_reward, self.state, self.active)
+
+    def charge(self, seconds: float) -> None:
+        if self.timers is not None:
+            self.timers["act"] += seconds
+
+
+Rollout = Generator[ActRequest, tuple, list[Episode]]
+
+
+def answered(gen: Generator):
+    """Run a generator of ActRequests to its end, answering each at once; its return value."""
+    try:
+        request = next(gen)
+        while True:
+            request = gen.send(request.answer())
+    except StopIteration as done:
+        return done.value
+
+
 def run_episodes(envs: Sequence, policy: Policy, record: bool,
                  on_step: Callable[[int], None] | None = None,
                  reset: Callable[[int], np.ndarray] | None = None,
                  timers: Counter | None = None) -> list[Episode]:
-    """One episode per env. ``record`` keeps the transitions; ``on_step(n)`` is told of n env steps taken;
+    """``play_episodes`` with each step answered by the policy at once."""
+    return answered(play_episodes(envs, policy, record, on_step, reset, timers))
+
+
+def play_episodes(envs: Sequence, policy: Policy, record: bool,
+                  on_step: Callable[[int], None] | None = None,
+                  reset: Callable[[int], np.ndarray] | None = None,
+                  timers: Counter | None = None) -> Rollout:
+    """One episode per env, each step's policy call yielded as an ActRequest and answered with (actions,
+    state); returns the episodes. ``record`` keeps the transitions; ``on_step(n)`` is told of n env steps taken;
     ``reset(i)`` resets env i and returns its first observation (default: ``envs[i].reset()``), called for
-    i = 0, 1, ... in order; ``timers`` accumulates the seconds spent in the policy ("act") and in the envs
-    ("env")."""
+    i = 0, 1, ... in order; ``timers`` accumulates the seconds spent in the envs ("env"; the answerer adds
+    "act")."""
     n = len(envs)
     clock = time.perf_counter
     t0 = clock()
     obs = np.stack([reset(i) if reset is not None else envs[i].reset()[0] for i in range(n)]).astype(np.float32)
-    t_act, t_env = 0.0, clock() - t0
+    t_env = clock() - t0
     act_dim = envs[0].action_space.shape[0]
     prev_action = np.zeros((n, act_dim), np.float32)
     prev_reward = np.zeros(n, np.float32)
@@ -84,10 +152,8 @@ def run_episodes(envs: Sequence, policy: Policy, record: bool,
     trans = [[] for _ in range(n)]
     ret, length, success = np.zeros(n), np.zeros(n, int), np.zeros(n, bool)
     while active.any():
-        t0 = clock()
-        actions, state = policy(obs, prev_action, prev_reward, state, active)
+        actions, state = yield ActRequest(policy, obs, prev_action, prev_reward, state, active, timers)
         t1 = clock()
-        t_act += t1 - t0
         stepped = 0
         for i in np.flatnonzero(active):
             next_obs, reward, terminated, truncated, info = envs[i].step(actions[i])
@@ -106,7 +172,7 @@ def run_episodes(envs: Sequence, policy: Policy, record: bool,
         if on_step is not None:
             on_step(stepped)
     if timers is not None:
-        timers.update(act=t_act, env=t_env)
+        timers["env"] += t_env
     episodes = []
     for i in range(n):
         o, a, r, d, o2 = zip(*trans[i]) if trans[i] else ((),) * 5

@@ -9,16 +9,19 @@ The seeds take turns, one unit of work each (the random pool, or one iteration: 
 maybe an evaluation), each with its own env, buffer, agent and RNG streams: torch's, numpy's and Python's global
 generators are swapped in and out at every turn. On a CPU a seed so draws exactly what it draws alone and its
 progress.csv is the same (tests/test_seeds.py). On CUDA with ``train.cuda_graph`` the seeds' bursts of updates
-run together (``JointBursts``: one graph for all the seeds' updates, patches/016-seed-axis-on-cuda.md). A stop
-signal checkpoints every seed; a seed that diverges or fails is recorded in its own directory and the others go
-on.
+run together (``JointBursts``: one graph for all the seeds' updates, patches/016-seed-axis-on-cuda.md), and so
+do their acting steps (``JointActs``: every seed's step submitted, each from its own RNG streams, before any
+is waited for). A stop signal checkpoints every seed (with gathered acting, once every seed's iteration is
+over); a seed that diverges or fails is recorded in its own directory and the others go on.
 """
 from __future__ import annotations
 
 import contextlib
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 from .rundir import CURRENT_RUN, RunDir, RunDirError
 from .signals import StopSignals
 from .train import Attempt, Refused, check_and_lock, check_untouched, validate
-from .graph import UpdateRunner
+from .graph import ActingRunner, UpdateRunner
+from .rollout import ActRequest
 from .trainer import Burst, Trainer, _StopRequested
 
 
@@ -66,6 +70,33 @@ class RNGStreams:
             yield
         finally:
             self.state = self.capture()
+
+    @contextlib.contextmanager
+    def torch_active(self):
+        """Only torch's generators (CPU and CUDA) swapped in: all that an acting step draws from. Swapping
+        numpy's and Python's global generators costs ~60 us (their states are converted to Python objects), more
+        than a step on a GPU; gathered acting swaps them per unit of work and checks that its steps left them
+        alone (``host_streams``)."""
+        torch_state, cuda, np_state, py_state = self.state
+        torch.set_rng_state(torch_state)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        try:
+            yield
+        finally:
+            self.state = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda is not None else None,
+                          np_state, py_state)
+
+
+def host_streams() -> tuple:
+    """numpy's and Python's global generators' states, comparable with ``same_host_streams``."""
+    return np.random.get_state(), random.getstate()
+
+
+def same_host_streams(a: tuple, b: tuple) -> bool:
+    (np_a, py_a), (np_b, py_b) = a, b
+    return (py_a == py_b and np_a[0] == np_b[0] and np.array_equal(np_a[1], np_b[1])
+            and tuple(np_a[2:]) == tuple(np_b[2:]))
 
 
 def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer] = Trainer) -> dict:
@@ -147,8 +178,85 @@ class JointBursts:
                 b.add(st)
 
 
+class JointActs:
+    """Whether the seeds' acting steps (collection and evaluation) are gathered: each seed's rollout is suspended
+    at its step, every seed's step is submitted in that seed's turn, then each is waited for and its seed goes
+    on, submitting its next step at once. On CUDA with ``train.cuda_graph`` a submit queues the seed's acting
+    graph on its own stream: the seeds' steps run at once and the host waits once per step of each seed instead
+    of running them one after another. Each step still draws from its own seed's streams, so the seeds' acting
+    is what it is alone. On a CPU a submit computes the step, as a turn would: the seeds keep their whole-unit
+    turns there unless ``gather`` says otherwise (the tests gather on a CPU to check that a seed's logs do not
+    change).
+
+    Per step only torch's generators are swapped (``RNGStreams.torch_active``); numpy's and Python's global
+    generators, which no acting step, env step or buffer draws from (the envs and the buffer have their own),
+    are checked to be untouched by the gathered steps, and the seeds fail with ``SharedStreamsDrawn`` if they
+    were not."""
+
+    def __init__(self, gather: bool | None = None):
+        self.gather = gather
+
+    def applies(self, trainers: list[Trainer]) -> bool:
+        if len(trainers) < 2:
+            return False
+        if self.gather is not None:
+            return self.gather
+        return all(isinstance(t.acting, ActingRunner) for t in trainers)
+
+
+class SharedStreamsDrawn(RuntimeError):
+    """A seed's gathered acting steps drew from numpy's or Python's global generator, which they do not swap."""
+
+
+class _HeldStop:
+    """The trainers' view of the job's stop signals. While held (seeds suspended inside their episodes or
+    evaluations, which a checkpoint cannot hold), a trainer sees no signal; the axis acts on it at the next
+    boundary of the seeds' units of work."""
+
+    def __init__(self, stop: StopSignals):
+        self.stop, self.held = stop, False
+
+    @property
+    def requested(self) -> int | None:
+        return None if self.held else self.stop.requested
+
+    def request(self, signum: int) -> None:
+        self.stop.request(signum)
+
+    @contextlib.contextmanager
+    def holding(self, held: bool):
+        self.held = held
+        try:
+            yield
+        finally:
+            self.held = False
+
+
+@dataclass
+class _Unit:
+    """A seed's unit of work in hand: its generator (Trainer.step_parts), suspended at ``item``."""
+
+    k: int
+    a: Attempt
+    parts: object
+    item: object = None
+    wait: Callable | None = None  # its submitted acting step
+
+    @property
+    def trainer(self) -> Trainer:
+        return self.a.trainer
+
+
+def _is_burst(item) -> bool:
+    return isinstance(item, Burst)
+
+
+def _is_agent_step(item) -> bool:
+    return isinstance(item, ActRequest) and item.by_agent
+
+
 def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int, RNGStreams],
-                    joint: JointBursts | None = None) -> dict:
+                    joint: JointBursts | None = None, acts: JointActs | None = None) -> dict:
     results: dict[int, dict] = {}
     errors: list[BaseException] = []
     running = []
@@ -158,6 +266,7 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
             results[k] = a.skip()
         else:
             running.append((k, a))
+    gather = (acts or JointActs()).applies([a.trainer for _, a in running])
 
     @contextlib.contextmanager
     def turn(k: int, a: Attempt):
@@ -169,25 +278,34 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
             CURRENT_RUN.reset(token)
 
     def failed(k: int, a: Attempt, e: BaseException) -> None:
-        """This seed's failure, recorded in its own directory; the others go on."""
+        """This seed's failure, recorded in its own directory; the others go on. numpy's and Python's global
+        generators are left as they were (a gathered phase checks them)."""
+        around = host_streams()
         with turn(k, a):
             a.fail(e)
             a.trainer.shut()
+        np.random.set_state(around[0])
+        random.setstate(around[1])
         running.remove((k, a))
         if isinstance(e, KeyboardInterrupt):
             raise e
         errors.append(e)
 
     @contextlib.contextmanager
-    def own_turn(k: int, a: Attempt):
-        """Seed k's turn, where an error is that seed's failure (the others go on); a stop goes up."""
+    def own_turn(k: int, a: Attempt, light: bool = False):
+        """Seed k's turn, where an error is that seed's failure (the others go on); a stop goes up. ``light``:
+        only torch's generators swapped (a gathered acting step)."""
+        token = CURRENT_RUN.set(a.run.path) if light else None
         try:
-            with turn(k, a):
+            with (streams[k].torch_active() if light else turn(k, a)):
                 yield
         except _StopRequested:
             raise
         except BaseException as e:
             failed(k, a, e)
+        finally:
+            if token is not None:
+                CURRENT_RUN.reset(token)
 
     def stepped(k: int, a: Attempt) -> None:
         if a.trainer.counters.env_steps >= a.trainer.budget:
@@ -195,11 +313,64 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
             a.trainer.shut()
             running.remove((k, a))
 
-    with StopSignals() as stop:
+    def live(units: list[_Unit]) -> list[_Unit]:
+        return [u for u in units if (u.k, u.a) in running and u.item is not None]
+
+    def act_together(units: list[_Unit], until) -> None:
+        """The units' gathered acting steps, submitted and waited for seed by seed, until every unit is at an
+        item that is not an agent's acting step (or has ended)."""
+        clock = time.perf_counter
+
+        def timed(u: _Unit, wait):
+            def answer():
+                t0 = clock()
+                try:
+                    return wait()
+                finally:
+                    u.item.charge(clock() - t0)
+            return answer
+
+        def submit(u: _Unit) -> None:
+            t0 = clock()
+            u.wait = timed(u, u.item.submit())
+            u.item.charge(clock() - t0)
+
+        before = host_streams()
+        for u in live(units):
+            if _is_agent_step(u.item):
+                with own_turn(u.k, u.a, light=True):
+                    submit(u)
+        while True:
+            waiting = [u for u in live(units) if u.wait is not None]
+            if not waiting:
+                break
+            for u in waiting:
+                if (u.k, u.a) not in running:
+                    continue
+                with own_turn(u.k, u.a, light=True):
+                    answer, u.wait = u.wait, None
+                    u.item = u.trainer.resume(u.parts, answer, until)
+                    if u.item is None:
+                        stepped(u.k, u.a)
+                    elif _is_agent_step(u.item):
+                        submit(u)
+        if not same_host_streams(before, host_streams()):
+            e = SharedStreamsDrawn("the seeds' gathered acting steps (or their envs) drew from numpy's or Python's "
+                                   "global random generator, which gathering does not keep apart per seed: the "
+                                   "seeds' runs would not be their own")
+            for u in units:
+                if (u.k, u.a) in running:
+                    failed(u.k, u.a, e)
+
+    # With gathered acting, the seeds' units are suspended inside episodes and evaluations: a stop signal is
+    # held until every unit is over, and acted on between rounds.
+    stop = StopSignals()
+    held = _HeldStop(stop)
+    with stop:
         for k, a in running:
             with turn(k, a):
                 a.begin()
-                a.trainer.stop = stop
+                a.trainer.stop = held
                 a.trainer.open(a.state)
         try:
             # A stop in the seeds' own turns after a joint phase left some seeds mid-burst and the others done
@@ -210,50 +381,63 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                     with own_turn(k, a):
                         a.trainer.step()
                         stepped(k, a)
+            up_to_burst = (lambda it: _is_burst(it) or _is_agent_step(it)) if gather else _is_burst
+            after_burst = _is_agent_step if gather else None
             while running:
-                # Each seed's unit of work up to its burst of updates (if any), in its turn.
-                pending = []
-                try:
-                    for k, a in list(running):
-                        with own_turn(k, a):
-                            parts = a.trainer.step_parts()
-                            burst = next(parts, None)
-                            if burst is None:
-                                stepped(k, a)
-                            else:
-                                pending.append((k, a, parts, burst))
-                except _StopRequested:
-                    for k, a, parts, _ in pending:  # their bursts record that nothing ran
-                        _throw_into(k, a, parts, _StopRequested(), turn, failed)
-                    raise
-                # The bursts together, as far as they can go; then the rest of each seed's unit, in its turn.
+                if gather and stop.requested is not None:
+                    raise _StopRequested
+                # Each seed's unit of work up to its burst of updates (if any): in its turn, or with its acting
+                # steps gathered across the seeds.
+                pending: list[_Unit] = []
+                with held.holding(gather):
+                    try:
+                        for k, a in list(running):
+                            with own_turn(k, a):
+                                u = _Unit(k, a, a.trainer.step_parts())
+                                u.item = a.trainer.drive(u.parts, until=up_to_burst)
+                                if u.item is None:
+                                    stepped(k, a)
+                                else:
+                                    pending.append(u)
+                    except _StopRequested:  # not gathered: the seeds before this one are at their bursts
+                        for u in live(pending):  # their bursts record that nothing ran
+                            _throw_into(u.k, u.a, u.parts, _StopRequested(), turn, failed)
+                        raise
+                    if gather:
+                        act_together(pending, up_to_burst)
+                pending = live(pending)
+                # The bursts together, as far as they can go; then the rest of each seed's unit.
                 if pending:
-                    k0, a0 = pending[0][:2]
+                    k0, a0 = pending[0].k, pending[0].a
                     try:
                         with turn(k0, a0):
-                            joint.run([p[0] for p in pending], [p[1].trainer for p in pending],
-                                      [p[3] for p in pending])
-                        for p in pending:
+                            joint.run([u.k for u in pending], [u.trainer for u in pending],
+                                      [u.item for u in pending])
+                        for u in pending:
                             # Its joint part is over: after a stop, it resumes alone, before any seed goes on.
-                            p[3].state["alone"] = True
+                            u.item.state["alone"] = True
                     except BaseException as e:
-                        for k, a, parts, _ in pending:
-                            _throw_into(k, a, parts, e, turn, failed)
+                        for u in pending:
+                            _throw_into(u.k, u.a, u.parts, e, turn, failed)
                         if isinstance(e, (_StopRequested, KeyboardInterrupt)):
                             raise
-                        for k, a, _, _ in pending:  # the joint update failed: every seed in it has
-                            if (k, a) in running:
-                                failed(k, a, e)
+                        for u in pending:  # the joint update failed: every seed in it has
+                            if (u.k, u.a) in running:
+                                failed(u.k, u.a, e)
                         continue
-                    for i, (k, a, parts, burst) in enumerate(pending):
-                        try:
-                            with own_turn(k, a):
-                                a.trainer.drive(parts, burst)
-                                stepped(k, a)
-                        except _StopRequested:
-                            for k2, a2, parts2, _ in pending[i + 1:]:
-                                _throw_into(k2, a2, parts2, _StopRequested(), turn, failed)
-                            raise
+                    with held.holding(gather):
+                        for i, u in enumerate(pending):
+                            try:
+                                with own_turn(u.k, u.a):
+                                    u.item = u.trainer.drive(u.parts, u.item, until=after_burst)
+                                    if u.item is None:
+                                        stepped(u.k, u.a)
+                            except _StopRequested:
+                                for u2 in pending[i + 1:]:
+                                    _throw_into(u2.k, u2.a, u2.parts, _StopRequested(), turn, failed)
+                                raise
+                        if gather:
+                            act_together(pending, after_burst)
         except _StopRequested:
             for k, a in running:
                 with turn(k, a):

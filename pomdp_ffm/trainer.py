@@ -26,7 +26,7 @@ from .config import RunConfig, TrainConfig
 from .envs import make_env
 from .graph import make_actor, make_updater
 from .logger import MetricsWriter, columns_for
-from .rollout import AgentPolicy, RandomPolicy, run_episodes
+from .rollout import ActRequest, AgentPolicy, RandomPolicy, answered, play_episodes
 from .rundir import CHECKPOINT_FORMAT, RunDir
 from .signals import StopSignals
 
@@ -207,9 +207,11 @@ class Trainer:
         return self.counters.env_steps < self.budget
 
     def step_parts(self):
-        """``step()`` as a generator that hands each burst of updates to its caller: it yields a ``Burst`` whose
-        updates the caller runs (``run_updates``, or pomdp_ffm/seeds.py for several seeds together) before
-        resuming it; an exception in them is thrown back into it, so that the burst records how far it got."""
+        """``step()`` as a generator that hands its work to its caller: each acting step of the agent or of the
+        random pool (an ``ActRequest``, answered with (actions, state)) and each burst of updates (a ``Burst``,
+        whose updates the caller runs before resuming it). ``drive`` does both here; pomdp_ffm/seeds.py gathers
+        several seeds' steps and bursts. An exception in either is thrown back into it, so that a burst records
+        how far it got."""
         c = self.counters
         if not c.pool_done:
             yield from self._initial_pool()
@@ -219,20 +221,43 @@ class Trainer:
             self._check_stop()
             yield from self._iteration()
 
-    def drive(self, parts, burst: "Burst | None" = None) -> None:
-        """Run a generator of ``step_parts`` (from its start, or from the ``burst`` it has just yielded), each
-        burst's updates alone with this trainer's updater."""
+    def drive(self, parts, item=None, until=None):
+        """Run a generator of ``step_parts`` from its start, or from the ``item`` it has just yielded: acting
+        steps answered by their policy, bursts run alone with this trainer's updater. With ``until``, the first
+        item for which ``until(item)`` is true is returned unanswered (the generator suspended there); None once
+        the generator has ended."""
         try:
-            burst = next(parts) if burst is None else burst
-            while True:
+            item = next(parts) if item is None else item
+            while until is None or not until(item):
                 try:
-                    self.run_updates(burst)
+                    answer = self._answer(item)
                 except BaseException as e:
-                    burst = parts.throw(e)
+                    item = parts.throw(e)
                 else:
-                    burst = parts.send(None)
+                    item = parts.send(answer)
+            return item
         except StopIteration:
-            pass
+            return None
+
+    def resume(self, parts, answer, until=None):
+        """``drive`` on from the item ``parts`` is suspended at, answered with ``answer()`` (or the exception
+        it raises, thrown into it)."""
+        try:
+            try:
+                value = answer()
+            except BaseException as e:
+                item = parts.throw(e)
+            else:
+                item = parts.send(value)
+        except StopIteration:
+            return None
+        return self.drive(parts, item, until)
+
+    def _answer(self, item: "ActRequest | Burst"):
+        if isinstance(item, ActRequest):
+            return item.answer()
+        self.run_updates(item)
+        return None
 
     def stopped(self) -> Outcome:
         c = self.counters
@@ -262,7 +287,7 @@ class Trainer:
     def _initial_pool(self):
         t, c = self.cfg.train, self.counters
         while c.env_steps < t.num_init_rollouts_pool * self.max_len:
-            self.collect_episode(random_actions=True)
+            yield from self._collect(random_actions=True)
         # The reference bursts int(steps x ratio) updates after the pool for a float ratio only; an int count
         # of updates per iteration starts with the first iteration.
         if isinstance(t.num_updates_per_iter, float):
@@ -274,7 +299,7 @@ class Trainer:
     def _iteration(self):
         steps = 0
         for _ in range(self.cfg.train.num_rollouts_per_iter):
-            steps += self.collect_episode(random_actions=False)
+            steps += yield from self._collect(random_actions=False)
         ratio = self.cfg.train.num_updates_per_iter
         self._start_burst(ratio if isinstance(ratio, int) else math.ceil(steps * ratio))
         yield from self._finish_iteration()
@@ -285,7 +310,7 @@ class Trainer:
         iters = c.env_steps // self.iter_len  # the reference's env-step clock
         if iters != c.last_eval_iters and iters % ev.log_interval == 0:
             c.last_eval_iters = iters
-            self.evaluate_and_log()
+            self.log_evaluation(*(yield from self._evaluations()))
             if ev.save_interval > 0 and c.env_steps > 0.75 * self.budget and iters % ev.save_interval == 0:
                 self._snapshot(c.last_return)
             if iters % self.cfg.checkpoint.interval == 0:
@@ -293,11 +318,15 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------
     def collect_episode(self, random_actions: bool) -> int:
+        """One episode into the buffer; its length."""
+        return answered(self._collect(random_actions))
+
+    def _collect(self, random_actions: bool):
         envs = [self.env]
         policy = RandomPolicy(envs) if random_actions else AgentPolicy(self.acting, deterministic=False)
         timers = self.pool_timers if random_actions else self.timers
-        (ep,) = run_episodes(envs, policy, record=True, on_step=self.bar.update if self.bar else None,
-                             timers=timers)
+        (ep,) = yield from play_episodes(envs, policy, record=True, on_step=self.bar.update if self.bar else None,
+                                         timers=timers)
         self._count("pool_steps" if random_actions else "steps", ep.length)
         if ep.length >= 2:
             self.buffer.add_episode(ep.observs, ep.actions, ep.rewards, ep.terminals, ep.next_observs)
@@ -372,6 +401,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------
     def evaluate(self, deterministic: bool = True) -> tuple[float, float, float]:
         """Mean return, mean length and success rate over num_eval_tasks episodes (docs/reference.md#evaluation).
+        (``_evaluate`` as a generator of its acting steps, answered here.)
 
         The reference plays them one after another on the training env. With ``eval.episodes_together`` the
         deterministic episodes are played together, one batched actor forward per step, on copies of the env:
@@ -380,13 +410,18 @@ class Trainer:
         (This needs env steps that draw nothing from the env's RNG: true of every registered task, see
         tests/test_trainer.py.) A stochastic evaluation stays one after another: its action noise is drawn
         per step, and a batch would draw it in another order."""
-        t0 = time.perf_counter()
+        return answered(self._evaluate(deterministic))
+
+    def _evaluate(self, deterministic: bool):
         n, policy, eval_timers = self.cfg.env.num_eval_tasks, AgentPolicy(self.acting, deterministic), Counter()
         if deterministic and self.cfg.eval.episodes_together and n > 1:
-            eps = self._episodes_together(policy, n, eval_timers)
+            eps = yield from self._episodes_together(policy, n, eval_timers)
         else:
-            eps = [run_episodes([self.env], policy, record=False, timers=eval_timers)[0] for _ in range(n)]
-        self.timers["eval"] += time.perf_counter() - t0
+            eps = []
+            for _ in range(n):
+                eps += yield from play_episodes([self.env], policy, record=False, timers=eval_timers)
+        # Its parts, not its wall time: in a seed axis an evaluation waits while the other seeds act and step.
+        self.timers["eval"] += eval_timers["act"] + eval_timers["env"]
         self.timers.update({f"eval_{k}": v for k, v in eval_timers.items()})
         self._count("eval_steps", sum(e.length for e in eps))
         self._count("evals")
@@ -408,7 +443,7 @@ class Trainer:
             chain.append(envs[i].rng_state())
             return obs
 
-        eps = run_episodes(envs, policy, record=False, reset=reset, timers=timers)
+        eps = yield from play_episodes(envs, policy, record=False, reset=reset, timers=timers)
         self.env.set_rng_state(chain[-1])
         return eps
 
@@ -416,13 +451,25 @@ class Trainer:
         self.timers[f"n_{key}"] += n
 
     def evaluate_and_log(self) -> float:
-        ret, length, success = self.evaluate(deterministic=True)
+        """Evaluate and log the row; the deterministic mean return."""
+        return self.log_evaluation(*answered(self._evaluations()))
+
+    def _evaluations(self):
+        """The evaluations a row logs: deterministic, and stochastic with ``eval.eval_stochastic``."""
+        deterministic = yield from self._evaluate(deterministic=True)
+        stochastic = (yield from self._evaluate(deterministic=False)) if self.cfg.eval.eval_stochastic else None
+        return deterministic, stochastic
+
+    def log_evaluation(self, deterministic: tuple[float, float, float],
+                       stochastic: tuple[float, float, float] | None = None) -> float:
+        """The evaluation row (returns, lengths, success rates and the clocks); the deterministic mean return."""
+        ret, length, success = deterministic
         now, c = time.time(), self.counters
         row = {"z/env_steps": c.env_steps, "z/rollouts": c.rollouts, "z/rl_steps": c.rl_steps,
                "metrics/total_steps_eval": length, "metrics/return_eval_total": ret,
                "metrics/success_rate_eval": success}
-        if self.cfg.eval.eval_stochastic:
-            r_s, l_s, s_s = self.evaluate(deterministic=False)
+        if stochastic is not None:
+            r_s, l_s, s_s = stochastic
             row.update({"metrics/total_steps_eval_sto": l_s, "metrics/return_eval_total_sto": r_s,
                         "metrics/success_rate_eval_sto": s_s})
         row["z/time_cost"] = int(now - self._t0)

@@ -437,6 +437,49 @@ def test_acting_replays_equal_the_agents_acting(algo, model):
     assert graph.captures == 2 and graph.replays > 0
 
 
+@pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
+def test_acting_steps_submitted_together_equal_each_runners_alone(model):
+    # Three agents (a seed axis's seeds) act stochastically: each alone from its own RNG stream, then with every
+    # step submitted for all three (each in its stream) before any is waited for, as a seed axis gathers them.
+    # The replays run on the runners' own streams at once; each agent's actions are its own, bit for bit.
+    from pomdp_ffm.graph import ActingRunner
+    from pomdp_ffm.seeds import RNGStreams
+
+    agents = [make_agent("sac", model, seed=k).to(CUDA) for k in range(3)]
+    probe = make_batch(5)
+    starts = []
+    for k in range(3):
+        torch.manual_seed(100 + k)
+        starts.append(RNGStreams())
+
+    def inputs(t):
+        return probe.obs[t, :1], probe.act[t, :1], probe.rew[t, :1, 0]
+
+    alone = []
+    for agent, start in zip(agents, starts):
+        runner, stream, acts = ActingRunner(agent, warmup=2), copy.deepcopy(start), []
+        with stream.active():
+            state = runner.initial_state(1)
+            for t in range(8):
+                a, state = runner.act(*inputs(t), state, False)
+                acts.append(a)
+        alone.append(np.stack(acts))
+    runners, streams = [ActingRunner(a, warmup=2) for a in agents], [copy.deepcopy(s) for s in starts]
+    states = [r.initial_state(1) for r in runners]
+    together = [[] for _ in agents]
+    for t in range(8):
+        waits = []
+        for r, stream, st in zip(runners, streams, states):
+            with stream.active():
+                waits.append(r.submit(*inputs(t), st, False))
+        for k, w in enumerate(waits):
+            a, states[k] = w()
+            together[k].append(a)
+    assert all(r.replays > 0 for r in runners)
+    for a, b in zip(alone, together):
+        np.testing.assert_array_equal(np.stack(b), a)
+
+
 def test_trainer_acts_through_graphs_on_cuda(composed, tmp_path):
     from pomdp_ffm.graph import ActingRunner
 
@@ -485,6 +528,25 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
         df = read(d)
         assert df["rl_loss/qf1_loss"].dropna().map(math.isfinite).all()
         assert df["z/rl_steps"].dropna().tolist() == [8, 12, 16, 20]
+
+
+def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tmp_path, monkeypatch):
+    # The seeds act through graph replays, so their acting steps are gathered; each still draws from its own
+    # stream, so the logs are those of the same axis with each seed acting in its own turn.
+    from pomdp_ffm import seeds as seeds_mod
+    from pomdp_ffm.rollout import ActRequest
+
+    overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=gru", "device=cuda", "train.num_iters=4",
+                 "env.num_eval_tasks=3", "seeds=[0,1,2]")
+    submitted = []
+    submit = ActRequest.submit
+    monkeypatch.setattr(ActRequest, "submit", lambda self: submitted.append(1) or submit(self))
+    train(composed(*overrides), tmp_path / "gathered" / "seed-0")
+    assert submitted
+    monkeypatch.setattr(seeds_mod.JointActs, "applies", lambda self, trainers: False)
+    train(composed(*overrides), tmp_path / "turns" / "seed-0")
+    for k in range(3):
+        pd.testing.assert_frame_equal(read(tmp_path / "gathered" / f"seed-{k}"), read(tmp_path / "turns" / f"seed-{k}"))
 
 
 FAILED_CAPTURE = """

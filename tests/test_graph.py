@@ -46,7 +46,7 @@ class PythonGraphs:
     def __init__(self, fail: Exception | None = None):
         self.fail, self.graphs, self.branched = fail, [], []
 
-    def side_stream(self):
+    def side_stream(self, join=True):
         return contextlib.nullcontext()
 
     @contextlib.contextmanager

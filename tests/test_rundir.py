@@ -241,8 +241,8 @@ def test_rows_after_the_checkpoint_are_dropped_with_a_warning(composed, tmp_path
     run(composed(*overrides), tmp_path / "full")
 
     class Kill(Trainer):
-        def evaluate_and_log(self):
-            ret = super().evaluate_and_log()
+        def log_evaluation(self, *results):
+            ret = super().log_evaluation(*results)
             if self.counters.env_steps >= 600:
                 raise KeyboardInterrupt
             return ret
@@ -259,8 +259,8 @@ def test_run_killed_before_its_first_checkpoint(composed, tmp_path, caplog):
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=3", "checkpoint.interval=100")
 
     class Kill(Trainer):
-        def evaluate_and_log(self):
-            super().evaluate_and_log()
+        def log_evaluation(self, *results):
+            super().log_evaluation(*results)
             raise KeyboardInterrupt
 
     run_dir = tmp_path / "early"
@@ -289,7 +289,7 @@ def test_finished_run_is_skipped_and_a_refusal_leaves_no_error_file(composed, fu
 
 def test_failed_run_writes_error_in_its_own_directory(composed, tmp_path):
     class Boom(Trainer):
-        def evaluate_and_log(self):
+        def log_evaluation(self, *results):
             raise RuntimeError("boom")
 
     run_dir = tmp_path / "boom"

@@ -64,10 +64,10 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
 
 def test_a_failing_seed_is_recorded_and_the_others_finish(composed, tmp_path):
     class FailSeed1(Trainer):
-        def evaluate_and_log(self):
+        def log_evaluation(self, *results):
             if self.cfg.seed == 1:
                 raise RuntimeError("seed 1 broke")
-            return super().evaluate_and_log()
+            return super().log_evaluation(*results)
 
     with pytest.raises(RuntimeError, match="seed 1 broke"):
         run(composed("seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=FailSeed1)
@@ -247,3 +247,124 @@ def test_a_stop_in_a_seeds_own_turn_after_joint_rounds_resumes_to_the_same_logs(
     run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
     for k in range(3):
         pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"))
+
+
+# --- acting steps gathered across the seeds (on CUDA: the seeds' acting graphs run at once) --------------------
+def gathered(monkeypatch):
+    """The seeds' acting steps gathered, as on CUDA with graphs, here on a CPU (where a submit computes)."""
+    from pomdp_ffm import seeds as seeds_mod
+
+    monkeypatch.setattr(seeds_mod.JointActs, "applies", lambda self, trainers: len(trainers) > 1)
+
+
+GATHERED_CASES = [
+    # evaluation episodes together, and a stochastic evaluation one episode after another
+    ("algo=sac", "seq_model=ffm", "env.num_eval_tasks=3", "eval.eval_stochastic=true"),
+    # episodes of different lengths (falls): the seeds' rollouts part and meet again
+    ("env=HopperMJ-V-v0", "algo=td3", "seq_model=gru", "env.num_eval_tasks=2",
+     "train.num_iters=2"),
+]
+
+
+@pytest.mark.parametrize("overrides", GATHERED_CASES, ids=["sac-ffm-pendulum", "td3-gru-hopper"])
+def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, monkeypatch, overrides):
+    overrides = ("device=cpu", "train.num_iters=3", *overrides)
+    for k in (0, 1, 2):
+        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+    gathered(monkeypatch)
+    calls = []
+    from pomdp_ffm.rollout import ActRequest
+
+    submit = ActRequest.submit
+    monkeypatch.setattr(ActRequest, "submit", lambda self: calls.append(self.by_agent) or submit(self))
+    out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "axis" / "seed-0")
+    assert not out["stopped"] and calls and all(calls)  # only the agent's steps are gathered, not the pool's
+    for k in (0, 1, 2):
+        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))
+
+
+def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, monkeypatch):
+    # Each seed acts through an ActingRunner on the Python stand-in for graphs, so the axis submits to the
+    # runners' graphs and waits: by default the steps are gathered (every seed acts through a runner).
+    from pomdp_ffm import trainer as trainer_mod
+    from pomdp_ffm.graph import ActingRunner
+    from test_graph import PythonGraphs
+
+    overrides = ("algo=sac", "seq_model=gru", "env.num_eval_tasks=3", "device=cpu")
+    run(composed(*overrides, "seeds=[0,1]"), tmp_path / "turns" / "seed-0")
+    runners = []
+    monkeypatch.setattr(trainer_mod, "make_actor", lambda agent, cuda_graph: runners.append(
+        ActingRunner(agent, backend=PythonGraphs(), warmup=2)) or runners[-1])
+    run(composed(*overrides, "seeds=[0,1]"), tmp_path / "graphs" / "seed-0")
+    assert len(runners) == 2 and all(r.replays > 0 and r.captures == 2 for r in runners)
+    for k in (0, 1):
+        pd.testing.assert_frame_equal(read(tmp_path / "graphs" / f"seed-{k}"), read(tmp_path / "turns" / f"seed-{k}"))
+
+
+@pytest.mark.parametrize("where", ["collect", "evaluate"])
+def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_path, monkeypatch, where):
+    # A stop arrives while the other seeds are inside an episode or an evaluation: it is acted on once every
+    # seed's unit of work is over, so every checkpoint is at a boundary and the resumed logs are the full ones.
+    overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5", "env.num_eval_tasks=2", "device=cpu",
+                 "seeds=[0,1,2]")
+    gathered(monkeypatch)
+    run(composed(*overrides), tmp_path / "full" / "seed-0")
+
+    class StopMidway(Trainer):
+        def _collect(self, random_actions):
+            if where == "collect" and self.cfg.seed == 1 and self.counters.env_steps == 600:
+                self.stop.request(signal.SIGTERM)
+            return (yield from super()._collect(random_actions))
+
+        def _evaluations(self):
+            # seed 0's evaluation begins before the other seeds run their bursts, which check for a stop
+            if where == "evaluate" and self.cfg.seed == 0 and self.counters.env_steps == 600:
+                self.stop.request(signal.SIGTERM)
+            return (yield from super()._evaluations())
+
+    out = run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopMidway)
+    assert out["stopped"] and all(r["stopped"] for r in out["seeds"].values())
+    steps = [pd.read_csv(tmp_path / "cut" / f"seed-{k}" / "progress.csv")["z/env_steps"].max() for k in range(3)]
+    assert steps == ([800] * 3 if where == "collect" else [600] * 3)  # every seed finished its unit
+    run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
+    for k in range(3):
+        pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"))
+
+
+def test_a_failing_seed_with_gathered_acting(composed, tmp_path, monkeypatch):
+    gathered(monkeypatch)
+
+    class FailSeed1(Trainer):
+        def _collect(self, random_actions):
+            ep = yield from super()._collect(random_actions)
+            if self.cfg.seed == 1 and not random_actions:
+                raise RuntimeError("seed 1 broke mid-round")
+            return ep
+
+    with pytest.raises(RuntimeError, match="seed 1 broke mid-round"):
+        run(composed("seeds=[0,1,2]", "device=cpu"), tmp_path / "axis" / "seed-0", trainer_cls=FailSeed1)
+    assert RunDir(tmp_path / "axis" / "seed-0").status() == "done"
+    assert RunDir(tmp_path / "axis" / "seed-2").status() == "done"
+    assert "seed 1 broke mid-round" in (tmp_path / "axis" / "seed-1" / "ERROR.txt").read_text()
+
+
+def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(composed, tmp_path, monkeypatch):
+    # Gathered steps swap torch's generators only; a step that draws from numpy's global one (here an episode's
+    # end, in the seed's light turn) would draw from another seed's stream: found, and every seed fails saying so.
+    import numpy as np
+
+    from pomdp_ffm.seeds import SharedStreamsDrawn
+
+    gathered(monkeypatch)
+
+    class DrawsGlobally(Trainer):
+        def _collect(self, random_actions):
+            ep = yield from super()._collect(random_actions)
+            if not random_actions:
+                np.random.random()
+            return ep
+
+    with pytest.raises(SharedStreamsDrawn, match="global random generator"):
+        run(composed("seeds=[0,1]", "device=cpu"), tmp_path / "axis" / "seed-0", trainer_cls=DrawsGlobally)
+    for k in (0, 1):
+        assert "SharedStreamsDrawn" in (tmp_path / "axis" / f"seed-{k}" / "ERROR.txt").read_text()

@@ -87,8 +87,8 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
 
 def test_killed_run_keeps_its_rows(composed, tmp_path):
     class Kill(Trainer):
-        def evaluate_and_log(self):
-            ret = super().evaluate_and_log()
+        def log_evaluation(self, *results):
+            ret = super().log_evaluation(*results)
             if self.counters.env_steps >= 600:
                 raise KeyboardInterrupt  # as if killed right after logging
             return ret

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file")
     p.add_argument("--steps", type=int, default=3000, help="loop: env steps to train for (default 3000)")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
-                   help="update: also the seed axis for these seed counts (e.g. 1 5 10 20)")
+                   help="update, act: also the seed axis for these seed counts (e.g. 1 5 10 20)")
     p.add_argument("--project", default=None, metavar="TASK",
                    help="loop: also project the full budget of TASK (e.g. HopperBLT-V-v0) from this run's acting, "
                         "update and evaluation costs, with --env-step-ms as its env step cost")
@@ -86,6 +86,10 @@ def main(argv=None) -> None:
 
         rows = acting.run(args.repeats, device)
         print_table(rows, baseline="agent")
+        if args.seeds:
+            seed_rows = acting.run_seeds(args.seeds, args.repeats, device)
+            print_table(seed_rows, baseline="separate")
+            rows += seed_rows
     else:
         from . import update
 

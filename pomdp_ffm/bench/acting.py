@@ -7,6 +7,14 @@ on the host) at the HopperBLT-V dimensions, batch 1 as in collection, for SAC wi
   machine; measured against the graph, not used by the trainer.
 
 Median microseconds per step over interleaved rounds of episodes of INNER steps, carrying the memory state.
+
+``--seeds S ...`` adds a seed axis's acting (SAC+FFM and SAC+GRU, S agents, each with its own RNG streams), in
+microseconds per seed-step, two ways:
+
+* ``separate``: each seed plays its episode in its own turn, as the seeds of an axis do on a CPU;
+* ``gathered``: each step submitted for every seed (in its streams) before any is waited for, and each seed's
+  next step submitted as soon as its action is back, as ``seeds.JointActs`` does on CUDA with graphs, where the
+  seeds' acting graphs then run at once on their own streams.
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ import torch
 
 from ..agent import RecurrentAgent, act_with
 from ..config import PolicyConfig
-from ..graph import ActingRunner
+from ..graph import ActingRunner, make_actor
 from .common import Row, interleaved_medians
 from .update import ACT, OBS
 
@@ -65,3 +73,55 @@ def run(repeats: int, device: torch.device, models=("ffm", "gru", "lstm"), deter
         for k, v in med.items():
             rows.append(Row("acting", f"HopperBLT-V_B1_sac_{model}", k, "step_us", v / INNER * 1e6, "us"))
     return rows
+
+
+def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models=("ffm", "gru")) -> list[Row]:
+    from ..seeds import RNGStreams
+
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((INNER, 1, OBS)).astype(np.float32)
+    reward = np.full(1, 0.5, np.float32)
+    rows: list[Row] = []
+    for model in models:
+        for S in seed_counts:
+            actors, streams = [], []
+            for k in range(S):
+                torch.manual_seed(k)
+                agent = RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name="sac")).to(device)
+                actors.append(make_actor(agent, cuda_graph=True))  # graph replays on CUDA, the agent on a CPU
+                streams.append(RNGStreams())
+
+            def separate():
+                for actor, stream in zip(actors, streams):
+                    with stream.active():
+                        state, action = actor.initial_state(1), np.zeros((1, ACT), np.float32)
+                        for t in range(INNER):
+                            action, state = actor.act(obs[t], action, reward, state, False)
+
+            def gathered():
+                states, actions, waits = [], [], []
+                for actor, stream in zip(actors, streams):
+                    with stream.torch_active():
+                        states.append(actor.initial_state(1))
+                        actions.append(np.zeros((1, ACT), np.float32))
+                        waits.append(_submit(actor, obs[0], actions[-1], reward, states[-1]))
+                for t in range(INNER):
+                    for k, (actor, stream) in enumerate(zip(actors, streams)):
+                        with stream.torch_active():
+                            actions[k], states[k] = waits[k]()
+                            if t + 1 < INNER:
+                                waits[k] = _submit(actor, obs[t + 1], actions[k], reward, states[k])
+
+            med = interleaved_medians({"separate": separate, "gathered": gathered}, repeats, device)
+            for k, v in med.items():
+                rows.append(Row("acting-seeds", f"HopperBLT-V_B1_sac_{model}_S{S}", k, "seed_step_us",
+                                v / (INNER * S) * 1e6, "us"))
+    return rows
+
+
+def _submit(actor, obs, action, reward, state):
+    submit = getattr(actor, "submit", None)
+    if submit is None:  # an agent on a CPU computes the step at once
+        out = actor.act(obs, action, reward, state, False)
+        return lambda: out
+    return submit(obs, action, reward, state, False)
