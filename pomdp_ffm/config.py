@@ -284,6 +284,10 @@ class EvalConfig:
     # the env whose RNG is chained as the reference's one-after-another episodes chain it: the same episodes
     # (patches/013-evaluation-episodes-together.md). false: one after another on the training env.
     episodes_together: bool = True
+    # With episodes_together: each of those envs in a worker process, so that they step at once on several
+    # cores (envs.EnvInWorker). The same episodes; faster where env steps cost more than a process round trip
+    # and cores are free (docs/benchmarks.md).
+    workers: bool = False
 
     def __post_init__(self):
         _int_at_least("eval.log_interval", self.log_interval, 1)

@@ -10,6 +10,8 @@ counterparts the reference never had. See ``docs/tasks.md`` for the table.
 from __future__ import annotations
 
 import difflib
+import functools
+import multiprocessing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,7 @@ __all__ = [
     "TaskSpec",
     "TASKS",
     "POMDPWrapper",
+    "EnvInWorker",
     "available_tasks",
     "get_task",
     "make_env",
@@ -241,6 +244,76 @@ class POMDPWrapper(gymnasium.Wrapper):
         action = self._rescale(action)
         obs, reward, terminated, truncated, info = self.env.step(action)
         return self._observe(obs), reward, terminated, truncated, info
+
+    # The two halves of ``step``, as an ``EnvInWorker`` has them (there the step runs in between; here in
+    # ``step_wait``), so that one rollout loop serves both.
+    def step_async(self, action: Any) -> None:
+        self._action = action
+
+    def step_wait(self):
+        action, self._action = self._action, None
+        return self.step(action)
+
+    def reset_from(self, rng: dict) -> tuple[np.ndarray, dict]:
+        """Reset from the RNG state ``rng``: (the first observation, the RNG state after the reset), one link
+        of the evaluation's RNG chain (``Trainer._episodes_together``)."""
+        self.set_rng_state(rng)
+        obs, _ = self.reset()
+        return obs, self.rng_state()
+
+
+class EnvInWorker:
+    """A task's env in a worker process, stepped there while the caller goes on: several of them step at once on
+    as many cores (``eval.workers``). It is Gymnasium's AsyncVectorEnv of one env, with autoreset off (the
+    rollout resets an env only when it starts its next episode), seen as one env: ``reset``, ``step`` or
+    ``step_async`` and ``step_wait``, and the env's own calls (``rng_state``, ``set_rng_state``,
+    ``reset_from``) forwarded to it. Observations, rewards and RNG streams are those of the same env in this
+    process (tests/test_envs.py)."""
+
+    runs_elsewhere = True
+
+    def __init__(self, name: str, seed: int | None = None):
+        methods = multiprocessing.get_all_start_methods()
+        # Not fork: this process may hold CUDA and OpenMP threads, which a forked child must not inherit.
+        context = "forkserver" if "forkserver" in methods else "spawn"
+        self.venv = gymnasium.vector.AsyncVectorEnv(
+            [functools.partial(make_env, name, seed)], shared_memory=False, context=context,
+            autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED)
+        self.max_episode_steps = get_task(name).max_episode_steps
+        self.observation_space = self.venv.single_observation_space
+        self.action_space = self.venv.single_action_space
+
+    def reset(self, **kwargs):
+        obs, info = self.venv.reset(**kwargs)
+        return obs[0], _first(info)
+
+    def step_async(self, action: Any) -> None:
+        self.venv.step_async(np.asarray(action)[None])
+
+    def step_wait(self):
+        obs, reward, terminated, truncated, info = self.venv.step_wait()
+        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), _first(info)
+
+    def step(self, action: Any):
+        self.step_async(action)
+        return self.step_wait()
+
+    def rng_state(self) -> dict:
+        return self.venv.call("rng_state")[0]
+
+    def set_rng_state(self, state: dict) -> None:
+        self.venv.call("set_rng_state", state)
+
+    def reset_from(self, rng: dict) -> tuple[np.ndarray, dict]:
+        return self.venv.call("reset_from", rng)[0]
+
+    def close(self) -> None:
+        self.venv.close()
+
+
+def _first(info: dict) -> dict:
+    """The first env's entries of a vector env's info (keys it set, without their ``_key`` masks)."""
+    return {k: v[0] for k, v in info.items() if not k.startswith("_") and info.get(f"_{k}", [True])[0]}
 
 
 def make_env(name: str, seed: int | None = None) -> POMDPWrapper:

@@ -169,8 +169,12 @@ class _Captured:
         self.graph.replay()
 
 
+_ACTING_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+
+
 class CudaGraphs:
-    """Capture on a side stream (PyTorch's whole-network recipe), replay on the current stream."""
+    """Capture on a side stream (PyTorch's whole-network recipe), replay on the current stream (acting: on the
+    acting stream)."""
 
     make_capturable = True
 
@@ -180,16 +184,26 @@ class CudaGraphs:
         self._branches: list[torch.cuda.Stream] = []
 
     @contextlib.contextmanager
-    def side_stream(self, join: bool = True):
-        """Work queued on the side stream after the current stream's. ``join``: the current stream then waits
-        for it; without, the caller waits for it on the host (an acting step), and several runners' side
-        streams (a seed axis) run at once."""
+    def side_stream(self):
         current = torch.cuda.current_stream(self.device)
         self.side.wait_stream(current)
         with torch.cuda.stream(self.side):
             yield
-        if join:
-            current.wait_stream(self.side)
+        current.wait_stream(self.side)
+
+    @contextlib.contextmanager
+    def acting_stream(self):
+        """Acting replays, queued after the current stream's work on one stream per device shared by every
+        runner, and waited for on the host. Shared, not one per runner: a replay first writes the generator's
+        seed and offset into tensors that, in some torch releases, all graphs of the default generator share,
+        so two runners' replays on two streams could read each other's (a seed axis's runners would)."""
+        current = torch.cuda.current_stream(self.device)
+        stream = _ACTING_STREAMS.get(self.device)
+        if stream is None:
+            stream = _ACTING_STREAMS[self.device] = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            yield
 
     def capture(self, fn: Callable[[], dict[str, torch.Tensor]]) -> _Captured:
         graph = torch.cuda.CUDAGraph()
@@ -431,7 +445,7 @@ class _ActingGraph:
     def __init__(self, runner: "ActingRunner", key: tuple[int, bool], state):
         agent, (n, deterministic) = runner.agent, key
         dev = agent.device
-        self.side_stream = runner.backend.side_stream
+        self.acting_stream = runner.backend.acting_stream
         self.cuda = dev.type == "cuda"
         sizes = [n * agent.obs_dim, n * agent.act_dim, n]
         self.host = torch.zeros(sum(sizes), pin_memory=self.cuda)
@@ -463,15 +477,15 @@ class _ActingGraph:
             dst.copy_(src)
 
     def submit(self, obs, prev_action, prev_reward) -> Callable[[], np.ndarray]:
-        """The step queued on the runner's side stream (after the work queued so far on the current one, e.g.
-        the updates); the function returned waits for it and returns the action. Steps of several runners
-        (a seed axis) so run at once."""
+        """The step queued on the acting stream (after the work queued so far on the current one, e.g. the
+        updates); the function returned waits for it and returns the action. A seed axis submits every seed's
+        step before waiting for any: one wait for the GPU per seed, the host's launches overlapping the GPU."""
         if self.in_flight:
             raise RuntimeError("an acting step was submitted before the previous one of its graph was waited for")
         # The previous step's copies are done (its wait): the host buffers are free to rewrite.
         for dst, src in zip(self.host_in, (obs, prev_action, prev_reward)):
             dst[...] = np.asarray(src, np.float32).reshape(dst.shape)
-        with self.side_stream(join=False):
+        with self.acting_stream():
             self.flat.copy_(self.host, non_blocking=True)
             self.captured.replay()
             self.action_host.copy_(self.captured.outputs[0]["action"], non_blocking=True)

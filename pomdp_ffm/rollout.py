@@ -109,11 +109,23 @@ class ActRequest:
             self.timers["act"] += seconds
 
 
-Rollout = Generator[ActRequest, tuple, list[Episode]]
+class EnvsStepping:
+    """Yielded by a rollout whose envs step in worker processes (``envs.EnvInWorker``), between sending the
+    actions and reading the results: its caller may do other work meanwhile (a seed axis: the other seeds'),
+    then resumes it with None."""
+
+    by_agent = False
+
+    def answer(self) -> None:
+        return None
+
+
+Rollout = Generator["ActRequest | EnvsStepping", "tuple | None", list[Episode]]
 
 
 def answered(gen: Generator):
-    """Run a generator of ActRequests to its end, answering each at once; its return value."""
+    """Run a generator of ActRequests (and EnvsStepping) to its end, answering each at once; its return
+    value."""
     try:
         request = next(gen)
         while True:
@@ -140,6 +152,7 @@ def play_episodes(envs: Sequence, policy: Policy, record: bool,
     i = 0, 1, ... in order; ``timers`` accumulates the seconds spent in the envs ("env"; the answerer adds
     "act")."""
     n = len(envs)
+    elsewhere = any(getattr(env, "runs_elsewhere", False) for env in envs)
     clock = time.perf_counter
     t0 = clock()
     obs = np.stack([reset(i) if reset is not None else envs[i].reset()[0] for i in range(n)]).astype(np.float32)
@@ -154,9 +167,16 @@ def play_episodes(envs: Sequence, policy: Policy, record: bool,
     while active.any():
         actions, state = yield ActRequest(policy, obs, prev_action, prev_reward, state, active, timers)
         t1 = clock()
+        stepping = np.flatnonzero(active)
+        for i in stepping:  # envs in workers step at once from here; the others in step_wait
+            envs[i].step_async(actions[i])
+        if elsewhere:
+            t_env += clock() - t1
+            yield EnvsStepping()
+            t1 = clock()
         stepped = 0
-        for i in np.flatnonzero(active):
-            next_obs, reward, terminated, truncated, info = envs[i].step(actions[i])
+        for i in stepping:
+            next_obs, reward, terminated, truncated, info = envs[i].step_wait()
             if record:
                 # A time-out bootstraps, a fall does not (the reference's terminal flag for pomdp tasks).
                 trans[i].append((obs[i].copy(), actions[i].copy(), float(reward), terminated and not truncated,

@@ -31,7 +31,7 @@ from .rundir import CURRENT_RUN, RunDir, RunDirError
 from .signals import StopSignals
 from .train import Attempt, Refused, check_and_lock, check_untouched, validate
 from .graph import ActingRunner, UpdateRunner
-from .rollout import ActRequest
+from .rollout import ActRequest, EnvsStepping
 from .trainer import Burst, Trainer, _StopRequested
 
 
@@ -182,9 +182,9 @@ class JointActs:
     """Whether the seeds' acting steps (collection and evaluation) are gathered: each seed's rollout is suspended
     at its step, every seed's step is submitted in that seed's turn, then each is waited for and its seed goes
     on, submitting its next step at once. On CUDA with ``train.cuda_graph`` a submit queues the seed's acting
-    graph on its own stream: the seeds' steps run at once and the host waits once per step of each seed instead
-    of running them one after another. Each step still draws from its own seed's streams, so the seeds' acting
-    is what it is alone. On a CPU a submit computes the step, as a turn would: the seeds keep their whole-unit
+    graph (on the acting stream, graph.CudaGraphs.acting_stream): while the GPU runs one seed's step the host
+    launches the next seed's, or steps a seed's env, instead of waiting for each step before the next. Each
+    step still draws from its own seed's streams, so the seeds' acting is what it is alone. On a CPU a submit computes the step, as a turn would: the seeds keep their whole-unit
     turns there unless ``gather`` says otherwise (the tests gather on a CPU to check that a seed's logs do not
     change).
 
@@ -255,6 +255,12 @@ def _is_agent_step(item) -> bool:
     return isinstance(item, ActRequest) and item.by_agent
 
 
+def _gathered(item) -> bool:
+    """What gathered acting leaves suspended while it turns to the other seeds: an acting step of the agent,
+    or envs stepping in their worker processes."""
+    return _is_agent_step(item) or isinstance(item, EnvsStepping)
+
+
 def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int, RNGStreams],
                     joint: JointBursts | None = None, acts: JointActs | None = None) -> dict:
     results: dict[int, dict] = {}
@@ -296,6 +302,8 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
         """Seed k's turn, where an error is that seed's failure (the others go on); a stop goes up. ``light``:
         only torch's generators swapped (a gathered acting step)."""
         token = CURRENT_RUN.set(a.run.path) if light else None
+        if light:  # a checkpoint written in this turn saves the seed's own numpy and Python states
+            a.trainer.host_rng = lambda: streams[k].state[2:]
         try:
             with (streams[k].torch_active() if light else turn(k, a)):
                 yield
@@ -306,6 +314,7 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
         finally:
             if token is not None:
                 CURRENT_RUN.reset(token)
+                a.trainer.host_rng = None
 
     def stepped(k: int, a: Attempt) -> None:
         if a.trainer.counters.env_steps >= a.trainer.budget:
@@ -317,8 +326,9 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
         return [u for u in units if (u.k, u.a) in running and u.item is not None]
 
     def act_together(units: list[_Unit], until) -> None:
-        """The units' gathered acting steps, submitted and waited for seed by seed, until every unit is at an
-        item that is not an agent's acting step (or has ended)."""
+        """The units' gathered items, seed by seed: an acting step submitted, then waited for; envs stepping in
+        workers left to step while the other seeds go on. Until every unit is at an item that is neither (or
+        has ended)."""
         clock = time.perf_counter
 
         def timed(u: _Unit, wait):
@@ -331,13 +341,30 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
             return answer
 
         def submit(u: _Unit) -> None:
+            if isinstance(u.item, EnvsStepping):  # nothing to start: the envs are stepping
+                u.wait = u.item.answer
+                return
             t0 = clock()
             u.wait = timed(u, u.item.submit())
             u.item.charge(clock() - t0)
 
         before = host_streams()
+
+        def untouched() -> bool:
+            """numpy's and Python's global generators as the phase found them; if not, every seed of the phase
+            still running fails (which of them drew cannot be told)."""
+            if same_host_streams(before, host_streams()):
+                return True
+            e = SharedStreamsDrawn("the seeds' gathered acting steps (or their envs, or what follows them) drew "
+                                   "from numpy's or Python's global random generator, which gathering does not "
+                                   "keep apart per seed: the seeds' runs would not be their own")
+            for v in units:
+                if (v.k, v.a) in running:
+                    failed(v.k, v.a, e)
+            return False
+
         for u in live(units):
-            if _is_agent_step(u.item):
+            if _gathered(u.item):
                 with own_turn(u.k, u.a, light=True):
                     submit(u)
         while True:
@@ -351,16 +378,11 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                     answer, u.wait = u.wait, None
                     u.item = u.trainer.resume(u.parts, answer, until)
                     if u.item is None:
-                        stepped(u.k, u.a)
-                    elif _is_agent_step(u.item):
+                        if untouched():  # checked before a seed finishes (its DONE would stand)
+                            stepped(u.k, u.a)
+                    elif _gathered(u.item):
                         submit(u)
-        if not same_host_streams(before, host_streams()):
-            e = SharedStreamsDrawn("the seeds' gathered acting steps (or their envs) drew from numpy's or Python's "
-                                   "global random generator, which gathering does not keep apart per seed: the "
-                                   "seeds' runs would not be their own")
-            for u in units:
-                if (u.k, u.a) in running:
-                    failed(u.k, u.a, e)
+        untouched()
 
     # With gathered acting, the seeds' units are suspended inside episodes and evaluations: a stop signal is
     # held until every unit is over, and acted on between rounds.
@@ -381,8 +403,8 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                     with own_turn(k, a):
                         a.trainer.step()
                         stepped(k, a)
-            up_to_burst = (lambda it: _is_burst(it) or _is_agent_step(it)) if gather else _is_burst
-            after_burst = _is_agent_step if gather else None
+            up_to_burst = (lambda it: _is_burst(it) or _gathered(it)) if gather else _is_burst
+            after_burst = _gathered if gather else None
             while running:
                 if gather and stop.requested is not None:
                     raise _StopRequested

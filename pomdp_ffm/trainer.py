@@ -23,10 +23,10 @@ from tqdm import tqdm
 from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .config import RunConfig, TrainConfig
-from .envs import make_env
+from .envs import EnvInWorker, make_env
 from .graph import make_actor, make_updater
 from .logger import MetricsWriter, columns_for
-from .rollout import ActRequest, AgentPolicy, RandomPolicy, answered, play_episodes
+from .rollout import ActRequest, AgentPolicy, EnvsStepping, RandomPolicy, answered, play_episodes
 from .rundir import CHECKPOINT_FORMAT, RunDir
 from .signals import StopSignals
 
@@ -172,6 +172,9 @@ class Trainer:
         self.pool_timers: Counter = Counter()  # the random pool's, apart: its "acting" is a uniform draw
         self.bar = None
         self._updates_per_s = 0.0
+        # numpy's and Python's global generator states as this run's own, for checkpoints: None reads the
+        # globals; a seed axis sets it while this run's code runs with another seed's left in place.
+        self.host_rng = None
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume: dict | None = None) -> Outcome:
@@ -253,11 +256,11 @@ class Trainer:
             return None
         return self.drive(parts, item, until)
 
-    def _answer(self, item: "ActRequest | Burst"):
-        if isinstance(item, ActRequest):
-            return item.answer()
-        self.run_updates(item)
-        return None
+    def _answer(self, item: "ActRequest | EnvsStepping | Burst"):
+        if isinstance(item, Burst):
+            self.run_updates(item)
+            return None
+        return item.answer()
 
     def stopped(self) -> Outcome:
         c = self.counters
@@ -430,7 +433,7 @@ class Trainer:
 
     def _episodes_together(self, policy: AgentPolicy, n: int, timers: dict) -> list:
         while len(self._eval_envs) < n:
-            env = make_env(self.cfg.env.env_name)
+            env = (EnvInWorker if self.cfg.eval.workers else make_env)(self.cfg.env.env_name)
             # A PyBullet env's first reset builds its scene and starts from a slightly different state than
             # later resets with the same RNG; the training env is always past its first reset here.
             env.reset()
@@ -438,9 +441,8 @@ class Trainer:
         envs, chain = self._eval_envs[:n], [self.env.rng_state()]
 
         def reset(i: int) -> np.ndarray:
-            envs[i].set_rng_state(chain[-1])
-            obs, _ = envs[i].reset()
-            chain.append(envs[i].rng_state())
+            obs, rng = envs[i].reset_from(chain[-1])
+            chain.append(rng)
             return obs
 
         eps = yield from play_episodes(envs, policy, record=False, reset=reset, timers=timers)
@@ -491,14 +493,14 @@ class Trainer:
         """Everything a resumed run needs, as tensors and plain containers only (loadable tensors-only)."""
         self.counters.elapsed = time.time() - self._t0
         env_rng = self.env.rng_state()
+        np_state, py_state = self.host_rng() if self.host_rng else (np.random.get_state(), random.getstate())
         return {
             "format": CHECKPOINT_FORMAT,
             "config": self.config_copy,
             "agent": self.agent.training_state(),
             "counters": dataclasses.asdict(self.counters),
             "progress_rows": [list(r) for r in self.metrics.rows],
-            "rng": {"torch": torch.get_rng_state(), "numpy": _numpy_rng_to_plain(np.random.get_state()),
-                    "python": random.getstate(),
+            "rng": {"torch": torch.get_rng_state(), "numpy": _numpy_rng_to_plain(np_state), "python": py_state,
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                     "env": env_rng},
             "buffer": _arrays_to_tensors(self.buffer.state_dict()) if self.cfg.checkpoint.save_buffer else None,

@@ -84,8 +84,8 @@ def test_eval_benchmark_command(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "eval", *SMALL, "--repeats", "1", "--csv",
                            str(out)], capture_output=True, text=True, timeout=300, check=True)
     assert "x one-after-another" in proc.stdout
-    assert {r["model"] for r in csv.DictReader(open(out))} == {"one-after-another", "together", "sync-vector",
-                                                                "async-vector"}
+    assert {r["model"] for r in csv.DictReader(open(out))} == {"one-after-another", "together", "workers",
+                                                                "sync-vector", "async-vector"}
 
 
 def test_bench_refuses_overrides_it_does_not_take():
@@ -138,3 +138,12 @@ def test_loop_benchmark_of_a_seed_axis_and_its_projection_to_another_task(capsys
     assert "2 runs of HopperBLT-V-v0 (3,020,000 env steps" in capsys.readouterr().out
     assert projected["env steps"] == pytest.approx(2 * (1_510_000 - 1000 * 10) * 0.5e-3)  # after its 10-episode pool
     assert projected["acting"] == pytest.approx(2 * (1_510_000 - 10_000) * r["per"]["act"])
+
+
+def test_acting_benchmark_with_seeds_times_both_ways():
+    from pomdp_ffm.bench.acting import run_seeds
+
+    rows = run_seeds([2], repeats=1, device=torch.device("cpu"), models=("gru",))
+    assert [(r.shape, r.model) for r in rows] == [("HopperBLT-V_B1_sac_gru_S2", "separate"),
+                                                  ("HopperBLT-V_B1_sac_gru_S2", "gathered")]
+    assert all(r.value > 0 and r.unit == "us" for r in rows)

@@ -441,7 +441,7 @@ def test_acting_replays_equal_the_agents_acting(algo, model):
 def test_acting_steps_submitted_together_equal_each_runners_alone(model):
     # Three agents (a seed axis's seeds) act stochastically: each alone from its own RNG stream, then with every
     # step submitted for all three (each in its stream) before any is waited for, as a seed axis gathers them.
-    # The replays run on the runners' own streams at once; each agent's actions are its own, bit for bit.
+    # The replays queue one after another on the acting stream; each agent's actions are its own, bit for bit.
     from pomdp_ffm.graph import ActingRunner
     from pomdp_ffm.seeds import RNGStreams
 

@@ -263,3 +263,40 @@ def test_taskspec_is_frozen_and_hashable():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert make_env("AntMJ-F-v0").unwrapped.observation_space.shape == (27,)
+
+
+@pytest.mark.parametrize("name", ["Pendulum-V-v0", "HopperBLT-P-v0", "HopperMJ-V-v0"])
+def test_an_env_in_a_worker_is_the_env_here(name):
+    # Resets, steps (also split into step_async / step_wait), rewards, flags and RNG streams, through two
+    # episodes and a reset from a saved RNG state (the evaluation's chain).
+    from pomdp_ffm.envs import EnvInWorker
+
+    here, there = make_env(name, seed=5), EnvInWorker(name, seed=5)
+    try:
+        assert there.max_episode_steps == here.max_episode_steps
+        assert there.observation_space == here.observation_space and there.action_space == here.action_space
+        rng = np.random.default_rng(0)
+        for _ in range(2):
+            np.testing.assert_array_equal(there.reset()[0], here.reset()[0])
+            for t in range(60):
+                a = _agent_action(here, rng)
+                if t % 2:
+                    there.step_async(a)
+                    got = there.step_wait()
+                else:
+                    got = there.step(a)
+                want = here.step(a)
+                np.testing.assert_array_equal(got[0], want[0])
+                assert got[1:4] == (float(want[1]), bool(want[2]), bool(want[3]))
+                if want[2] or want[3]:
+                    break
+            assert there.rng_state() == here.rng_state()
+        saved = here.rng_state()
+        here.step(_agent_action(here, rng))
+        obs, after = there.reset_from(saved)
+        want_obs, want_after = here.reset_from(saved)
+        np.testing.assert_array_equal(obs, want_obs)
+        assert after == want_after
+    finally:
+        there.close()
+        here.close()

@@ -46,7 +46,10 @@ class PythonGraphs:
     def __init__(self, fail: Exception | None = None):
         self.fail, self.graphs, self.branched = fail, [], []
 
-    def side_stream(self, join=True):
+    def side_stream(self):
+        return contextlib.nullcontext()
+
+    def acting_stream(self):
         return contextlib.nullcontext()
 
     @contextlib.contextmanager

@@ -283,6 +283,22 @@ def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, mon
         pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))
 
 
+def test_gathered_acting_with_evaluation_envs_in_workers(composed, tmp_path, monkeypatch):
+    # The evaluation's envs step in worker processes; the axis turns to the other seeds while they step.
+    from pomdp_ffm.rollout import EnvsStepping
+
+    overrides = ("algo=sac", "seq_model=gru", "env.num_eval_tasks=3", "device=cpu")
+    for k in (0, 1):
+        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+    gathered(monkeypatch)
+    answered = []
+    monkeypatch.setattr(EnvsStepping, "answer", lambda self: answered.append(1))
+    run(composed(*overrides, "seeds=[0,1]", "eval.workers=true"), tmp_path / "axis" / "seed-0")
+    assert answered
+    for k in (0, 1):
+        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))
+
+
 def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, monkeypatch):
     # Each seed acts through an ActingRunner on the Python stand-in for graphs, so the axis submits to the
     # runners' graphs and waits: by default the steps are gathered (every seed acts through a runner).
@@ -368,3 +384,53 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
         run(composed("seeds=[0,1]", "device=cpu"), tmp_path / "axis" / "seed-0", trainer_cls=DrawsGlobally)
     for k in (0, 1):
         assert "SharedStreamsDrawn" in (tmp_path / "axis" / f"seed-{k}" / "ERROR.txt").read_text()
+
+
+def _host_rng(run_dir: Path) -> tuple:
+    from pomdp_ffm.rundir import load_checkpoint
+
+    rng = load_checkpoint(RunDir(run_dir).checkpoint)["rng"]
+    return rng["numpy"]["keys"].tolist(), rng["numpy"]["pos"], rng["python"]
+
+
+def test_gathered_checkpoints_hold_each_seeds_own_host_streams(composed, tmp_path, monkeypatch):
+    # A seed's last checkpoint is written after its last acting step, in a turn that swaps torch's generators
+    # only: it still saves that seed's numpy and Python states (what a resume restores), not another seed's.
+    # The updates here draw from numpy's global generator (they run in full turns, where that is allowed), so
+    # the seeds' numpy states differ.
+    import numpy as np
+
+    class DrawingUpdates(Trainer):
+        def sample_batch(self):
+            np.random.random()
+            return super().sample_batch()
+
+    overrides = ("algo=sac", "seq_model=gru", "device=cpu")
+    for k in (0, 1):
+        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}", trainer_cls=DrawingUpdates)
+    gathered(monkeypatch)
+    run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=DrawingUpdates)
+    states = {(w, k): _host_rng(tmp_path / w / f"seed-{k}") for w in ("solo", "axis") for k in (0, 1)}
+    assert states["solo", 0] != states["solo", 1]
+    for k in (0, 1):
+        assert states["axis", k] == states["solo", k]
+
+
+def test_a_global_draw_before_a_seed_finishes_is_found_before_its_done(composed, tmp_path, monkeypatch):
+    # The last row's code runs in the seed's light turn; a draw from numpy's global generator there is found
+    # before the seed is marked done, so no seed ends DONE with logs that are not its own.
+    import numpy as np
+
+    from pomdp_ffm.seeds import SharedStreamsDrawn
+
+    class DrawsAtTheLastRow(Trainer):
+        def log_evaluation(self, *results):
+            if self.counters.env_steps >= self.budget:
+                np.random.random()
+            return super().log_evaluation(*results)
+
+    gathered(monkeypatch)
+    with pytest.raises(SharedStreamsDrawn):
+        run(composed("algo=sac", "seq_model=gru", "device=cpu", "seeds=[0,1]"), tmp_path / "axis" / "seed-0",
+            trainer_cls=DrawsAtTheLastRow)
+    assert [RunDir(tmp_path / "axis" / f"seed-{k}").status() for k in (0, 1)] == ["failed", "failed"]

@@ -214,19 +214,25 @@ def test_length_1_episode_is_counted_but_not_stored(run_cfg, tmp_path, caplog):
 def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path, task, seq_model):
     # patches/013: the batched evaluation plays the reference's episodes (same starts, same returns) and
     # leaves the training env's RNG where the one-after-another evaluation leaves it.
+    # With eval.workers the envs step in worker processes: exactly the episodes played together here.
     results = {}
-    for together in (False, True):
-        trainer = Trainer(run_cfg(f"env={task}", f"seq_model={seq_model}", "env.num_eval_tasks=4",
-                                  f"eval.episodes_together={str(together).lower()}"), tmp_path / str(together))
+    for way, settings in {"one after another": ("eval.episodes_together=false",),
+                          "together": ("eval.episodes_together=true",),
+                          "workers": ("eval.episodes_together=true", "eval.workers=true")}.items():
+        trainer = Trainer(run_cfg(f"env={task}", f"seq_model={seq_model}", "env.num_eval_tasks=4", *settings),
+                          tmp_path / way)
         trainer.collect_episode(random_actions=True)  # the training env mid-stream, as at a real evaluation
         ret, length, _ = trainer.evaluate(deterministic=True)
-        results[together] = (ret, length, trainer.env.rng_state(), trainer.timers["n_eval_steps"])
+        results[way] = (ret, length, trainer.env.rng_state(), trainer.timers["n_eval_steps"])
+        if way == "workers":
+            assert {type(e).__name__ for e in trainer._eval_envs} == {"EnvInWorker"}
         trainer.close()
-    (r0, l0, s0, n0), (r1, l1, s1, n1) = results[False], results[True]
+    (r0, l0, s0, n0), (r1, l1, s1, n1) = results["one after another"], results["together"]
     assert l0 == l1 and n0 == n1
     # Batched matmuls may round differently in the last bits; 1e-4 relative covers 4 x 200-1000 steps.
     assert r1 == pytest.approx(r0, rel=1e-4, abs=1e-3)
     assert s0 == s1
+    assert results["workers"] == results["together"]
 
 
 

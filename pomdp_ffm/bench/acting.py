@@ -13,8 +13,8 @@ microseconds per seed-step, two ways:
 
 * ``separate``: each seed plays its episode in its own turn, as the seeds of an axis do on a CPU;
 * ``gathered``: each step submitted for every seed (in its streams) before any is waited for, and each seed's
-  next step submitted as soon as its action is back, as ``seeds.JointActs`` does on CUDA with graphs, where the
-  seeds' acting graphs then run at once on their own streams.
+  next step submitted as soon as its action is back, as ``seeds.JointActs`` does on CUDA with graphs (the host
+  launching one seed's step while the GPU runs another's).
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 Variants, each playing num_eval_tasks deterministic episodes of the agent's actor (its initial weights):
   - ``one-after-another``: the reference's way, one episode at a time at batch 1;
   - ``together``: the trainer's way, all episodes in lockstep in this process, one batched forward per step;
+  - ``workers``: the same with each env in a worker process (``eval.workers=true``, ``envs.EnvInWorker``);
   - ``sync-vector`` / ``async-vector``: the same lockstep over Gymnasium's SyncVectorEnv / AsyncVectorEnv
     (envs in worker processes). These two are timed only: the trainer's RNG chaining, which makes the episodes
     the reference's, is not applied to them.
@@ -15,7 +16,7 @@ import tempfile
 import gymnasium
 import numpy as np
 
-from ..envs import make_env
+from ..envs import EnvInWorker, make_env
 from ..rollout import AgentPolicy, run_episodes
 from ..rundir import RunDir
 from ..trainer import Trainer
@@ -43,18 +44,20 @@ def run(overrides: list[str], repeats: int, device: str, threads: int | None) ->
     policy = AgentPolicy(trainer.agent, deterministic=True)
     single = make_env(task, seed=0)
     envs = [make_env(task, seed=i) for i in range(n)]
+    workers = [EnvInWorker(task, seed=i) for i in range(n)]
     sync = gymnasium.vector.SyncVectorEnv([lambda: make_env(task) for _ in range(n)])
     asyn = gymnasium.vector.AsyncVectorEnv([lambda: make_env(task) for _ in range(n)])
     fns = {
         "one-after-another": lambda: [run_episodes([single], policy, record=False) for _ in range(n)],
         "together": lambda: run_episodes(envs, policy, record=False),
+        "workers": lambda: run_episodes(workers, policy, record=False),
         "sync-vector": lambda: _vector_episodes(sync, policy, n),
         "async-vector": lambda: _vector_episodes(asyn, policy, n),
     }
     try:
         med = interleaved_medians(fns, repeats, trainer.device, warmup=1)
     finally:
-        for e in [single, *envs, sync, asyn]:
+        for e in [single, *envs, *workers, sync, asyn]:
             e.close()
         trainer.close()
     shape = f"{task} x{n} {cfg.policy.algo_name}+{cfg.policy.seq_model}"
