@@ -250,6 +250,11 @@ class TrainConfig:
     # TF32 tensor-core matmuls on CUDA (torch.backends.cuda.matmul.allow_tf32): faster, 10-bit mantissas in the
     # products. Off, as in the reference and PyTorch's default (docs/benchmarks.md has its measured effect).
     tf32: bool = False
+    # The training env in a worker process (envs.EnvInWorker): the same episodes. In a seed axis whose acting is
+    # gathered (on CUDA with graphs) the seeds' envs then step at once, on as many cores; a run alone only pays
+    # the round trips (docs/benchmarks.md).
+    env_worker: bool = False
+
     def __post_init__(self):
         size = self.buffer_size
         if isinstance(size, float) and size.is_integer():
@@ -272,6 +277,7 @@ class TrainConfig:
         _real("train.sample_weight_baseline", self.sample_weight_baseline, lambda v: v >= 0, ">= 0")
         _require("train.cuda_graph", self.cuda_graph, lambda v: isinstance(v, bool), "true or false")
         _require("train.tf32", self.tf32, lambda v: isinstance(v, bool), "true or false")
+        _require("train.env_worker", self.env_worker, lambda v: isinstance(v, bool), "true or false")
 
 
 @dataclass
@@ -293,6 +299,7 @@ class EvalConfig:
         _int_at_least("eval.log_interval", self.log_interval, 1)
         _require("eval.save_interval", self.save_interval, lambda v: _is_int(v) and (v == -1 or v >= 1),
                  "-1 (no snapshots) or >= 1")
+        _require("eval.workers", self.workers, lambda v: isinstance(v, bool), "true or false")
 
 
 @dataclass

@@ -298,11 +298,14 @@ class EnvInWorker:
         self.step_async(action)
         return self.step_wait()
 
+    # The action sampler that draws (the random pool's uniform actions) is this process's copy of the space,
+    # seeded as the worker's: its state is taken from here, the env's from the worker.
     def rng_state(self) -> dict:
-        return self.venv.call("rng_state")[0]
+        return {**self.venv.call("rng_state")[0], "action_space": self.action_space.np_random.bit_generator.state}
 
     def set_rng_state(self, state: dict) -> None:
         self.venv.call("set_rng_state", state)
+        self.action_space.np_random.bit_generator.state = state["action_space"]
 
     def reset_from(self, rng: dict) -> tuple[np.ndarray, dict]:
         return self.venv.call("reset_from", rng)[0]

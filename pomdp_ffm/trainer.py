@@ -144,7 +144,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
         # One env instance for training and evaluation, as in the reference.
-        self.env = make_env(cfg.env.env_name, seed=cfg.seed)
+        self.env = (EnvInWorker if cfg.train.env_worker else make_env)(cfg.env.env_name, seed=cfg.seed)
         self.max_len = self.env.max_episode_steps
         self.obs_dim = self.env.observation_space.shape[0]
         self.act_dim = self.env.action_space.shape[0]

@@ -276,6 +276,7 @@ def test_an_env_in_a_worker_is_the_env_here(name):
         assert there.max_episode_steps == here.max_episode_steps
         assert there.observation_space == here.observation_space and there.action_space == here.action_space
         rng = np.random.default_rng(0)
+        saved_at_start = here.rng_state()
         for _ in range(2):
             np.testing.assert_array_equal(there.reset()[0], here.reset()[0])
             for t in range(60):
@@ -291,6 +292,12 @@ def test_an_env_in_a_worker_is_the_env_here(name):
                 if want[2] or want[3]:
                     break
             assert there.rng_state() == here.rng_state()
+        # the random pool's sampler: this process's copy, seeded as the env's, saved and restored with it
+        np.testing.assert_array_equal(there.action_space.sample(), here.action_space.sample())
+        assert there.rng_state() == here.rng_state()
+        there.set_rng_state(saved_at_start)
+        here.set_rng_state(saved_at_start)
+        np.testing.assert_array_equal(there.action_space.sample(), here.action_space.sample())
         saved = here.rng_state()
         here.step(_agent_action(here, rng))
         obs, after = there.reset_from(saved)

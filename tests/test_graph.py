@@ -518,7 +518,7 @@ def test_capturable_optimisers_save_the_eager_state():
 
 # --- the switch ----------------------------------------------------------------------------------------------
 def test_the_switch_is_validated(run_cfg):
-    # Off by default until the CUDA tests have run on a GPU (patches/015).
+    # On by default since the CUDA tests ran on a GPU (patches/015).
     assert TrainConfig.__dataclass_fields__["cuda_graph"].default is True
     assert run_cfg("train.cuda_graph=false").train.cuda_graph is False
     assert run_cfg().train.cuda_graph is True

@@ -283,8 +283,9 @@ def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, mon
         pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))
 
 
-def test_gathered_acting_with_evaluation_envs_in_workers(composed, tmp_path, monkeypatch):
-    # The evaluation's envs step in worker processes; the axis turns to the other seeds while they step.
+def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
+    # The training and evaluation envs step in worker processes; the axis turns to the other seeds while they
+    # step.
     from pomdp_ffm.rollout import EnvsStepping
 
     overrides = ("algo=sac", "seq_model=gru", "env.num_eval_tasks=3", "device=cpu")
@@ -293,7 +294,8 @@ def test_gathered_acting_with_evaluation_envs_in_workers(composed, tmp_path, mon
     gathered(monkeypatch)
     answered = []
     monkeypatch.setattr(EnvsStepping, "answer", lambda self: answered.append(1))
-    run(composed(*overrides, "seeds=[0,1]", "eval.workers=true"), tmp_path / "axis" / "seed-0")
+    run(composed(*overrides, "seeds=[0,1]", "eval.workers=true", "train.env_worker=true"),
+        tmp_path / "axis" / "seed-0")
     assert answered
     for k in (0, 1):
         pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))

@@ -85,6 +85,29 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     pd.testing.assert_frame_equal(cut.drop(columns=TIME_COLUMNS), read(tmp_path / "full").drop(columns=TIME_COLUMNS))
 
 
+@pytest.mark.parametrize("task", ["Pendulum-V-v0", "HopperMJ-V-v0"])
+def test_envs_in_workers_train_and_resume_as_envs_here(composed, tmp_path, task):
+    # The training env and the evaluation's in worker processes (its resets' RNG, the random pool's action
+    # sampler, the checkpoint's env state), stopped and resumed: the log of the run with every env here.
+    overrides = (f"env={task}", "algo=sac", "seq_model=gru", "train.num_iters=4", "env.num_eval_tasks=3")
+    workers = ("train.env_worker=true", "eval.workers=true")
+    train(composed(*overrides), tmp_path / "here")
+
+    class Interrupt(Trainer):
+        iterations = 0
+
+        def _iteration(self):
+            yield from super()._iteration()
+            Interrupt.iterations += 1
+            if Interrupt.iterations == 2:
+                self.stop.request(15)
+
+    assert train(composed(*overrides, *workers), tmp_path / "there", Interrupt)["stopped"]
+    train(composed(*overrides, *workers, "resume=true"), tmp_path / "there")
+    here, there = read(tmp_path / "here"), read(tmp_path / "there")
+    pd.testing.assert_frame_equal(there.drop(columns=TIME_COLUMNS), here.drop(columns=TIME_COLUMNS))
+
+
 def test_killed_run_keeps_its_rows(composed, tmp_path):
     class Kill(Trainer):
         def log_evaluation(self, *results):
