@@ -12,6 +12,9 @@ from __future__ import annotations
 import difflib
 import functools
 import multiprocessing
+import os
+import signal
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,12 +276,9 @@ class EnvInWorker:
     runs_elsewhere = True
 
     def __init__(self, name: str, seed: int | None = None):
-        methods = multiprocessing.get_all_start_methods()
-        # Not fork: this process may hold CUDA and OpenMP threads, which a forked child must not inherit.
-        context = "forkserver" if "forkserver" in methods else "spawn"
         self.venv = gymnasium.vector.AsyncVectorEnv(
-            [functools.partial(make_env, name, seed)], shared_memory=False, context=context,
-            autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED)
+            [functools.partial(_make_env_in_worker, name, seed, os.getpid())], shared_memory=False,
+            context=worker_start_method(), autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED)
         self.max_episode_steps = get_task(name).max_episode_steps
         self.observation_space = self.venv.single_observation_space
         self.action_space = self.venv.single_action_space
@@ -311,7 +311,53 @@ class EnvInWorker:
         return self.venv.call("reset_from", rng)[0]
 
     def close(self) -> None:
-        self.venv.close()
+        """Never raises: a worker that died (or a step in flight) cannot keep the run from closing."""
+        try:
+            self.venv.close()
+        except Exception:
+            # Gymnasium's close waits for a step in flight first, which a dead worker never answers: end it here.
+            for process in self.venv.processes:
+                if process.is_alive():
+                    process.terminate()
+            for pipe in self.venv.parent_pipes:
+                if pipe is not None:
+                    pipe.close()
+            for process in self.venv.processes:
+                process.join(timeout=5)
+            self.venv.closed = True  # its __del__ would try again
+
+
+WORKER_START_METHODS = ("forkserver", "spawn")
+
+
+def worker_start_method() -> str:
+    """How ``EnvInWorker`` starts its process: forkserver where there is one, else spawn; never fork, since this
+    process may hold CUDA and OpenMP threads, which a forked child must not inherit. The forkserver preloads
+    this module and, when the entry point is one of the project's (``python -m pomdp_ffm.train``), that one: a
+    worker starts with what it would otherwise import again (torch among it), shared with the others."""
+    current = multiprocessing.get_start_method(allow_none=True)
+    if current not in (None, "fork", *WORKER_START_METHODS):
+        # A child of forkserver or spawn takes its parent's start method with it (joblib's loky sets its own).
+        raise ValueError(f"envs in worker processes (train.env_worker, eval.workers) need one of Python's start "
+                         f"methods, but this process uses {current!r} (e.g. under joblib's local launcher); run "
+                         "them with hydra/launcher=slurm_local or basic, or set both to false")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) or ""
+    preload = [__name__] + ([main] if main.startswith("pomdp_ffm.") else [])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
+    return "forkserver"
+
+
+def _make_env_in_worker(name: str, seed: int | None, main_pid: int) -> "POMDPWrapper":
+    # The job's stop signals (SLURM signals every process of the job; a terminal's Ctrl-C the whole group) are
+    # the main process's to act on: it checkpoints, then closes the workers. (Gymnasium also builds one env in
+    # the main process to read its spaces: that one leaves the handlers alone.)
+    if os.getpid() != main_pid:
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None), getattr(signal, "SIGUSR2", None)):
+            if sig is not None:
+                signal.signal(sig, signal.SIG_IGN)
+    return make_env(name, seed)
 
 
 def _first(info: dict) -> dict:

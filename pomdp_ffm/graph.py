@@ -169,7 +169,7 @@ class _Captured:
         self.graph.replay()
 
 
-_ACTING_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+_ACTING_STREAMS: dict[int, "torch.cuda.Stream"] = {}  # by device index
 
 
 class CudaGraphs:
@@ -198,9 +198,10 @@ class CudaGraphs:
         seed and offset into tensors that, in some torch releases, all graphs of the default generator share,
         so two runners' replays on two streams could read each other's (a seed axis's runners would)."""
         current = torch.cuda.current_stream(self.device)
-        stream = _ACTING_STREAMS.get(self.device)
+        key = current.device_index  # "cuda" and "cuda:0" are one device, with one acting stream
+        stream = _ACTING_STREAMS.get(key)
         if stream is None:
-            stream = _ACTING_STREAMS[self.device] = torch.cuda.Stream(device=self.device)
+            stream = _ACTING_STREAMS[key] = torch.cuda.Stream(device=self.device)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
             yield

@@ -17,6 +17,7 @@ over); a seed that diverges or fails is recorded in its own directory and the ot
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ from .train import Attempt, Refused, check_and_lock, check_untouched, validate
 from .graph import ActingRunner, UpdateRunner
 from .rollout import ActRequest, EnvsStepping
 from .trainer import Burst, Trainer, _StopRequested
+
+
+log = logging.getLogger("pomdp_ffm")
 
 
 def seed_dirs(job_dir: Path, seed: int, seeds: list[int]) -> list[Path]:
@@ -122,10 +126,27 @@ def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer] = Train
         for k, c, d in zip(seeds, cfgs, dirs):
             attempts.append(check_and_lock(c, d, trainer_cls))
             streams[k] = RNGStreams()  # right after the seed's trainer seeded and built everything
-        return _train_together(seeds, attempts, streams)
-    finally:
-        for a in attempts:
+        result = _train_together(seeds, attempts, streams)
+    except BaseException:
+        _close(attempts, quiet=True)
+        raise
+    _close(attempts)
+    return result
+
+
+def _close(attempts: list[Attempt], quiet: bool = False) -> None:
+    """Close every seed's attempt (envs, lock), each whatever the others do; the first error is raised after,
+    unless another is already on its way up (``quiet``: then it is logged)."""
+    errors = []
+    for a in attempts:
+        try:
             a.close()
+        except Exception as e:
+            errors.append(e)
+    if errors and not quiet:
+        raise errors[0]
+    for e in errors:
+        log.warning("closing a seed's run failed: %s: %s", type(e).__name__, e)
 
 
 def joint_runner(trainers: list[Trainer]) -> UpdateRunner | None:

@@ -284,8 +284,10 @@ class Attempt:
         if self.handler is not None:
             log.removeHandler(self.handler)
             self.handler.close()
-        self.trainer.close()
-        self.run.release()
+        try:
+            self.trainer.close()
+        finally:
+            self.run.release()
 
 
 def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer) -> dict:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .config import RunConfig, TrainConfig
-from .envs import EnvInWorker, make_env
+from .envs import EnvInWorker, get_task, make_env, worker_start_method
 from .graph import make_actor, make_updater
 from .logger import MetricsWriter, columns_for
 from .rollout import ActRequest, AgentPolicy, EnvsStepping, RandomPolicy, answered, play_episodes
@@ -143,12 +143,22 @@ class Trainer:
         torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
+        t = cfg.train
+        self.max_len = get_task(cfg.env.env_name).max_episode_steps  # an unknown task fails here, with the list
+        self.iter_len, self.budget = env_step_budget(t, self.max_len)
+        last_iters = self.budget // self.iter_len
+        if last_iters < cfg.eval.log_interval:
+            raise ValueError(f"eval.log_interval={cfg.eval.log_interval} is more than the {last_iters} iterations "
+                             f"of this budget on {cfg.env.env_name}: no evaluation would ever be logged")
+        if t.env_worker or cfg.eval.workers:
+            worker_start_method()  # one the workers cannot use is refused before any starts
+        if cfg.eval.workers and not (cfg.eval.episodes_together and cfg.env.num_eval_tasks > 1):
+            log.warning("eval.workers=true changes nothing here: with eval.episodes_together=false or one "
+                        "evaluation episode, the evaluation plays on the training env")
         # One env instance for training and evaluation, as in the reference.
-        self.env = (EnvInWorker if cfg.train.env_worker else make_env)(cfg.env.env_name, seed=cfg.seed)
-        self.max_len = self.env.max_episode_steps
+        self.env = (EnvInWorker if t.env_worker else make_env)(cfg.env.env_name, seed=cfg.seed)
         self.obs_dim = self.env.observation_space.shape[0]
         self.act_dim = self.env.action_space.shape[0]
-        t = cfg.train
         self.seq_len = self.max_len if t.sampled_seq_len == -1 else t.sampled_seq_len
         self.buffer = SeqReplayBuffer(int(t.buffer_size), self.obs_dim, self.act_dim, self.seq_len,
                                       t.sample_weight_baseline, seed=cfg.seed)
@@ -157,11 +167,6 @@ class Trainer:
         self.updater = make_updater(self.agent, t.cuda_graph)
         # What acts (collection, evaluation): the agent, or its acting step as graph replays on CUDA
         self.acting = make_actor(self.agent, t.cuda_graph)
-        self.iter_len, self.budget = env_step_budget(t, self.max_len)
-        last_iters = self.budget // self.iter_len
-        if last_iters < cfg.eval.log_interval:
-            raise ValueError(f"eval.log_interval={cfg.eval.log_interval} is more than the {last_iters} iterations "
-                             f"of this budget on {cfg.env.env_name}: no evaluation would ever be logged")
         self.columns = columns_for(self.agent.algo.stat_keys, cfg.eval.eval_stochastic)
         self.counters = Counters()
         self.metrics: MetricsWriter | None = None
@@ -434,10 +439,10 @@ class Trainer:
     def _episodes_together(self, policy: AgentPolicy, n: int, timers: dict) -> list:
         while len(self._eval_envs) < n:
             env = (EnvInWorker if self.cfg.eval.workers else make_env)(self.cfg.env.env_name)
+            self._eval_envs.append(env)  # closed with the trainer, even if its first reset fails
             # A PyBullet env's first reset builds its scene and starts from a slightly different state than
             # later resets with the same RNG; the training env is always past its first reset here.
             env.reset()
-            self._eval_envs.append(env)
         envs, chain = self._eval_envs[:n], [self.env.rng_state()]
 
         def reset(i: int) -> np.ndarray:
@@ -525,8 +530,15 @@ class Trainer:
         log.info("resumed from %s at %d env steps", self.run.checkpoint, self.counters.env_steps)
 
     def close(self) -> None:
+        """Close every env, each whatever the others do (an env in a worker never raises on close)."""
+        errors = []
         for env in [self.env, *self._eval_envs]:
-            env.close()
+            try:
+                env.close()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 # --- plain containers for the tensors-only checkpoint -------------------------------------------------------

@@ -325,12 +325,13 @@ def test_cfg_job_prints_composed_config(tmp_path):
     assert not (tmp_path / "runs").exists()  # printing starts nothing
 
 
-def test_the_env_worker_switches_are_validated(run_cfg):
+def test_the_env_worker_switches_are_validated(hydra_ctx):
     from pomdp_ffm.config import EvalConfig, TrainConfig
 
-    cfg = run_cfg()
+    cfg = make(["env=Pendulum-V-v0"])
     assert cfg.train.env_worker is False and cfg.eval.workers is False
-    assert run_cfg("train.env_worker=true", "eval.workers=true").eval.workers is True
+    cfg = make(["env=Pendulum-V-v0", "train.env_worker=true", "eval.workers=true"])
+    assert cfg.train.env_worker is True and cfg.eval.workers is True
     with pytest.raises(ValueError, match=r"^train.env_worker='yes' must be true or false$"):
         TrainConfig(num_iters=1, num_init_rollouts_pool=1, batch_size=1, sampled_seq_len=2, env_worker="yes")
     with pytest.raises(ValueError, match=r"^eval.workers=1 must be true or false$"):

@@ -307,3 +307,53 @@ def test_an_env_in_a_worker_is_the_env_here(name):
     finally:
         there.close()
         here.close()
+
+
+def test_a_worker_leaves_the_jobs_stop_signals_to_the_main_process():
+    # SLURM signals every process of a job, a terminal's Ctrl-C the whole group: the worker ignores them (the
+    # main process checkpoints, then closes it), and building it leaves this process's handlers as they were.
+    import os
+    import signal
+    import time
+
+    from pomdp_ffm.envs import EnvInWorker
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    env = EnvInWorker("Pendulum-V-v0", seed=0)
+    try:
+        assert {s: signal.getsignal(s) for s in before} == before
+        env.reset()
+        pid = env.venv.processes[0].pid
+        for s in before:
+            os.kill(pid, s)
+        time.sleep(0.2)
+        assert env.venv.processes[0].is_alive()
+        env.step(np.zeros(1))
+    finally:
+        env.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*pending call:UserWarning")
+def test_closing_an_env_whose_worker_died_does_not_raise():
+    import os
+    import signal
+
+    from pomdp_ffm.envs import EnvInWorker
+
+    env = EnvInWorker("Pendulum-V-v0", seed=0)
+    env.reset()
+    env.step_async(np.zeros(1))  # a step in flight
+    os.kill(env.venv.processes[0].pid, signal.SIGKILL)
+    env.venv.processes[0].join(5)
+    env.close()
+    assert not env.venv.processes[0].is_alive()
+
+
+def test_workers_under_a_start_method_they_cannot_use_are_refused(monkeypatch):
+    import multiprocessing
+
+    from pomdp_ffm.envs import worker_start_method
+
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "loky")
+    with pytest.raises(ValueError, match=r"this process uses 'loky'.*set both to false"):
+        worker_start_method()

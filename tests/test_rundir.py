@@ -389,3 +389,16 @@ def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, 
     torch.save(state, run_dir / "checkpoints" / "last.pt")
     assert rundir_main(["restore-config", str(run_dir)]) == 2
     assert "another version of pomdp-ffm (format 3" in capsys.readouterr().err
+
+
+def test_a_failing_close_still_releases_the_lock(composed, tmp_path, monkeypatch):
+    # Closing the envs can fail (a worker process that died): the run directory's lock is released anyway.
+    from pomdp_ffm import trainer as trainer_mod
+
+    def broken_close(self):
+        raise BrokenPipeError("a worker died")
+
+    monkeypatch.setattr(trainer_mod.Trainer, "close", broken_close)
+    with pytest.raises(BrokenPipeError):
+        run(composed(), tmp_path / "r")
+    assert RunDir(tmp_path / "r").holder() is None
