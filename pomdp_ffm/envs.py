@@ -9,12 +9,14 @@ counterparts the reference never had. See ``docs/tasks.md`` for the table.
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import functools
 import multiprocessing
 import os
 import signal
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,6 +281,7 @@ class EnvInWorker:
         self.venv = gymnasium.vector.AsyncVectorEnv(
             [functools.partial(_make_env_in_worker, name, seed, os.getpid())], shared_memory=False,
             context=worker_start_method(), autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED)
+        _close_at_exit(self)
         self.max_episode_steps = get_task(name).max_episode_steps
         self.observation_space = self.venv.single_observation_space
         self.action_space = self.venv.single_action_space
@@ -312,19 +315,42 @@ class EnvInWorker:
 
     def close(self) -> None:
         """Never raises: a worker that died (or a step in flight) cannot keep the run from closing."""
+        if self.venv.closed:
+            return
         try:
             self.venv.close()
         except Exception:
-            # Gymnasium's close waits for a step in flight first, which a dead worker never answers: end it here.
+            # Gymnasium's close waits for a step in flight first, which a dead worker never answers: end it here,
+            # with SIGKILL (the worker ignores SIGTERM, see _make_env_in_worker).
             for process in self.venv.processes:
-                if process.is_alive():
-                    process.terminate()
+                if process.exitcode is None:
+                    process.kill()
             for pipe in self.venv.parent_pipes:
                 if pipe is not None:
                     pipe.close()
             for process in self.venv.processes:
                 process.join(timeout=5)
             self.venv.closed = True  # its __del__ would try again
+
+
+# Workers still open when the interpreter exits are closed before multiprocessing's own exit handler runs:
+# that one stops daemon processes with SIGTERM, which these ignore, and would then wait for them forever.
+_OPEN_WORKERS: "weakref.WeakSet[EnvInWorker]" = weakref.WeakSet()
+_EXIT_HANDLER = False
+
+
+def _close_at_exit(env: EnvInWorker) -> None:
+    global _EXIT_HANDLER
+    _OPEN_WORKERS.add(env)
+    if not _EXIT_HANDLER:
+        # Registered after multiprocessing's (imported by the first worker's start): atexit runs it first.
+        atexit.register(_close_open_workers)
+        _EXIT_HANDLER = True
+
+
+def _close_open_workers() -> None:
+    for env in list(_OPEN_WORKERS):
+        env.close()
 
 
 WORKER_START_METHODS = ("forkserver", "spawn")

@@ -150,13 +150,22 @@ class Trainer:
         if last_iters < cfg.eval.log_interval:
             raise ValueError(f"eval.log_interval={cfg.eval.log_interval} is more than the {last_iters} iterations "
                              f"of this budget on {cfg.env.env_name}: no evaluation would ever be logged")
-        if t.env_worker or cfg.eval.workers:
-            worker_start_method()  # one the workers cannot use is refused before any starts
-        if cfg.eval.workers and not (cfg.eval.episodes_together and cfg.env.num_eval_tasks > 1):
+        eval_workers = cfg.eval.workers and cfg.eval.episodes_together and cfg.env.num_eval_tasks > 1
+        if cfg.eval.workers and not eval_workers:
             log.warning("eval.workers=true changes nothing here: with eval.episodes_together=false or one "
                         "evaluation episode, the evaluation plays on the training env")
+        if t.env_worker or eval_workers:
+            worker_start_method()  # one the workers cannot use is refused before any starts
         # One env instance for training and evaluation, as in the reference.
         self.env = (EnvInWorker if t.env_worker else make_env)(cfg.env.env_name, seed=cfg.seed)
+        try:
+            self._build(cfg)
+        except BaseException:
+            self.env.close()  # a worker process must not outlive a trainer that was never built
+            raise
+
+    def _build(self, cfg: RunConfig) -> None:
+        t = cfg.train
         self.obs_dim = self.env.observation_space.shape[0]
         self.act_dim = self.env.action_space.shape[0]
         self.seq_len = self.max_len if t.sampled_seq_len == -1 else t.sampled_seq_len

@@ -357,3 +357,40 @@ def test_workers_under_a_start_method_they_cannot_use_are_refused(monkeypatch):
     monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "loky")
     with pytest.raises(ValueError, match=r"this process uses 'loky'.*set both to false"):
         worker_start_method()
+
+
+def test_a_process_that_never_closed_its_worker_still_exits():
+    # The worker ignores SIGTERM, which multiprocessing's exit handler sends to daemon processes before waiting
+    # for them: the project closes its workers first.
+    import subprocess
+    import sys
+
+    script = ("from pomdp_ffm.envs import EnvInWorker\n"
+              "if __name__ == '__main__':\n"
+              "    env = EnvInWorker('Pendulum-V-v0', seed=0)\n"
+              "    env.reset()\n"
+              "    env.step_async([0.0])  # even with a step in flight\n"
+              "    print('built', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_trainer_that_fails_to_build_closes_its_worker(run_cfg, tmp_path, monkeypatch):
+    from pomdp_ffm import trainer as trainer_mod
+    from pomdp_ffm.envs import EnvInWorker
+
+    made = []
+
+    class Recorded(EnvInWorker):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    def broken(*a, **kw):
+        raise RuntimeError("no memory left for the updater")
+
+    monkeypatch.setattr(trainer_mod, "EnvInWorker", Recorded)
+    monkeypatch.setattr(trainer_mod, "make_updater", broken)
+    with pytest.raises(RuntimeError, match="no memory left"):
+        trainer_mod.Trainer(run_cfg("train.env_worker=true"), tmp_path / "r")
+    assert len(made) == 1 and made[0].venv.closed and not made[0].venv.processes[0].is_alive()

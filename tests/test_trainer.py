@@ -273,3 +273,19 @@ def test_tf32_is_a_switch_off_by_default(run_cfg, tmp_path):
         torch.backends.cuda.matmul.allow_tf32 = saved
     with pytest.raises(ValueError, match=r"^train.tf32='on' must be true or false$"):
         TrainConfig(num_iters=1, num_init_rollouts_pool=1, batch_size=1, sampled_seq_len=2, tf32="on")
+
+
+def test_env_workers_are_refused_only_where_they_would_start(run_cfg, tmp_path, monkeypatch, caplog):
+    # Under a start method the workers cannot use (joblib's loky), a run that would start them is refused at
+    # once; a setting that starts none (the evaluation then plays on the training env) is only warned about.
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "loky")
+    with pytest.raises(ValueError, match="uses 'loky'"):
+        Trainer(run_cfg("eval.workers=true", "env.num_eval_tasks=3"), tmp_path / "a")
+    with pytest.raises(ValueError, match="uses 'loky'"):
+        Trainer(run_cfg("train.env_worker=true"), tmp_path / "b")
+    with caplog.at_level("WARNING", logger="pomdp_ffm"):
+        Trainer(run_cfg("eval.workers=true", "eval.episodes_together=false", "env.num_eval_tasks=3"),
+                tmp_path / "c").close()
+    assert any("eval.workers=true changes nothing here" in r.getMessage() for r in caplog.records)
