@@ -13,6 +13,7 @@ import atexit
 import difflib
 import functools
 import multiprocessing
+import multiprocessing.util  # noqa: F401  (its exit handler must be registered before this module's)
 import os
 import signal
 import sys
@@ -281,7 +282,7 @@ class EnvInWorker:
         self.venv = gymnasium.vector.AsyncVectorEnv(
             [functools.partial(_make_env_in_worker, name, seed, os.getpid())], shared_memory=False,
             context=worker_start_method(), autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED)
-        _close_at_exit(self)
+        _OPEN_WORKERS.add(self)
         self.max_episode_steps = get_task(name).max_episode_steps
         self.observation_space = self.venv.single_observation_space
         self.action_space = self.venv.single_action_space
@@ -335,19 +336,11 @@ class EnvInWorker:
 
 # Workers still open when the interpreter exits are closed before multiprocessing's own exit handler runs:
 # that one stops daemon processes with SIGTERM, which these ignore, and would then wait for them forever.
+# (Registered after multiprocessing.util, whose import registers that handler: atexit runs the later first.)
 _OPEN_WORKERS: "weakref.WeakSet[EnvInWorker]" = weakref.WeakSet()
-_EXIT_HANDLER = False
 
 
-def _close_at_exit(env: EnvInWorker) -> None:
-    global _EXIT_HANDLER
-    _OPEN_WORKERS.add(env)
-    if not _EXIT_HANDLER:
-        # Registered after multiprocessing's (imported by the first worker's start): atexit runs it first.
-        atexit.register(_close_open_workers)
-        _EXIT_HANDLER = True
-
-
+@atexit.register
 def _close_open_workers() -> None:
     for env in list(_OPEN_WORKERS):
         env.close()

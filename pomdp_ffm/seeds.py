@@ -60,7 +60,7 @@ class RNGStreams:
     @staticmethod
     def capture() -> tuple:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        return torch.get_rng_state(), cuda, np.random.get_state(), random.getstate()
+        return torch.get_rng_state(), cuda, *host_streams()
 
     @contextlib.contextmanager
     def active(self):
@@ -205,9 +205,9 @@ class JointActs:
     on, submitting its next step at once. On CUDA with ``train.cuda_graph`` a submit queues the seed's acting
     graph (on the acting stream, graph.CudaGraphs.acting_stream): while the GPU runs one seed's step the host
     launches the next seed's, or steps a seed's env, instead of waiting for each step before the next. Each
-    step still draws from its own seed's streams, so the seeds' acting is what it is alone. On a CPU a submit computes the step, as a turn would: the seeds keep their whole-unit
-    turns there unless ``gather`` says otherwise (the tests gather on a CPU to check that a seed's logs do not
-    change).
+    step still draws from its own seed's streams, so the seeds' acting is what it is alone. On a CPU a submit
+    computes the step, as a turn would: the seeds keep their whole-unit turns there unless ``gather`` says
+    otherwise (the tests gather on a CPU to check that a seed's logs do not change).
 
     Per step only torch's generators are swapped (``RNGStreams.torch_active``); numpy's and Python's global
     generators, which no acting step, env step or buffer draws from (the envs and the buffer have their own),
@@ -322,8 +322,8 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
     def own_turn(k: int, a: Attempt, light: bool = False):
         """Seed k's turn, where an error is that seed's failure (the others go on); a stop goes up. ``light``:
         only torch's generators swapped (a gathered acting step)."""
-        token = CURRENT_RUN.set(a.run.path) if light else None
         if light:  # a checkpoint written in this turn saves the seed's own numpy and Python states
+            token = CURRENT_RUN.set(a.run.path)
             a.trainer.host_rng = lambda: streams[k].state[2:]
         try:
             with (streams[k].torch_active() if light else turn(k, a)):
@@ -333,7 +333,7 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
         except BaseException as e:
             failed(k, a, e)
         finally:
-            if token is not None:
+            if light:
                 CURRENT_RUN.reset(token)
                 a.trainer.host_rng = None
 

@@ -243,32 +243,15 @@ class Trainer:
         steps answered by their policy, bursts run alone with this trainer's updater. With ``until``, the first
         item for which ``until(item)`` is true is returned unanswered (the generator suspended there); None once
         the generator has ended."""
-        try:
-            item = next(parts) if item is None else item
-            while until is None or not until(item):
-                try:
-                    answer = self._answer(item)
-                except BaseException as e:
-                    item = parts.throw(e)
-                else:
-                    item = parts.send(answer)
-            return item
-        except StopIteration:
-            return None
+        item = next(parts, None) if item is None else item
+        while item is not None and not (until is not None and until(item)):
+            item = _advance(parts, lambda: self._answer(item))
+        return item
 
     def resume(self, parts, answer, until=None):
-        """``drive`` on from the item ``parts`` is suspended at, answered with ``answer()`` (or the exception
-        it raises, thrown into it)."""
-        try:
-            try:
-                value = answer()
-            except BaseException as e:
-                item = parts.throw(e)
-            else:
-                item = parts.send(value)
-        except StopIteration:
-            return None
-        return self.drive(parts, item, until)
+        """``drive`` on from the item ``parts`` is suspended at, answered with ``answer()``."""
+        item = _advance(parts, answer)
+        return None if item is None else self.drive(parts, item, until)
 
     def _answer(self, item: "ActRequest | EnvsStepping | Burst"):
         if isinstance(item, Burst):
@@ -548,6 +531,19 @@ class Trainer:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+
+def _advance(parts, answer):
+    """Send ``answer()`` into the suspended generator (or throw in the exception it raises): its next item, or
+    None once it has ended."""
+    try:
+        try:
+            value = answer()
+        except BaseException as e:
+            return parts.throw(e)
+        return parts.send(value)
+    except StopIteration:
+        return None
 
 
 # --- plain containers for the tensors-only checkpoint -------------------------------------------------------

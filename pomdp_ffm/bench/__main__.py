@@ -81,22 +81,14 @@ def main(argv=None) -> None:
 
         rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants)
         print_table(rows, baseline="gru")
-    elif args.which == "act":
-        from . import acting
+    else:  # act, update: each with its seed-axis variant
+        from . import acting, update
 
-        rows = acting.run(args.repeats, device)
-        print_table(rows, baseline="agent")
+        module, baseline = {"act": (acting, "agent"), "update": (update, "sac_gru")}[args.which]
+        rows = module.run(args.repeats, device)
+        print_table(rows, baseline=baseline)
         if args.seeds:
-            seed_rows = acting.run_seeds(args.seeds, args.repeats, device)
-            print_table(seed_rows, baseline="separate")
-            rows += seed_rows
-    else:
-        from . import update
-
-        rows = update.run(args.repeats, device)
-        print_table(rows, baseline="sac_gru")
-        if args.seeds:
-            seed_rows = update.run_seeds(args.seeds, args.repeats, device)
+            seed_rows = module.run_seeds(args.seeds, args.repeats, device)
             print_table(seed_rows, baseline="separate")
             rows += seed_rows
     if args.csv:

@@ -26,6 +26,7 @@ import torch
 from ..agent import RecurrentAgent, act_with
 from ..config import PolicyConfig
 from ..graph import ActingRunner, make_actor
+from ..rollout import AgentPolicy
 from .common import Row, interleaved_medians
 from .update import ACT, OBS
 
@@ -90,6 +91,7 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models
                 agent = RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name="sac")).to(device)
                 actors.append(make_actor(agent, cuda_graph=True))  # graph replays on CUDA, the agent on a CPU
                 streams.append(RNGStreams())
+            policies = [AgentPolicy(actor, deterministic=False) for actor in actors]  # what a rollout submits to
 
             def separate():
                 for actor, stream in zip(actors, streams):
@@ -100,17 +102,17 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models
 
             def gathered():
                 states, actions, waits = [], [], []
-                for actor, stream in zip(actors, streams):
+                for policy, stream in zip(policies, streams):
                     with stream.torch_active():
-                        states.append(actor.initial_state(1))
+                        states.append(policy.initial_state(1))
                         actions.append(np.zeros((1, ACT), np.float32))
-                        waits.append(_submit(actor, obs[0], actions[-1], reward, states[-1]))
+                        waits.append(policy.submit(obs[0], actions[-1], reward, states[-1], None))
                 for t in range(INNER):
-                    for k, (actor, stream) in enumerate(zip(actors, streams)):
+                    for k, (policy, stream) in enumerate(zip(policies, streams)):
                         with stream.torch_active():
                             actions[k], states[k] = waits[k]()
                             if t + 1 < INNER:
-                                waits[k] = _submit(actor, obs[t + 1], actions[k], reward, states[k])
+                                waits[k] = policy.submit(obs[t + 1], actions[k], reward, states[k], None)
 
             med = interleaved_medians({"separate": separate, "gathered": gathered}, repeats, device)
             for k, v in med.items():
@@ -118,10 +120,3 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models
                                 v / (INNER * S) * 1e6, "us"))
     return rows
 
-
-def _submit(actor, obs, action, reward, state):
-    submit = getattr(actor, "submit", None)
-    if submit is None:  # an agent on a CPU computes the step at once
-        out = actor.act(obs, action, reward, state, False)
-        return lambda: out
-    return submit(obs, action, reward, state, False)
