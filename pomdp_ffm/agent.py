@@ -325,3 +325,34 @@ def act_with(actor: Actor, algo, obs, prev_action, prev_reward, state, determini
     action = algo.act(out, deterministic).view(-1, act_dim).cpu().numpy()
     return (action[0] if single else action), state
 
+
+
+class ActorSnapshot:
+    """A copy of an agent's actor on the agent's device, set to the actor's weights by ``take()``: what an
+    evaluation played during the next burst of updates acts with (``eval.during_updates``), while those updates
+    move the actor itself. It acts as the agent does (``initial_state``, ``act``, and the attributes
+    graph.ActingRunner reads), with the same computation, so its actions are the actor's at ``take()``."""
+
+    def __init__(self, agent: RecurrentAgent):
+        self.algo, self.obs_dim, self.act_dim, self.source = agent.algo, agent.obs_dim, agent.act_dim, agent
+        self.actor = copy.deepcopy(agent.actor).requires_grad_(False)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.actor.parameters()).device
+
+    @torch.no_grad()
+    def take(self) -> None:
+        """The actor's current weights, copied in place (graphs captured on this copy keep reading them); on
+        CUDA the copy is queued after the updates already queued, and before those queued next."""
+        for dst, src in zip(self.actor.state_dict().values(), self.source.actor.state_dict().values()):
+            dst.copy_(src)
+        for m in self.actor.modules():
+            if isinstance(m, FFM):
+                m.drop_gamma_cache()
+
+    def initial_state(self, batch_size: int = 1):
+        return self.actor.encoder.initial_state(batch_size, self.device)
+
+    def act(self, obs, prev_action, prev_reward, state, deterministic: bool):
+        return act_with(self.actor, self.algo, obs, prev_action, prev_reward, state, deterministic)

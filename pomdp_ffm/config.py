@@ -294,12 +294,25 @@ class EvalConfig:
     # cores (envs.EnvInWorker). The same episodes; faster where env steps cost more than a process round trip
     # and cores are free (docs/benchmarks.md).
     workers: bool = False
+    # Play each evaluation during the next burst of updates instead of before it, acting with a copy of the
+    # actor taken when the evaluation was due: on a GPU its envs step on the host while the device runs the
+    # updates. The same episodes and progress.csv (patches/017-evaluation-during-updates.md). Deterministic
+    # evaluations only (a stochastic one draws from torch's generator, as the updates do).
+    during_updates: bool = False
 
     def __post_init__(self):
         _int_at_least("eval.log_interval", self.log_interval, 1)
         _require("eval.save_interval", self.save_interval, lambda v: _is_int(v) and (v == -1 or v >= 1),
                  "-1 (no snapshots) or >= 1")
         _require("eval.workers", self.workers, lambda v: isinstance(v, bool), "true or false")
+        _require("eval.during_updates", self.during_updates, lambda v: isinstance(v, bool), "true or false")
+        if self.during_updates is True and self.eval_stochastic is True:
+            raise ValueError("eval.during_updates=true needs eval.eval_stochastic=false: a stochastic evaluation "
+                             "draws its action noise from torch's generator, which the updates draw from too, so "
+                             "it cannot move into them unchanged")
+        if self.during_updates is True and self.episodes_together is False:
+            raise ValueError("eval.during_updates=true needs eval.episodes_together=true: the evaluation must play "
+                             "on copies of the env, while the training env collects the next episode")
 
 
 @dataclass

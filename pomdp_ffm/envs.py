@@ -294,6 +294,11 @@ class EnvInWorker:
     def step_async(self, action: Any) -> None:
         self.venv.step_async(np.asarray(action)[None])
 
+    def step_ready(self) -> bool:
+        """Whether the step sent by ``step_async`` is done (its result waiting in the pipe): ``step_wait`` would
+        not block."""
+        return self.venv.parent_pipes[0].poll()
+
     def step_wait(self):
         obs, reward, terminated, truncated, info = self.venv.step_wait()
         return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), _first(info)

@@ -111,13 +111,20 @@ class ActRequest:
 
 class EnvsStepping:
     """Yielded by a rollout whose envs step in worker processes (``envs.EnvInWorker``), between sending the
-    actions and reading the results: its caller may do other work meanwhile (a seed axis: the other seeds'),
-    then resumes it with None."""
+    actions and reading the results: its caller may do other work meanwhile (a seed axis: the other seeds'; a
+    burst of updates: its next updates), then resumes it with None."""
 
     by_agent = False
 
+    def __init__(self, envs: Sequence = ()):
+        self.envs = envs
+
     def answer(self) -> None:
         return None
+
+    def ready(self) -> bool:
+        """Whether every env has its step's result in, so that resuming would not wait."""
+        return all(env.step_ready() for env in self.envs if getattr(env, "runs_elsewhere", False))
 
 
 Rollout = Generator["ActRequest | EnvsStepping", "tuple | None", list[Episode]]
@@ -172,7 +179,7 @@ def play_episodes(envs: Sequence, policy: Policy, record: bool,
             envs[i].step_async(actions[i])
         if elsewhere:
             t_env += clock() - t1
-            yield EnvsStepping()
+            yield EnvsStepping([envs[i] for i in stepping])
             t1 = clock()
         stepped = 0
         for i in stepping:

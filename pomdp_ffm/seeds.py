@@ -197,6 +197,8 @@ class JointBursts:
                 # each seed is charged its share of the joint round
                 t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S)
                 b.add(st)
+            for t in trainers:
+                t.between_updates()
 
 
 class JointActs:

@@ -13,14 +13,14 @@ import logging
 import math
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from .agent import RecurrentAgent
+from .agent import ActorSnapshot, RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .config import RunConfig, TrainConfig
 from .envs import EnvInWorker, get_task, make_env, worker_start_method
@@ -181,6 +181,11 @@ class Trainer:
         self.metrics: MetricsWriter | None = None
         self.config_copy: dict | None = None  # the composed config, stored in every checkpoint
         self._eval_envs: list = []
+        # An evaluation played during the next burst of updates (eval.during_updates), and what it acts with.
+        self._deferred: _DeferredEvaluation | None = None
+        self._actor_copy: ActorSnapshot | None = None
+        self._actor_copy_acting = None
+        self._queued = QueuedUpdates(self.device)
         # Wall seconds and counts of this process's work, by part (python -m pomdp_ffm.bench loop reads them).
         self.timers: Counter = Counter()
         self.pool_timers: Counter = Counter()  # the random pool's, apart: its "acting" is a uniform draw
@@ -268,12 +273,17 @@ class Trainer:
 
     def finished(self) -> Outcome:
         c = self.counters
+        self._settle_deferred()
         self._snapshot(c.last_return)
         self.save_checkpoint()
         log.info("finished: %d env steps, %d updates, last eval return %.2f", c.env_steps, c.rl_steps, c.last_return)
         return Outcome(counters=c)
 
     def shut(self) -> None:
+        if self._deferred is not None:
+            log.warning("the evaluation due at env step %d was not finished: progress.csv has no row for it",
+                        self._deferred.at["env_steps"])
+            self._deferred = None
         if self.bar is not None:
             self.bar.close()
         if self.metrics is not None:
@@ -310,10 +320,17 @@ class Trainer:
         iters = c.env_steps // self.iter_len  # the reference's env-step clock
         if iters != c.last_eval_iters and iters % ev.log_interval == 0:
             c.last_eval_iters = iters
+            snapshot = ev.save_interval > 0 and c.env_steps > 0.75 * self.budget and iters % ev.save_interval == 0
+            checkpoint = iters % self.cfg.checkpoint.interval == 0
+            # Deferred only where nothing waits for its result: a snapshot (named by the return), a checkpoint
+            # (which holds the rows), the run's end.
+            if ev.during_updates and not (snapshot or checkpoint) and c.env_steps < self.budget:
+                self._defer_evaluation()
+                return
             self.log_evaluation(*(yield from self._evaluations()))
-            if ev.save_interval > 0 and c.env_steps > 0.75 * self.budget and iters % ev.save_interval == 0:
+            if snapshot:
                 self._snapshot(c.last_return)
-            if iters % self.cfg.checkpoint.interval == 0:
+            if checkpoint:
                 self.save_checkpoint()
 
     # ------------------------------------------------------------------------------------------------
@@ -347,6 +364,7 @@ class Trainer:
         c = self.counters
         if c.burst["n"] <= 0 or len(self.buffer) == 0:
             c.burst = None
+            yield from self._finish_deferred()
             return
         burst = Burst(self, c.burst)
         t0 = time.time()
@@ -361,6 +379,8 @@ class Trainer:
             if first_bad >= 0:
                 self._diverged(first_bad, burst.last)
         c.burst = None
+        # A deferred evaluation's row comes before this burst's, as it would have without the deferral.
+        yield from self._finish_deferred()
         row = {f"rl_loss/{k}": v / burst.counts[k] for k, v in burst.state["sums"].items()}
         row.update({f"rl_loss/{k}": float(v) for k, v in burst.last.items() if k.endswith("grad_norm")})
         self.metrics.write(row, c.env_steps)
@@ -380,6 +400,18 @@ class Trainer:
             timers["sample"] += t_u - t_s
             timers["update"] += clock() - t_u
             burst.add(stats)
+            self.between_updates()
+
+    def between_updates(self) -> None:
+        """After an update has been issued: the deferred evaluation (if any) advanced as far as it goes without
+        waiting, i.e. while the device is still busy with the updates queued, or while its envs step in workers
+        (on a CPU with envs in this process it waits for the burst's end, which costs the same)."""
+        d = self._deferred
+        if d is None:
+            return
+        self._queued.mark()
+        while d.item is not None and d.ready(self._queued.busy()):
+            d.advance()
 
     def sample_batch(self):
         return self.buffer.sample(self.cfg.train.batch_size)
@@ -412,9 +444,12 @@ class Trainer:
         per step, and a batch would draw it in another order."""
         return answered(self._evaluate(deterministic))
 
-    def _evaluate(self, deterministic: bool):
-        n, policy, eval_timers = self.cfg.env.num_eval_tasks, AgentPolicy(self.acting, deterministic), Counter()
-        if deterministic and self.cfg.eval.episodes_together and n > 1:
+    def _evaluate(self, deterministic: bool, acting=None, on_copies: bool = False):
+        """``acting``: what acts (default: the trainer's); ``on_copies``: the episodes on copies of the env even for
+        one episode (a deferred evaluation, while the training env collects)."""
+        n, eval_timers = self.cfg.env.num_eval_tasks, Counter()
+        policy = AgentPolicy(self.acting if acting is None else acting, deterministic)
+        if deterministic and self.cfg.eval.episodes_together and (n > 1 or on_copies):
             eps = yield from self._episodes_together(policy, n, eval_timers)
         else:
             eps = []
@@ -440,11 +475,11 @@ class Trainer:
         def reset(i: int) -> np.ndarray:
             obs, rng = envs[i].reset_from(chain[-1])
             chain.append(rng)
+            if i == n - 1:  # all resets happen before the first step: a deferred evaluation's too
+                self.env.set_rng_state(rng)
             return obs
 
-        eps = yield from play_episodes(envs, policy, record=False, reset=reset, timers=timers)
-        self.env.set_rng_state(chain[-1])
-        return eps
+        return (yield from play_episodes(envs, policy, record=False, reset=reset, timers=timers))
 
     def _count(self, key: str, n: int = 1) -> None:
         self.timers[f"n_{key}"] += n
@@ -460,11 +495,14 @@ class Trainer:
         return deterministic, stochastic
 
     def log_evaluation(self, deterministic: tuple[float, float, float],
-                       stochastic: tuple[float, float, float] | None = None) -> float:
-        """The evaluation row (returns, lengths, success rates and the clocks); the deterministic mean return."""
+                       stochastic: tuple[float, float, float] | None = None, at: dict | None = None) -> float:
+        """The evaluation row (returns, lengths, success rates and the clocks); the deterministic mean return.
+        ``at``: the clocks when the evaluation was due (``_clocks()``), for one played later; default: now."""
         ret, length, success = deterministic
-        now, c = time.time(), self.counters
-        row = {"z/env_steps": c.env_steps, "z/rollouts": c.rollouts, "z/rl_steps": c.rl_steps,
+        c = self.counters
+        at = at if at is not None else self._clocks()
+        now = at["time"]
+        row = {"z/env_steps": at["env_steps"], "z/rollouts": at["rollouts"], "z/rl_steps": at["rl_steps"],
                "metrics/total_steps_eval": length, "metrics/return_eval_total": ret,
                "metrics/success_rate_eval": success}
         if stochastic is not None:
@@ -472,13 +510,42 @@ class Trainer:
             row.update({"metrics/total_steps_eval_sto": l_s, "metrics/return_eval_total_sto": r_s,
                         "metrics/success_rate_eval_sto": s_s})
         row["z/time_cost"] = int(now - self._t0)
-        row["z/fps"] = (c.env_steps - c.last_eval_env_steps) / max(now - self._last_eval_time, 1e-9)
-        self._last_eval_time, c.last_eval_env_steps = now, c.env_steps
-        self.metrics.write(row, c.env_steps)
+        row["z/fps"] = (at["env_steps"] - c.last_eval_env_steps) / max(now - self._last_eval_time, 1e-9)
+        self._last_eval_time, c.last_eval_env_steps = now, at["env_steps"]
+        self.metrics.write(row, at["env_steps"])
         c.last_return = ret
         self._show_status()
-        log.info("env steps %d  updates %d  eval return %.2f  length %.1f", c.env_steps, c.rl_steps, ret, length)
+        log.info("env steps %d  updates %d  eval return %.2f  length %.1f", at["env_steps"], at["rl_steps"], ret,
+                 length)
         return ret
+
+    def _clocks(self) -> dict:
+        c = self.counters
+        return {"env_steps": c.env_steps, "rollouts": c.rollouts, "rl_steps": c.rl_steps, "time": time.time()}
+
+    # --- eval.during_updates ------------------------------------------------------------------------
+    def _defer_evaluation(self) -> None:
+        """Start the evaluation due now and leave the rest of it to the next burst of updates: a copy of the
+        actor as it is now acts, its envs are reset now (so the training env's RNG moves on as the evaluation
+        would move it, before the next episode is collected), and the row keeps the clocks of now."""
+        if self._actor_copy is None:
+            self._actor_copy = ActorSnapshot(self.agent)
+            self._actor_copy_acting = make_actor(self._actor_copy, self.cfg.train.cuda_graph)
+        self._actor_copy.take()
+        self._deferred = _DeferredEvaluation(self._evaluate(True, self._actor_copy_acting, on_copies=True),
+                                             self._clocks(), elsewhere=self.cfg.eval.workers)
+
+    def _finish_deferred(self):
+        """The rest of the deferred evaluation (its acting steps yielded as any evaluation's), then its row."""
+        d, self._deferred = self._deferred, None
+        if d is not None:
+            self.log_evaluation((yield from d.rest()), None, d.at)
+
+    def _settle_deferred(self) -> None:
+        """The deferred evaluation played to its end and logged at once (before a checkpoint, which holds the
+        rows)."""
+        if self._deferred is not None:
+            answered(self._finish_deferred())
 
     # ------------------------------------------------------------------------------------------------
     def _snapshot(self, perf: float) -> None:
@@ -504,6 +571,7 @@ class Trainer:
         }
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
+        self._settle_deferred()
         return self.run.save(self.checkpoint_state(), path or self.run.checkpoint)
 
     def _restore(self, state: dict) -> None:
@@ -531,6 +599,61 @@ class Trainer:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+
+class QueuedUpdates:
+    """Whether the device is still busy with updates queued before the latest one (CUDA events, queried without
+    waiting): then host work done now (a deferred evaluation's steps) hides behind the device's. Always false on
+    a CPU, where an update is done when its call returns."""
+
+    DEPTH = 2
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.events: deque = deque(maxlen=self.DEPTH)
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self.events.append(event)
+
+    def busy(self) -> bool:
+        return len(self.events) == self.DEPTH and not self.events[0].query()
+
+
+class _DeferredEvaluation:
+    """An evaluation (``Trainer._evaluate`` generator) started when it was due, advanced between updates, and
+    finished (``rest``) by the burst that follows."""
+
+    def __init__(self, evaluation, at: dict, elsewhere: bool):
+        self.evaluation, self.at, self.elsewhere = evaluation, at, elsewhere
+        self.result = None
+        self.item = self._next(lambda: next(evaluation))  # its resets, up to its first acting step
+
+    def _next(self, step):
+        try:
+            return step()
+        except StopIteration as done:
+            self.result = done.value
+            return None
+
+    def ready(self, device_busy: bool) -> bool:
+        """Whether advancing now costs the updates nothing: envs in workers whose steps are done, or an acting
+        step while the device is busy anyway or while the envs it feeds would otherwise idle in their workers."""
+        if isinstance(self.item, EnvsStepping):
+            return self.item.ready()
+        return device_busy or self.elsewhere
+
+    def advance(self) -> None:
+        answer = self.item.answer()
+        self.item = self._next(lambda: self.evaluation.send(answer))
+
+    def rest(self):
+        while self.item is not None:
+            answer = yield self.item
+            self.item = self._next(lambda: self.evaluation.send(answer))
+        return self.result
 
 
 def _advance(parts, answer):

@@ -21,6 +21,8 @@ import test_agent
 from test_agent import EQUIVALENCE_CASES, make_agent, make_batch, tensor_batch
 from test_trainer import read, train
 
+from pomdp_ffm.logger import TIME_COLUMNS
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
 
@@ -546,7 +548,35 @@ def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tm
     monkeypatch.setattr(seeds_mod.JointActs, "applies", lambda self, trainers: False)
     train(composed(*overrides), tmp_path / "turns" / "seed-0")
     for k in range(3):
-        pd.testing.assert_frame_equal(read(tmp_path / "gathered" / f"seed-{k}"), read(tmp_path / "turns" / f"seed-{k}"))
+        pd.testing.assert_frame_equal(read(tmp_path / "gathered" / f"seed-{k}").drop(columns=TIME_COLUMNS),
+                                      read(tmp_path / "turns" / f"seed-{k}").drop(columns=TIME_COLUMNS))
+
+
+@pytest.mark.parametrize("seeds", [None, "[0,1,2]"])
+def test_evaluation_during_updates_on_cuda_writes_the_same_log(composed, tmp_path, seeds):
+    # patches/017: on CUDA with graphs the deferred evaluation acts through its own acting graphs, on a copy of
+    # the actor taken when it was due, and advances while the device is busy with the queued updates: the same
+    # log as the evaluation played before the burst, alone and in a joint, gathered seed axis.
+    from pomdp_ffm.graph import ActingRunner
+    from test_trainer import DURING
+
+    class Keep(Trainer):
+        made: list = []
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            Keep.made.append(self)
+
+    overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=ffm", "device=cuda", *DURING)
+    if seeds is not None:
+        overrides += (f"seeds={seeds}",)
+    train(composed(*overrides), tmp_path / "before" / "seed-0")
+    train(composed(*overrides, "eval.during_updates=true"), tmp_path / "during" / "seed-0", Keep)
+    copies = [t._actor_copy_acting for t in Keep.made]
+    assert all(isinstance(a, ActingRunner) and a.replays > 0 for a in copies)
+    for k in range(1 if seeds is None else 3):
+        pd.testing.assert_frame_equal(read(tmp_path / "during" / f"seed-{k}").drop(columns=TIME_COLUMNS),
+                                      read(tmp_path / "before" / f"seed-{k}").drop(columns=TIME_COLUMNS))
 
 
 FAILED_CAPTURE = """

@@ -436,3 +436,30 @@ def test_a_global_draw_before_a_seed_finishes_is_found_before_its_done(composed,
         run(composed("algo=sac", "seq_model=gru", "device=cpu", "seeds=[0,1]"), tmp_path / "axis" / "seed-0",
             trainer_cls=DrawsAtTheLastRow)
     assert [RunDir(tmp_path / "axis" / f"seed-{k}").status() for k in (0, 1)] == ["failed", "failed"]
+
+
+@pytest.mark.parametrize("way", ["turns", "joint and gathered", "joint, gathered, workers"])
+def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, way):
+    # eval.during_updates in a seed axis: the deferred evaluations advance between the joint rounds (or the
+    # seed's own updates) and finish gathered with the other seeds' steps. Each seed's log is the one it writes
+    # without the deferral: alone (in turns), or in the same joint axis (whose rounds draw from the lead seed's
+    # streams, patches/016).
+    from pomdp_ffm.graph import UpdateRunner
+    from test_trainer import DURING, Spread
+
+    overrides = ("algo=sac", "seq_model=ffm", "device=cpu", *DURING)
+    extra = ["eval.workers=true"] if "workers" in way else []
+    if way == "turns":
+        for k in (0, 1, 2):
+            run(composed(*overrides, f"seed={k}"), tmp_path / "before" / f"seed-{k}")
+    else:
+        joint = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
+        gathered(monkeypatch)
+        run(composed(*overrides, "seeds=[0,1,2]", *extra), tmp_path / "before" / "seed-0")
+    spread = Spread(monkeypatch)
+    out = run(composed(*overrides, "seeds=[0,1,2]", "eval.during_updates=true", *extra), tmp_path / "axis" / "seed-0")
+    assert not out["stopped"] and spread.between > 0
+    if way != "turns":
+        assert len(joint) == 2 and all(r is not None for r in joint)
+    for k in (0, 1, 2):
+        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "before" / f"seed-{k}"))

@@ -10,6 +10,7 @@ import torch
 
 from pomdp_ffm.logger import TIME_COLUMNS, columns_for
 from pomdp_ffm.train import Refused, run
+from pomdp_ffm import trainer as trainer_module
 from pomdp_ffm.trainer import Trainer, TrainingDiverged
 
 
@@ -289,3 +290,115 @@ def test_env_workers_are_refused_only_where_they_would_start(run_cfg, tmp_path, 
         Trainer(run_cfg("eval.workers=true", "eval.episodes_together=false", "env.num_eval_tasks=3"),
                 tmp_path / "c").close()
     assert any("eval.workers=true changes nothing here" in r.getMessage() for r in caplog.records)
+
+
+# --- eval.during_updates ----------------------------------------------------------------------------------------
+# Evaluations every iteration, a checkpoint every third (those evaluate at once), enough updates per burst for an
+# evaluation's steps to be spread over them.
+DURING = ("train.num_iters=6", "eval.log_interval=1", "checkpoint.interval=3", "env.num_eval_tasks=3",
+          "train.num_updates_per_iter=0.2")
+
+
+class Spread:
+    """``QueuedUpdates.busy`` as on a GPU whose queue is busy every other time it is asked, so that an
+    evaluation's steps are spread over the burst; counts the steps so played."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.between = 0, 0
+        spread = self
+
+        def busy(queue):
+            spread.calls += 1
+            return spread.calls % 2 == 1
+
+        advance = trainer_module._DeferredEvaluation.advance
+
+        def counted(d):
+            spread.between += 1
+            advance(d)
+
+        monkeypatch.setattr(trainer_module.QueuedUpdates, "busy", busy)
+        monkeypatch.setattr(trainer_module._DeferredEvaluation, "advance", counted)
+
+
+class CountDeferred(Trainer):
+    deferred: list = []
+
+    def _defer_evaluation(self):
+        CountDeferred.deferred.append(self.counters.env_steps)
+        super()._defer_evaluation()
+
+
+@pytest.mark.parametrize("task,algo,seq_model,way", [
+    ("Pendulum-V-v0", "sac", "ffm", "spread"), ("Pendulum-V-v0", "td3", "gru", "spread"),
+    ("Pendulum-V-v0", "sac", "lstm", "at the burst's end"), ("HopperMJ-V-v0", "sac", "ffm", "spread"),
+    ("Pendulum-V-v0", "sac", "gru", "workers"), ("HopperBLT-V-v0", "td3", "ffm", "workers")])
+def test_evaluation_during_updates_writes_the_same_log(composed, tmp_path, monkeypatch, task, algo, seq_model, way):
+    # The evaluation due after a burst, played during the next one with a copy of the actor as it was: the same
+    # episodes, the same rows in the same order, the same training (the env's RNG moves on as before).
+    overrides = (f"env={task}", f"algo={algo}", f"seq_model={seq_model}", *DURING)
+    if task != "Pendulum-V-v0":  # 1000-step iterations: three of them
+        overrides += ("train.num_iters=3",)
+    train(composed(*overrides), tmp_path / "before")
+    spread = Spread(monkeypatch) if way == "spread" else None
+    CountDeferred.deferred = []
+    extra = ("eval.workers=true",) if way == "workers" else ()
+    out = train(composed(*overrides, "eval.during_updates=true", *extra), tmp_path / "during", CountDeferred)
+    before, during = read(tmp_path / "before"), read(tmp_path / "during")
+    pd.testing.assert_frame_equal(during.drop(columns=TIME_COLUMNS), before.drop(columns=TIME_COLUMNS))
+    # Deferred: the evaluations at clock iterations 2, 4, 5 (the pool is the first; 3 and 6 are checkpoints, 7 the
+    # end). With 200-step episodes the env-step clock counts an iteration per episode.
+    if task == "Pendulum-V-v0":
+        assert CountDeferred.deferred == [400, 800, 1000] and out["env_steps"] == 1400
+    else:
+        assert CountDeferred.deferred and out["env_steps"] not in CountDeferred.deferred
+    if spread is not None:
+        assert spread.between > 0  # some steps were played between two updates
+    if way == "workers":  # steps played between updates while the workers step
+        assert before.shape == during.shape
+
+
+def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(composed, tmp_path, monkeypatch):
+    # The checkpoint of a stop holds the rows: the deferred evaluation is played to its end and logged first.
+    overrides = ("algo=sac", "seq_model=ffm", *DURING)
+    train(composed(*overrides), tmp_path / "full")
+    Spread(monkeypatch)
+    calls = [0]
+
+    class StopMidBurst(Trainer):
+        def run_updates(self, burst):
+            if self._deferred is None:
+                return super().run_updates(burst)
+            update = self.updater  # the burst that plays a deferred evaluation: stopped after its third update
+
+            def counted(*a, **kw):
+                calls[0] += 1
+                if calls[0] == 3:
+                    self.stop.request(10)
+                return update(*a, **kw)
+
+            self.updater = counted
+            try:
+                super().run_updates(burst)
+            finally:
+                self.updater = update
+
+    cut = composed(*overrides, "eval.during_updates=true")
+    out = train(cut, tmp_path / "cut", StopMidBurst)
+    assert out["stopped"] and out["burst"]["done"] > 0
+    rows = read(tmp_path / "cut")
+    assert eval_rows(rows)["z/env_steps"].tolist()[-1] < out["env_steps"]  # the deferred one, logged at the stop
+    out = train(composed(*overrides, "eval.during_updates=true", "resume=true"), tmp_path / "cut")
+    assert not out["stopped"]
+    pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
+                                  read(tmp_path / "full").drop(columns=TIME_COLUMNS))
+
+
+@pytest.mark.parametrize("bad,message", [
+    (("eval.eval_stochastic=true",), "needs eval.eval_stochastic=false"),
+    (("eval.episodes_together=false",), "needs eval.episodes_together=true"),
+])
+def test_evaluation_during_updates_refuses_what_it_cannot_defer(composed, tmp_path, bad, message):
+    with pytest.raises(Refused, match=message):
+        train(composed("eval.during_updates=true", *bad), tmp_path / "r")
+    assert not (tmp_path / "r").exists()

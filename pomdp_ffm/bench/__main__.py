@@ -1,7 +1,9 @@
-"""``python -m pomdp_ffm.bench {memory,update,act,loop,eval}``: benchmarks that compare variants in one process.
+"""``python -m pomdp_ffm.bench {memory,update,act,loop,eval,overlap}``: benchmarks that compare variants in one
+process.
 
 ``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
-seq_model=ffm --steps 3000``; so does ``eval`` (``python -m pomdp_ffm.bench eval env=Pendulum-V-v0``)."""
+seq_model=ffm --steps 3000``; so do ``eval`` (``python -m pomdp_ffm.bench eval env=Pendulum-V-v0``) and
+``overlap`` (``python -m pomdp_ffm.bench overlap env=HalfCheetahBLT-V-v0 eval.workers=true --updates 200``)."""
 from __future__ import annotations
 
 import argparse
@@ -30,7 +32,7 @@ def main(argv=None) -> None:
     if argv is None:
         _reexec_with_stable_malloc()
     p = argparse.ArgumentParser(prog="python -m pomdp_ffm.bench", description=__doc__)
-    p.add_argument("which", choices=["memory", "update", "act", "loop", "eval"])
+    p.add_argument("which", choices=["memory", "update", "act", "loop", "eval", "overlap"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds")
@@ -39,6 +41,7 @@ def main(argv=None) -> None:
                    help="memory: time only these (e.g. ffm gru gru-loop); default all")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file")
     p.add_argument("--steps", type=int, default=3000, help="loop: env steps to train for (default 3000)")
+    p.add_argument("--updates", type=int, default=200, help="overlap: updates in the burst (default 200)")
     p.add_argument("--seeds", type=int, nargs="+", default=None,
                    help="update, act: also the seed axis for these seed counts (e.g. 1 5 10 20)")
     p.add_argument("--project", default=None, metavar="TASK",
@@ -48,9 +51,9 @@ def main(argv=None) -> None:
                    help="loop: TASK's env step cost in ms, measured where its env runs (with --project)")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
-    if bad or (overrides and args.which not in ("loop", "eval")):
-        p.error(f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop` and `eval` take key=value "
-                "overrides)")
+    if bad or (overrides and args.which not in ("loop", "eval", "overlap")):
+        p.error(f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop`, `eval` and `overlap` take "
+                "key=value overrides)")
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,6 +79,11 @@ def main(argv=None) -> None:
 
         rows = evaluation.run(overrides, args.repeats, args.device, args.threads)
         print_table(rows, baseline="one-after-another")
+    elif args.which == "overlap":
+        from . import overlap
+
+        rows = overlap.run(overrides, args.updates, args.repeats, args.device, args.threads)
+        print_table(rows, baseline="after")
     elif args.which == "memory":
         from . import memory
 
