@@ -88,10 +88,20 @@ def test_eval_benchmark_command(tmp_path):
                                                                 "sync-vector", "async-vector"}
 
 
+def test_overlap_benchmark_command(tmp_path):
+    out = tmp_path / "overlap.csv"
+    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "overlap", *SMALL, "--updates", "3", "--repeats",
+                           "1", "--csv", str(out)], capture_output=True, text=True, timeout=300, check=True)
+    assert "x after" in proc.stdout
+    rows = list(csv.DictReader(open(out)))
+    assert [r["model"] for r in rows] == ["updates", "evaluation", "after", "during"]
+    assert all(float(r["value"]) > 0 for r in rows)
+
+
 def test_bench_refuses_overrides_it_does_not_take():
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "memory", "seed=1"], capture_output=True,
                           text=True, timeout=120)
-    assert proc.returncode == 2 and "only `loop` and `eval` take key=value overrides" in proc.stderr
+    assert proc.returncode == 2 and "only `loop`, `eval` and `overlap` take key=value overrides" in proc.stderr
 
 
 # --- the acting benchmark's CPU copy computes what the agent computes -------------------------------------------
