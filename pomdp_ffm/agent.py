@@ -356,3 +356,29 @@ class ActorSnapshot:
 
     def act(self, obs, prev_action, prev_reward, state, deterministic: bool):
         return act_with(self.actor, self.algo, obs, prev_action, prev_reward, state, deterministic)
+
+
+class OffStreamActing:
+    """An ActorSnapshot acting eagerly on a CUDA stream of its own, which waits for the work queued before each
+    ``take()`` (the updates whose result it copies) and for nothing queued after: its steps run while the
+    device works through the next burst's updates, and a step's wait is for its own kernels only.
+
+    Not CUDA-graph replays: a replay writes the default generator's seed and offset into tensors that every
+    graph of that generator reads (in some torch releases), so a replay beside queued update graphs could hand
+    them the wrong offset. Deterministic eager acting draws nothing and touches no generator state."""
+
+    def __init__(self, snapshot: ActorSnapshot):
+        self.snapshot = snapshot
+        self.stream = torch.cuda.Stream(device=snapshot.device)
+
+    def take(self) -> None:
+        self.snapshot.take()
+        self.stream.wait_stream(torch.cuda.current_stream(self.snapshot.device))
+
+    def initial_state(self, batch_size: int = 1):
+        with torch.cuda.stream(self.stream):
+            return self.snapshot.initial_state(batch_size)
+
+    def act(self, obs, prev_action, prev_reward, state, deterministic: bool):
+        with torch.cuda.stream(self.stream):
+            return self.snapshot.act(obs, prev_action, prev_reward, state, deterministic)

@@ -197,8 +197,8 @@ class JointBursts:
                 # each seed is charged its share of the joint round
                 t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S)
                 b.add(st)
-            for t in trainers:
-                t.between_updates()
+            for t in trainers:  # an error of one seed's deferred evaluation is that seed's, in its own turn
+                t.between_updates(hold_errors=True)
 
 
 class JointActs:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .agent import ActorSnapshot, RecurrentAgent
+from .agent import ActorSnapshot, OffStreamActing, RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .config import RunConfig, TrainConfig
 from .envs import EnvInWorker, get_task, make_env, worker_start_method
@@ -150,7 +150,9 @@ class Trainer:
         if last_iters < cfg.eval.log_interval:
             raise ValueError(f"eval.log_interval={cfg.eval.log_interval} is more than the {last_iters} iterations "
                              f"of this budget on {cfg.env.env_name}: no evaluation would ever be logged")
-        eval_workers = cfg.eval.workers and cfg.eval.episodes_together and cfg.env.num_eval_tasks > 1
+        # A deferred evaluation (eval.during_updates) plays on copies of the env even for one episode.
+        eval_workers = cfg.eval.workers and cfg.eval.episodes_together and (
+            cfg.env.num_eval_tasks > 1 or cfg.eval.during_updates)
         if cfg.eval.workers and not eval_workers:
             log.warning("eval.workers=true changes nothing here: with eval.episodes_together=false or one "
                         "evaluation episode, the evaluation plays on the training env")
@@ -183,8 +185,8 @@ class Trainer:
         self._eval_envs: list = []
         # An evaluation played during the next burst of updates (eval.during_updates), and what it acts with.
         self._deferred: _DeferredEvaluation | None = None
-        self._actor_copy: ActorSnapshot | None = None
-        self._actor_copy_acting = None
+        self._deferred_error: Exception | None = None  # one it raised in a seed axis's joint round
+        self._actor_copy: ActorSnapshot | OffStreamActing | None = None
         self._queued = QueuedUpdates(self.device)
         # Wall seconds and counts of this process's work, by part (python -m pomdp_ffm.bench loop reads them).
         self.timers: Counter = Counter()
@@ -402,16 +404,24 @@ class Trainer:
             burst.add(stats)
             self.between_updates()
 
-    def between_updates(self) -> None:
+    def between_updates(self, hold_errors: bool = False) -> None:
         """After an update has been issued: the deferred evaluation (if any) advanced as far as it goes without
-        waiting, i.e. while the device is still busy with the updates queued, or while its envs step in workers
-        (on a CPU with envs in this process it waits for the burst's end, which costs the same)."""
+        waiting for the updates, i.e. while the device is still busy with the updates queued, or while its envs
+        step in workers (on a CPU with envs in this process it waits for the burst's end, which costs the same).
+        An error in it ends it; ``hold_errors`` (a seed axis's joint rounds, which run every seed's) keeps the
+        error for this trainer's own turn, where ``_finish_deferred`` raises it."""
         d = self._deferred
         if d is None:
             return
         self._queued.mark()
-        while d.item is not None and d.ready(self._queued.busy()):
-            d.advance()
+        try:
+            while d.item is not None and d.ready(self._queued.busy()):
+                d.advance()
+        except Exception as e:
+            self._deferred = None  # its generator is dead: nothing of it is left to play or to log
+            if not hold_errors:
+                raise
+            self._deferred_error = e
 
     def sample_batch(self):
         return self.buffer.sample(self.cfg.train.batch_size)
@@ -528,15 +538,19 @@ class Trainer:
         """Start the evaluation due now and leave the rest of it to the next burst of updates: a copy of the
         actor as it is now acts, its envs are reset now (so the training env's RNG moves on as the evaluation
         would move it, before the next episode is collected), and the row keeps the clocks of now."""
+        self._settle_deferred()  # never two at once (a burst always ends the previous one)
         if self._actor_copy is None:
-            self._actor_copy = ActorSnapshot(self.agent)
-            self._actor_copy_acting = make_actor(self._actor_copy, self.cfg.train.cuda_graph)
+            copy = ActorSnapshot(self.agent)
+            self._actor_copy = OffStreamActing(copy) if self.device.type == "cuda" else copy
         self._actor_copy.take()
-        self._deferred = _DeferredEvaluation(self._evaluate(True, self._actor_copy_acting, on_copies=True),
+        self._deferred = _DeferredEvaluation(self._evaluate(True, self._actor_copy, on_copies=True),
                                              self._clocks(), elsewhere=self.cfg.eval.workers)
 
     def _finish_deferred(self):
         """The rest of the deferred evaluation (its acting steps yielded as any evaluation's), then its row."""
+        if self._deferred_error is not None:
+            e, self._deferred_error = self._deferred_error, None
+            raise e
         d, self._deferred = self._deferred, None
         if d is not None:
             self.log_evaluation((yield from d.rest()), None, d.at)
@@ -544,7 +558,7 @@ class Trainer:
     def _settle_deferred(self) -> None:
         """The deferred evaluation played to its end and logged at once (before a checkpoint, which holds the
         rows)."""
-        if self._deferred is not None:
+        if self._deferred is not None or self._deferred_error is not None:
             answered(self._finish_deferred())
 
     # ------------------------------------------------------------------------------------------------
@@ -609,13 +623,13 @@ class QueuedUpdates:
     DEPTH = 2
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
         self.events: deque = deque(maxlen=self.DEPTH)
 
     def mark(self) -> None:
         if self.cuda:
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             self.events.append(event)
 
     def busy(self) -> bool:

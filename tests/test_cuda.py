@@ -554,10 +554,11 @@ def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tm
 
 @pytest.mark.parametrize("seeds", [None, "[0,1,2]"])
 def test_evaluation_during_updates_on_cuda_writes_the_same_log(composed, tmp_path, seeds):
-    # patches/017: on CUDA with graphs the deferred evaluation acts through its own acting graphs, on a copy of
-    # the actor taken when it was due, and advances while the device is busy with the queued updates: the same
-    # log as the evaluation played before the burst, alone and in a joint, gathered seed axis.
-    from pomdp_ffm.graph import ActingRunner
+    # patches/017: on CUDA the deferred evaluation acts eagerly on a stream of its own, with a copy of the actor
+    # taken when it was due, and advances while the device is busy with the queued updates; alone, and in a
+    # joint, gathered seed axis. Training is unchanged exactly; the evaluation's returns to 1e-4 relative (its
+    # eager acting rounds as the acting graph's replays do to 1e-6, test_acting_replays_equal_the_agents_acting).
+    from pomdp_ffm.agent import OffStreamActing
     from test_trainer import DURING
 
     class Keep(Trainer):
@@ -572,11 +573,13 @@ def test_evaluation_during_updates_on_cuda_writes_the_same_log(composed, tmp_pat
         overrides += (f"seeds={seeds}",)
     train(composed(*overrides), tmp_path / "before" / "seed-0")
     train(composed(*overrides, "eval.during_updates=true"), tmp_path / "during" / "seed-0", Keep)
-    copies = [t._actor_copy_acting for t in Keep.made]
-    assert all(isinstance(a, ActingRunner) and a.replays > 0 for a in copies)
+    assert all(isinstance(t._actor_copy, OffStreamActing) for t in Keep.made)
     for k in range(1 if seeds is None else 3):
-        pd.testing.assert_frame_equal(read(tmp_path / "during" / f"seed-{k}").drop(columns=TIME_COLUMNS),
-                                      read(tmp_path / "before" / f"seed-{k}").drop(columns=TIME_COLUMNS))
+        a = read(tmp_path / "during" / f"seed-{k}").drop(columns=TIME_COLUMNS)
+        b = read(tmp_path / "before" / f"seed-{k}").drop(columns=TIME_COLUMNS)
+        losses = [c for c in a.columns if c.startswith("rl_loss/") or c.startswith("z/")]
+        pd.testing.assert_frame_equal(a[losses], b[losses])
+        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-4)
 
 
 FAILED_CAPTURE = """

@@ -463,3 +463,36 @@ def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, 
         assert len(joint) == 2 and all(r is not None for r in joint)
     for k in (0, 1, 2):
         pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "before" / f"seed-{k}"))
+
+
+def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(composed, tmp_path, monkeypatch):
+    # The joint rounds advance every seed's deferred evaluation; one that fails there is its own seed's failure,
+    # raised in that seed's turn, and the other seeds finish.
+    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.rundir import RunDir
+    from test_trainer import DURING, Spread
+
+    class FailingCopy(Trainer):
+        def _defer_evaluation(self):
+            super()._defer_evaluation()
+            copy = self._actor_copy
+            if self.cfg.seed != 1 or "act" in vars(copy):
+                return
+            calls, act = [0], copy.act
+
+            def failing(*a, **kw):
+                calls[0] += 1
+                if calls[0] == 2:
+                    raise RuntimeError("seed 1's evaluation failed")
+                return act(*a, **kw)
+
+            copy.act = failing
+
+    joint = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
+    gathered(monkeypatch)
+    spread = Spread(monkeypatch)
+    with pytest.raises(RuntimeError, match="seed 1's evaluation failed"):
+        run(composed("algo=sac", "seq_model=ffm", "device=cpu", *DURING, "seeds=[0,1,2]", "eval.during_updates=true"),
+            tmp_path / "axis" / "seed-0", trainer_cls=FailingCopy)
+    assert joint and spread.between > 0
+    assert [RunDir(tmp_path / "axis" / f"seed-{k}").status() for k in (0, 1, 2)] == ["done", "failed", "done"]

@@ -402,3 +402,38 @@ def test_evaluation_during_updates_refuses_what_it_cannot_defer(composed, tmp_pa
     with pytest.raises(Refused, match=message):
         train(composed("eval.during_updates=true", *bad), tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_failing_deferred_evaluation_fails_the_run_with_its_own_error(composed, tmp_path, monkeypatch):
+    # An eval env that fails between two updates ends the evaluation: the run fails with that error (its
+    # checkpoint-on-failure path must not try to finish or log what is left of it).
+    Spread(monkeypatch)
+
+    class EvalEnvDies(Trainer):
+        def _defer_evaluation(self):
+            super()._defer_evaluation()
+            env, calls = self._eval_envs[1], [0]
+            step_wait = env.step_wait
+
+            def dying():
+                calls[0] += 1
+                if calls[0] == 2:
+                    raise RuntimeError("eval env died")
+                return step_wait()
+
+            env.step_wait = dying
+
+    with pytest.raises(RuntimeError, match="eval env died"):
+        train(composed("algo=sac", "seq_model=gru", *DURING, "eval.during_updates=true"), tmp_path / "r",
+              EvalEnvDies)
+    assert "eval env died" in (tmp_path / "r" / "ERROR.txt").read_text()
+
+
+def test_envs_in_workers_for_one_deferred_evaluation_episode_are_checked_at_start(run_cfg, tmp_path, monkeypatch):
+    # A deferred evaluation plays on copies of the env even for one episode: with eval.workers those are workers,
+    # and a start method they cannot use is refused when the run starts, not at its first evaluation.
+    from pomdp_ffm import envs as envs_mod
+
+    monkeypatch.setattr(envs_mod.multiprocessing, "get_start_method", lambda allow_none=False: "loky")
+    with pytest.raises(ValueError, match="start method"):
+        Trainer(run_cfg("eval.workers=true", "eval.during_updates=true", "env.num_eval_tasks=1"), tmp_path / "a")

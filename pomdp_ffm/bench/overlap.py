@@ -1,15 +1,17 @@
 """``python -m pomdp_ffm.bench overlap env=<task> [overrides] --updates N``: an evaluation played during a burst of
 updates (``eval.during_updates``) against one played after it, as the reference does.
 
-Variants, timed interleaved on one trainer (its buffer filled with random episodes, its actor untrained):
+Variants, timed interleaved on one trainer (its buffer filled with random episodes; its actor trained only by the
+benchmark's own bursts):
   - ``updates``: a burst of N updates alone;
   - ``evaluation``: one evaluation alone (num_eval_tasks episodes together, acted by the actor's copy);
   - ``after``: the burst, then the evaluation: the reference's order;
   - ``during``: the evaluation started, the burst with the evaluation's steps between its updates wherever they
     cost the updates nothing, then what is left of the evaluation.
 Median seconds per variant, ratios to ``after``. The best ``during`` can reach is the larger of ``updates`` and
-``evaluation``: on a GPU the host steps the envs while the device runs the queued updates; on a CPU only with
-``eval.workers=true`` (the envs step in worker processes while this one updates).
+``evaluation``: on a GPU the host steps the envs while the device runs the queued updates. Episodes that end
+early (Hopper, Walker, Ant) can differ in length from variant to variant as the actor trains: prefer a task
+whose episodes run to the time limit (HalfCheetah).
 """
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ def run(overrides: list[str], updates: int, repeats: int, device: str, threads: 
         trainer.run_updates(b)
         b.close()
 
-    def evaluation() -> None:
-        answered(trainer._evaluate(True, trainer._actor_copy_acting, on_copies=True))
+    def evaluation() -> None:  # as "during" plays it: the actor's copy, taken now
+        trainer._actor_copy.take()
+        answered(trainer._evaluate(True, trainer._actor_copy, on_copies=True))
 
     def after() -> None:
         burst()
