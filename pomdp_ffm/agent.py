@@ -258,18 +258,24 @@ class RecurrentAgent(nn.Module):
         self._bound_decays(self.critic)
         return {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach()}
 
-    def _actor_step(self, s: Streams, actor_out) -> dict[str, torch.Tensor]:
-        """The actor's loss and optimiser step; its decay is bounded by update(), after the Polyak averages."""
+    def actor_loss_and_stats(self, s: Streams, actor_out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The actor's loss, and what the update reports of it (SAC: the policy's entropy, and the mean log-prob
+        the temperature step takes)."""
         policy_loss, log_prob = self.actor_loss(s, actor_out)
-        self.actor_optim.zero_grad(set_to_none=True)
-        # Only the actor's gradients are wanted: skip the critic weight gradients the reference computes.
-        policy_loss.backward(inputs=list(self.actor.parameters()))
-        self.actor_optim.step()
         stats = {"policy_loss": policy_loss.detach()}
         if log_prob is not None:
             lp = masked_mean(log_prob.detach(), s.masks)
             stats["_log_prob_mean"] = lp
             stats["policy_entropy"] = -lp
+        return policy_loss, stats
+
+    def _actor_step(self, s: Streams, actor_out) -> dict[str, torch.Tensor]:
+        """The actor's loss and optimiser step; its decay is bounded by update(), after the Polyak averages."""
+        policy_loss, stats = self.actor_loss_and_stats(s, actor_out)
+        self.actor_optim.zero_grad(set_to_none=True)
+        # Only the actor's gradients are wanted: skip the critic weight gradients the reference computes.
+        policy_loss.backward(inputs=list(self.actor.parameters()))
+        self.actor_optim.step()
         return stats
 
     # --------------------------------------------------------------------------------------------

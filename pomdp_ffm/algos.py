@@ -16,6 +16,7 @@ from .nets import DeterministicHead, TanhGaussianHead
 
 class SAC(nn.Module):
     uses_target_actor = False
+    shares_actor_pass = True  # shared_actor_pass returns what both losses use
     policy_delay = 1
     # The statistics update() reports, in progress.csv's column order (the reference's SAC columns).
     stat_keys = ("qf1_loss", "qf2_loss", "policy_loss", "policy_entropy", "alpha")
@@ -65,12 +66,14 @@ class SAC(nn.Module):
     def actor_objective(self, q1, q2, log_prob):
         return self.alpha * log_prob - torch.min(q1, q2)
 
+    def temperature_loss(self, log_prob_mean):
+        if self.cfg.alpha_loss == "alpha":  # the reference multiplies alpha itself
+            return -(self.log_alpha.exp() * (log_prob_mean + self.target_entropy)).sum()
+        return -(self.log_alpha * (log_prob_mean + self.target_entropy)).sum()
+
     def update_temperature(self, log_prob_mean):
         if self.alpha_optim is not None:
-            if self.cfg.alpha_loss == "alpha":  # the reference multiplies alpha itself
-                loss = -(self.log_alpha.exp() * (log_prob_mean + self.target_entropy)).sum()
-            else:
-                loss = -(self.log_alpha * (log_prob_mean + self.target_entropy)).sum()
+            loss = self.temperature_loss(log_prob_mean)
             self.alpha_optim.zero_grad(set_to_none=True)
             loss.backward()
             self.alpha_optim.step()
@@ -90,6 +93,7 @@ class SAC(nn.Module):
 
 class TD3(nn.Module):
     uses_target_actor = True
+    shares_actor_pass = False
     stat_keys = ("qf1_loss", "qf2_loss", "policy_loss")
 
     def __init__(self, cfg: PolicyConfig, act_dim: int):

@@ -60,6 +60,9 @@ def _real(key: str, value, ok, rule: str) -> None:
     _require(key, value, ok, rule)
 
 
+SEED_AXIS_UPDATES = ("branches", "stacked")
+
+
 def _one_of(name: str, value, allowed) -> None:
     if _given(value) and value not in allowed:
         raise ValueError(f"{name}={value!r} is not one of {list(allowed)}")
@@ -254,6 +257,10 @@ class TrainConfig:
     # gathered (on CUDA with graphs) the seeds' envs then step at once, on as many cores; a run alone only pays
     # the round trips (docs/benchmarks.md).
     env_worker: bool = False
+    # How the seeds of a seed axis (seeds=[...]) update together on CUDA with train.cuda_graph: "branches", one
+    # graph with each seed's update on a branch of its own; "stacked", one update over the seeds' stacked
+    # weights (pomdp_ffm/stacked.py, patches/018-stacked-seed-update.md; FFM and MLP memories only).
+    seed_axis_update: str = "branches"
 
     def __post_init__(self):
         size = self.buffer_size
@@ -278,6 +285,7 @@ class TrainConfig:
         _require("train.cuda_graph", self.cuda_graph, lambda v: isinstance(v, bool), "true or false")
         _require("train.tf32", self.tf32, lambda v: isinstance(v, bool), "true or false")
         _require("train.env_worker", self.env_worker, lambda v: isinstance(v, bool), "true or false")
+        _one_of("train.seed_axis_update", self.seed_axis_update, SEED_AXIS_UPDATES)
 
 
 @dataclass
@@ -354,6 +362,13 @@ class RunConfig:
                  "one of auto, cpu, cuda, cuda:N")  # whether CUDA is there is checked when the run starts
         _int_at_least("num_threads", self.num_threads, 1)
         t = self.train
+        if t.seed_axis_update == "stacked":
+            from .stacked import STACKABLE_MEMORIES
+
+            if self.policy.seq_model not in STACKABLE_MEMORIES:
+                raise ValueError(f"train.seed_axis_update=stacked needs policy.seq_model in "
+                                 f"{list(STACKABLE_MEMORIES)} (torch.func.vmap has no rule for nn.GRU and nn.LSTM), "
+                                 f"not {self.policy.seq_model!r}; train.seed_axis_update=branches runs any memory")
         if t.sampled_seq_len == -1 and _given(self.env.env_name) and _is_int(t.buffer_size):
             from .envs import get_task
 

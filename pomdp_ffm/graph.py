@@ -43,6 +43,7 @@ import torch
 
 from .agent import RecurrentAgent, Streams
 from .seq_models.ffm import FFM
+from .stacked import StackedAgents, bump_versions
 
 WARMUP_UPDATES = 3  # eager updates on the side stream before the first capture (PyTorch's recipe uses 3)
 HOST_RING = 3  # pinned host buffers the batches rotate through
@@ -87,14 +88,6 @@ def _eager_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dic
         else st
         for k, st in state_dict["state"].items()}
     return state_dict
-
-
-def _bump_versions(tensors: list[torch.Tensor]) -> None:
-    try:
-        torch.autograd.graph.increment_version(tensors)
-    except TypeError:  # an older torch takes one tensor at a time
-        for t in tensors:
-            torch.autograd.graph.increment_version(t)
 
 
 # --- inputs -------------------------------------------------------------------------------------------------
@@ -258,11 +251,13 @@ class UpdateRunner:
     (with a TD3 policy delay, whether it moves the actors), which is then the first agent's."""
 
     def __init__(self, agents: RecurrentAgent | Sequence[RecurrentAgent], cuda_graph: bool = True, *,
-                 warmup: int = WARMUP_UPDATES, ring: int = HOST_RING, backend=None):
+                 warmup: int = WARMUP_UPDATES, ring: int = HOST_RING, backend=None, stacked: bool = False):
         self.agents = [agents] if isinstance(agents, RecurrentAgent) else list(agents)
         if not self.agents:
             raise ValueError("an UpdateRunner needs at least one agent")
         self.agent = self.agents[0]
+        # stacked: the agents' updates as one update over stacked weights (pomdp_ffm/stacked.py), not branches
+        self.stacked = StackedAgents(self.agents) if stacked and len(self.agents) > 1 else None
         delays = sorted({a.algo.policy_delay for a in self.agents})
         if len(delays) > 1:
             raise ValueError(f"agents updated together must share their policy delay: got {delays}")
@@ -305,7 +300,14 @@ class UpdateRunner:
             raise ValueError(f"agents updated together must agree on whether this update moves their actors (a "
                              f"TD3 policy delay): got {due} after {[a.num_updates for a in self.agents]} updates")
         if not self.graphed:
-            return [a.update(b, grad_norms=grad_norms) for a, b in zip(self.agents, batches)]
+            if self.stacked is None:
+                return [a.update(b, grad_norms=grad_norms) for a, b in zip(self.agents, batches)]
+            self.stacked.ensure_linked()
+            stats = self.stacked.device_update([Streams.from_batch(b, self.device) for b in batches], grad_norms,
+                                               due[0])
+            for a in self.agents:
+                a.num_updates += 1
+            return stats
         return self._update(batches, grad_norms)
 
     # ------------------------------------------------------------------------------------------------
@@ -331,6 +333,9 @@ class UpdateRunner:
         """Every agent's device work on its static inputs; inside a capture, each on its own branch stream."""
         if len(self.agents) == 1:
             return [self.agent.device_update(self._streams(0), grad_norms, actor_step)]
+        if self.stacked is not None:
+            return self.stacked.device_update([self._streams(k) for k in range(len(self.agents))], grad_norms,
+                                              actor_step)
         out = []
         with self.backend.branches(len(self.agents)) as streams:
             for k, (agent, stream) in enumerate(zip(self.agents, streams)):
@@ -340,7 +345,10 @@ class UpdateRunner:
 
     def _eager(self, path: tuple[bool, bool]) -> list[dict[str, torch.Tensor]]:
         with self.backend.side_stream():
-            stats = [a.device_update(self._streams(k), *path) for k, a in enumerate(self.agents)]
+            if self.stacked is None:
+                stats = [a.device_update(self._streams(k), *path) for k, a in enumerate(self.agents)]
+            else:
+                stats = self.stacked.device_update([self._streams(k) for k in range(len(self.agents))], *path)
         self.backend.keep_for_current_stream([v for st in stats for v in st.values()])
         self._eager_runs[path] += 1
         self.eager_updates += 1
@@ -365,7 +373,7 @@ class UpdateRunner:
                                f"graph failed: {type(e).__name__}: {detail}; set train.cuda_graph=false to run the "
                                "update eagerly") from e
         # The caches now hold tensors of the graph, filled by its replays: stale for an eager call until a bump.
-        _bump_versions(self._params)
+        bump_versions(self._params)
         self._graphs[path] = captured
         self.captures += 1
         return captured
@@ -374,7 +382,7 @@ class UpdateRunner:
         captured.replay()
         # The graph wrote the parameters in place without Python seeing it: move their version counters as the
         # eager update's in-place writes do (FFM's acting cache of gamma is keyed on them).
-        _bump_versions(self._params)
+        bump_versions(self._params)
         self.replays += 1
         return [{k: v.clone() for k, v in out.items()} for out in captured.outputs]
 
@@ -408,6 +416,8 @@ class UpdateRunner:
             self.backend.synchronize()  # replays still queued read what the graphs own
         self._graphs.clear()
         self._eager_runs.clear()
+        if self.stacked is not None:
+            self.stacked.ensure_linked()  # before the parameters' addresses are listed
         self._params = [p for a in self.agents for p in a.parameters()]
         if self.backend.make_capturable:
             for a in self.agents:

@@ -151,14 +151,16 @@ def _close(attempts: list[Attempt], quiet: bool = False) -> None:
 
 def joint_runner(trainers: list[Trainer]) -> UpdateRunner | None:
     """The runner that updates these seeds together, or None to update them one after another: on CUDA with
-    ``train.cuda_graph``, one graph with a branch per seed (pomdp_ffm/graph.py). On a CPU a joint update would
+    ``train.cuda_graph``, one graph with a branch per seed (pomdp_ffm/graph.py), or one update over the seeds'
+    stacked weights with ``train.seed_axis_update=stacked`` (pomdp_ffm/stacked.py). On a CPU a joint update would
     be the same updates in turn, at the same cost, so the seeds keep their own turns and RNG streams there."""
     if len(trainers) < 2:
         return None
     first = trainers[0]
     if first.agent.device.type != "cuda" or not first.cfg.train.cuda_graph:
         return None
-    return UpdateRunner([t.agent for t in trainers], cuda_graph=True)
+    return UpdateRunner([t.agent for t in trainers], cuda_graph=True,
+                        stacked=first.cfg.train.seed_axis_update == "stacked")
 
 
 class JointBursts:

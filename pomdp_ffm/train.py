@@ -46,7 +46,8 @@ EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_DIVERGED, EXIT_STOPPED = 0, 1, 2, 3, 75
 # Keys (or key prefixes) that may change between the starts of one run directory: where and how it runs, not
 # what it learns.
 MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint", "eval.episodes_together", "eval.workers",
-              "eval.during_updates", "train.cuda_graph", "train.tf32", "train.env_worker", "seeds")
+              "eval.during_updates", "train.cuda_graph", "train.tf32", "train.env_worker", "train.seed_axis_update",
+              "seeds")
 
 
 class Refused(Exception):

@@ -157,3 +157,12 @@ def test_acting_benchmark_with_seeds_times_both_ways():
     assert [(r.shape, r.model) for r in rows] == [("HopperBLT-V_B1_sac_gru_S2", "separate"),
                                                   ("HopperBLT-V_B1_sac_gru_S2", "gathered")]
     assert all(r.value > 0 and r.unit == "us" for r in rows)
+
+
+def test_update_benchmark_with_seeds_times_separate_together_and_stacked():
+    from pomdp_ffm.bench.update import run_seeds
+
+    rows = run_seeds([2], repeats=1, device=torch.device("cpu"))
+    got = {(r.model, r.metric) for r in rows}
+    assert {(v, "seed_updates_per_s") for v in ("separate", "together", "stacked")} <= got
+    assert all(r.value > 0 for r in rows)

@@ -406,9 +406,10 @@ def test_seed_axis_graph_equals_the_capturable_agents_bit_for_bit(algo, model, k
         assert all(torch.equal(a[k], b[k]) for k in b)
 
 
-def test_seed_axis_replays_never_synchronise():
+@pytest.mark.parametrize("stacked", [False, True], ids=["branches", "stacked"])
+def test_seed_axis_replays_never_synchronise(stacked):
     agents = [make_agent("sac", "ffm", seed=k).to(CUDA) for k in range(4)]
-    runner = UpdateRunner(agents, cuda_graph=True)
+    runner = UpdateRunner(agents, cuda_graph=True, stacked=stacked)
     batches = lambda i: [make_batch((i + k) % 4) for k in range(4)]
     for i in range(8):
         runner.update_all(batches(i), grad_norms=grad_norms_at(i))
@@ -421,6 +422,30 @@ def test_seed_axis_replays_never_synchronise():
         torch.cuda.set_sync_debug_mode("default")
     assert runner.replays == replays + 6
     assert all(torch.isfinite(v) for st in stats for s in st for v in s.values())
+
+
+# --- the seeds' updates as one update over stacked weights (train.seed_axis_update=stacked) -------------------
+STACKED_CASES = [GRAPH_CASES[0], GRAPH_CASES[4], GRAPH_CASES[7]]
+STACKED_IDS = [GRAPH_IDS[0], GRAPH_IDS[4], GRAPH_IDS[7]]
+
+
+@pytest.mark.parametrize("algo, model, kw", STACKED_CASES, ids=STACKED_IDS)
+def test_stacked_seed_axis_graph_equals_the_stacked_eager_update(algo, model, kw):
+    # The stacked update captured in one graph against the same stacked update run eagerly (same draws: the
+    # graph's Philox offsets follow the eager ones): the tolerance of one agent's graph against its eager update.
+    S = 3
+    eager = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
+    eager_runner = UpdateRunner(eager, cuda_graph=False, stacked=True)
+    torch.manual_seed(7)
+    ref = seed_axis_run(eager, lambda bs, g: eager_runner.update_all(bs, grad_norms=g))
+    agents = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
+    runner = UpdateRunner(agents, cuda_graph=True, stacked=True)
+    torch.manual_seed(7)
+    out = seed_axis_run(agents, lambda bs, g: runner.update_all(bs, grad_norms=g))
+    assert runner.graphed and runner.stacked is not None and runner.replays >= 20 - len(runner.captured_paths) - 3
+    for k in range(S):
+        assert_relative(([st[k] for st in out[0]], out[1][k]), ([st[k] for st in ref[0]], ref[1][k]), 3e-5,
+                        stats_rtol=1e-4)
 
 
 # --- acting as graph replays ----------------------------------------------------------------------------------
@@ -501,9 +526,10 @@ def test_trainer_acts_through_graphs_on_cuda(composed, tmp_path):
     assert df["metrics/return_eval_total"].dropna().map(math.isfinite).all()
 
 
-def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monkeypatch):
-    # The seeds' bursts go through one joint graph; every seed finishes with its own directory, and a stop inside
-    # the run resumes every seed.
+@pytest.mark.parametrize("update", ["branches", "stacked"])
+def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monkeypatch, update):
+    # The seeds' bursts go through one joint graph (a branch per seed, or one update over stacked weights); every
+    # seed finishes with its own directory, and a stop inside the run resumes every seed.
     import signal
 
     from pomdp_ffm import seeds as seeds_mod
@@ -519,11 +545,12 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
                 self.stop.request(signal.SIGTERM)
 
     overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=ffm", "device=cuda", "train.num_iters=4",
-                 "seeds=[0,1,2]")
+                 "seeds=[0,1,2]", f"train.seed_axis_update={update}")
     out = train(composed(*overrides), tmp_path / "axis" / "seed-0", StopOnSeed1)
     assert out["stopped"]
     train(composed(*overrides, "resume=true"), tmp_path / "axis" / "seed-0")
-    assert made and all(r is not None and r.graphed for r in made) and sum(r.replays for r in made) > 0
+    assert made and all(r is not None and r.graphed and (r.stacked is not None) == (update == "stacked")
+               for r in made) and sum(r.replays for r in made) > 0
     for k in range(3):
         d = tmp_path / "axis" / f"seed-{k}"
         assert (d / "DONE").exists()

@@ -135,21 +135,27 @@ def joint_with(monkeypatch, make):
     return made
 
 
-@pytest.mark.parametrize("overrides", [("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=lstm")])
+@pytest.mark.parametrize("overrides, stacked", [
+    (("algo=sac", "seq_model=ffm"), False), (("algo=td3", "seq_model=lstm"), False),
+    (("algo=sac", "seq_model=ffm"), True), (("algo=td3", "seq_model=mlp"), True)],
+    ids=["sac-ffm", "td3-lstm", "sac-ffm-stacked", "td3-mlp-stacked"])
 def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(composed, tmp_path, monkeypatch,
-                                                                            overrides):
+                                                                            overrides, stacked):
     # The joint path runs on CUDA only; here on a CPU, once through the runner's logic (the Python stand-in for
-    # graphs) and once eagerly (each seed's update in turn within the joint round): the same logs, the same
-    # number of updates as the seed alone, and a stop and resume in between changes nothing.
+    # graphs) and once eagerly (each seed's update in turn within the joint round, or the stacked update,
+    # pomdp_ffm/stacked.py): the same logs, the same number of updates as the seed alone, and a stop and resume
+    # in between changes nothing.
     from pomdp_ffm.graph import UpdateRunner
     from test_graph import PythonGraphs
 
-    overrides = (*overrides, "train.num_iters=4", "device=cpu")
-    eager = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
+    overrides = (*overrides, "train.num_iters=4", "device=cpu",
+                 f"train.seed_axis_update={'stacked' if stacked else 'branches'}")
+    eager = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False,
+                                                            stacked=stacked))
     run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "eager" / "seed-0")
-    assert eager and all(not r.graphed for r in eager)
+    assert eager and all(not r.graphed and (r.stacked is not None) == stacked for r in eager)
     graphs = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], backend=PythonGraphs(),
-                                                             warmup=2))
+                                                             warmup=2, stacked=stacked))
 
     class StopOnSeed2(Trainer):
         def _iteration(self):

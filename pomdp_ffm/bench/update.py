@@ -11,8 +11,10 @@ variants are timed in the same interleaved rounds, and ``graph_speedup`` is eage
 
 ``--seeds 1 5 10 20`` adds the seed axis (pomdp_ffm/seeds.py): for each S, S SAC+FFM agents updated as S separate
 runners in turn (each its own graph on CUDA: what S separate runs cost on one GPU) against one runner that
-updates the S agents together (``UpdateRunner.update_all``: one graph with a branch per seed), and on CUDA the
-same with TF32 matmuls (captured with TF32 on). Reported as seed-updates/s and the ratio to the separate runners.
+updates the S agents together (``UpdateRunner.update_all``: on CUDA one graph with a branch per seed, on a CPU
+the same updates in turn) and one that updates them as one update over stacked weights (``stacked``,
+pomdp_ffm/stacked.py; S > 1), and on CUDA both with TF32 matmuls (captured with TF32 on). Reported as
+seed-updates/s and the ratio to the separate runners.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from ..agent import RecurrentAgent
 from ..buffer import SeqBatch
 from ..config import PolicyConfig
 from ..graph import WARMUP_UPDATES, UpdateRunner
+from ..stacked import STACKABLE_MEMORIES
 from .common import Row, interleaved_medians
 
 OBS, ACT, BATCH, SEQ = 6, 3, 64, 64
@@ -106,12 +109,15 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
             return out
 
         separate = [UpdateRunner(a, cuda_graph=graph) for a in agents()]
-        together = UpdateRunner(agents(), cuda_graph=graph)
-        variants = {"separate": lambda i: [r(batches[(i + k) % 4]) for k, r in enumerate(separate)],
-                    "together": lambda i: together.update_all([batches[(i + k) % 4] for k in range(S)])}
+        joint = {"together": UpdateRunner(agents(), cuda_graph=graph)}
+        if S > 1 and model in STACKABLE_MEMORIES:
+            joint["stacked"] = UpdateRunner(agents(), cuda_graph=graph, stacked=True)
         if graph:
-            tf32 = UpdateRunner(agents(), cuda_graph=True)
-            variants["together+tf32"] = lambda i: tf32.update_all([batches[(i + k) % 4] for k in range(S)])
+            joint.update({f"{k}+tf32": UpdateRunner(agents(), cuda_graph=True, stacked=r.stacked is not None)
+                          for k, r in list(joint.items())})
+        variants = {"separate": lambda i: [r(batches[(i + k) % 4]) for k, r in enumerate(separate)]}
+        variants.update({name: (lambda i, r=r: r.update_all([batches[(i + k) % 4] for k in range(S)]))
+                         for name, r in joint.items()})
         calls = {k: 0 for k in variants}
 
         def step(k):
@@ -128,7 +134,7 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
         for k, v in med.items():
             rows.append(Row("seed-axis", shape, k, "round_ms", v * 1e3, "ms"))
             rows.append(Row("seed-axis", shape, k, "seed_updates_per_s", S / v, "1/s"))
-        del separate, together, variants
+        del separate, joint, variants
         if graph:
             torch.cuda.empty_cache()
     return rows

@@ -158,23 +158,32 @@ def _chunk(T: int) -> int:
 
 
 class _LinearRecurrence(torch.autograd.Function):
-    """S_t = gamma * S_{t-1} + u_t (u real, broadcast over the c context columns), S_{-1} = s0."""
+    """S_t = gamma * S_{t-1} + u_t (u real, broadcast over the c context columns), S_{-1} = s0.
+
+    Shapes: u [T, *batch, m], s0 [*batch, m, c], gamma [m, c], or [*g, m, c] with g broadcasting against
+    batch (one gamma per leading group, e.g. per seed: [S, 1, m, c] against batch = (S, B)).
+
+    Under ``torch.func.vmap`` (several seeds' memories evaluated together, pomdp_ffm/stacked.py) the mapped
+    dimension becomes the first batch dimension of one call, with gamma given a matching leading dimension:
+    the same recurrence, one set of kernels for all seeds."""
 
     @staticmethod
-    def forward(ctx, u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, method: str = "loop") -> torch.Tensor:
-        T, B, m = u.shape
-        run_ = _RUN[method]
+    def forward(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, method: str = "loop") -> torch.Tensor:
         # real inputs, broadcast over the context columns (the cheapest way to build it, measured)
-        S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(T, B, m, gamma.shape[-1]).contiguous()
-        run_(S, gamma, s0)
-        ctx.save_for_backward(gamma, s0, S)
-        ctx.run_ = run_
+        S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(*u.shape, gamma.shape[-1]).contiguous()
+        _RUN[method](S, gamma, s0)
         return S
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        u, gamma, s0, method = inputs
+        ctx.save_for_backward(gamma, s0, output)
+        ctx.run_ = _RUN[method]
 
     @staticmethod
     def backward(ctx, grad_S: torch.Tensor):
         gamma, s0, S = ctx.saved_tensors
-        T, B, m, c = grad_S.shape
+        c = grad_S.shape[-1]
         # The adjoint A_t = dL/dS_t + conj(gamma) A_{t+1} is the same recurrence run backwards in time. It is
         # run on its conjugate, C_t = conj(A_t) = conj(dL/dS_t) + gamma C_{t+1}: the copy that conjugates the
         # incoming gradient replaces the clone the in-place scan needs anyway, and then grad_gamma below is a
@@ -187,16 +196,36 @@ class _LinearRecurrence(torch.autograd.Function):
             # (re, im) pairs: faster than a strided reduction
             pick_re = torch.zeros(2 * c, dtype=S.real.dtype, device=S.device)
             pick_re[::2] = 1
-            grad_u = (torch.view_as_real(C).reshape(-1, 2 * c) @ pick_re).view(T, B, m)
+            grad_u = (torch.view_as_real(C).reshape(-1, 2 * c) @ pick_re).view(grad_S.shape[:-1])
         if ctx.needs_input_grad[1]:
             # sum over time and batch of A_t * conj(S_{t-1}) = conj(C_t * S_{t-1}), with S_{-1} = s0
-            grad_gamma = torch.linalg.vecdot(s0.conj(), C[0], dim=0)
-            if T > 1:
-                grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].flatten(0, 1).conj(), C[1:].flatten(0, 1), dim=0)
+            if gamma.dim() == 2:  # one gamma for the whole batch: one dot product over (time, batch)
+                grad_gamma = torch.linalg.vecdot(s0.flatten(0, -3).conj(), C[0].flatten(0, -3), dim=0)
+                if S.shape[0] > 1:
+                    grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].flatten(0, -3).conj(),
+                                                                  C[1:].flatten(0, -3), dim=0)
+            else:  # one gamma per group: sum over time, then over the batch dimensions gamma broadcasts along
+                grad_gamma = s0.conj() * C[0]
+                if S.shape[0] > 1:
+                    grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].conj(), C[1:], dim=0)
+                grad_gamma = grad_gamma.sum_to_size(gamma.shape)
             grad_gamma = grad_gamma.conj().resolve_conj()
         if ctx.needs_input_grad[2]:
             grad_s0 = (C[0] * gamma).conj().resolve_conj()
         return grad_u, grad_gamma, grad_s0, None
+
+    @staticmethod
+    def vmap(info, in_dims, u, gamma, s0, method):
+        """The mapped dimension (size info.batch_size) as the first batch dimension of one call."""
+        n = info.batch_size
+        u_dim, g_dim, s_dim, _ = in_dims
+        u = u.unsqueeze(1).expand(u.shape[0], n, *u.shape[1:]) if u_dim is None else u.movedim(u_dim, 1)
+        batch = u.shape[1:-1]  # (n, *the call's own batch)
+        s0 = s0.expand(n, *s0.shape) if s_dim is None else s0.movedim(s_dim, 0)
+        if g_dim is not None:
+            gamma = gamma.movedim(g_dim, 0)  # [n, *g, m, c]: line g up with the call's own batch dimensions
+            gamma = gamma.reshape(n, *([1] * (len(batch) + 2 - gamma.dim())), *gamma.shape[1:])
+        return _LinearRecurrence.apply(u, gamma, s0.contiguous(), method), 1
 
 
 _RUN = {"loop": _scan_, "scan": _doubling_scan_}
@@ -349,6 +378,9 @@ class FFM(SeqModel):
         self._register("alpha", alpha, decay)
         self._register("omega", omega, context)
         self._gamma_cache: tuple | None = None
+        # False where the module is only a template whose tensors are passed in at each call (torch.func's
+        # functional_call, pomdp_ffm/stacked.py): a cache keyed on its own tensors would not apply to them.
+        self.cache_gamma = True
         # Who bounds the decay (class docstring): False = forward() does, True = the owner calls bound_decay_().
         self.external_decay_bound = False
         self.register_load_state_dict_post_hook(_bound_after_load)
@@ -389,7 +421,7 @@ class FFM(SeqModel):
         return torch.polar(torch.exp(-alpha), omega)
 
     def _gamma_for_call(self) -> torch.Tensor:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or not self.cache_gamma:
             return self.gamma()
         # Acting steps recompute nothing while the parameters are unchanged (in-place optimiser steps and
         # load_state_dict bump the version counters).
