@@ -256,8 +256,6 @@ class UpdateRunner:
         if not self.agents:
             raise ValueError("an UpdateRunner needs at least one agent")
         self.agent = self.agents[0]
-        # stacked: the agents' updates as one update over stacked weights (pomdp_ffm/stacked.py), not branches
-        self.stacked = StackedAgents(self.agents) if stacked and len(self.agents) > 1 else None
         delays = sorted({a.algo.policy_delay for a in self.agents})
         if len(delays) > 1:
             raise ValueError(f"agents updated together must share their policy delay: got {delays}")
@@ -265,6 +263,9 @@ class UpdateRunner:
         if any(a.device != self.device for a in self.agents):
             raise ValueError(f"the agents of one UpdateRunner must share a device: got "
                              f"{sorted({str(a.device) for a in self.agents})}")
+        # stacked: the agents' updates as one update over stacked weights (pomdp_ffm/stacked.py), not branches;
+        # built after the checks above, as it re-points the agents' tensors into shared storage
+        self.stacked = StackedAgents(self.agents) if stacked and len(self.agents) > 1 else None
         if backend is None and cuda_graph and self.device.type == "cuda":
             backend = CudaGraphs(self.device)
         self.backend = backend

@@ -81,8 +81,11 @@ class StackedAgents:
                              f"which seq_model={first.cfg.seq_model!r} does not support; stackable: "
                              f"{list(STACKABLE_MEMORIES)} (train.seed_axis_update=branches runs any memory)")
         for a in self.agents[1:]:
-            if (a.cfg, a.obs_dim, a.act_dim, a.device) != (first.cfg, first.obs_dim, first.act_dim, first.device):
-                raise ValueError("agents stacked together must share their configuration, dimensions and device")
+            dtype = lambda x: next(x.parameters()).dtype
+            if (a.cfg, a.obs_dim, a.act_dim, a.device, dtype(a)) != \
+                    (first.cfg, first.obs_dim, first.act_dim, first.device, dtype(first)):
+                raise ValueError("agents stacked together must share their configuration, dimensions, dtype and "
+                                 "device")
         template = copy.deepcopy(first)
         for m in template.modules():
             if isinstance(m, FFM):
@@ -231,7 +234,8 @@ def joint_step(optims: Sequence[torch.optim.Optimizer]) -> None:
                 raise ValueError(f"optimisers stepped together must share their settings: {settings} vs {other}")
         groups.append({**settings, "params": [p for o in optims for p in o.param_groups[i]["params"]]})
     joint = type(first)(groups)
-    for o in optims:  # the same state dicts (filled in place on a first step), not copies
-        joint.state.update({p: o.state[p] for g in o.param_groups for p in g["params"]})
+    for o in optims:  # the same state dicts (filled in place on a first step), not copies; only the parameters
+        # Adam steps (a lookup in the defaultdict would add an empty entry to the seed's state_dict)
+        joint.state.update({p: o.state[p] for g in o.param_groups for p in g["params"] if p.grad is not None})
     joint._warned_capturable_if_run_uncaptured = True
     joint.step()

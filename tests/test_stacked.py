@@ -72,6 +72,29 @@ def test_ffm_mapped_over_seeds_is_each_seed_alone(aggregator):
             torch.testing.assert_close(params[name].grad[k], p.grad, rtol=1e-9, atol=1e-9)
 
 
+def test_ffm_recurrence_with_a_decay_per_seed_has_the_right_gradients():
+    # One gamma per seed ([S, 1, m, c], what the vmap rule passes) and a nonzero, batched starting state.
+    from pomdp_ffm.seq_models.ffm import _LinearRecurrence
+
+    torch.manual_seed(0)
+    S_, T_, B_, m, c = 2, 5, 3, 4, 2
+    u = torch.randn(T_, S_, B_, m, dtype=torch.float64, requires_grad=True)
+    gamma = torch.polar(torch.rand(S_, 1, m, c, dtype=torch.float64) * 0.9 + 0.05,
+                        torch.randn(S_, 1, m, c, dtype=torch.float64)).requires_grad_()
+    s0 = torch.randn(S_, B_, m, c, dtype=torch.complex128, requires_grad=True)
+    for method in ("loop", "scan"):
+        assert torch.autograd.gradcheck(lambda u, g, s: _LinearRecurrence.apply(u, g, s, method), (u, gamma, s0))
+    # and through vmap, against each seed's call
+    f = lambda u, g, s: torch.view_as_real(_LinearRecurrence.apply(u, g, s, "loop")).square().sum()
+    mapped = torch.func.grad(lambda g, s: vmap(f, in_dims=(1, 0, 0))(u.detach(), g, s).sum(), argnums=(0, 1))
+    g_seeds, s_seeds = gamma.detach()[:, 0], s0.detach()
+    got = mapped(g_seeds, s_seeds)
+    for k in range(S_):
+        want = torch.func.grad(f, argnums=(1, 2))(u.detach()[:, k], g_seeds[k], s_seeds[k])
+        torch.testing.assert_close(got[0][k], want[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got[1][k], want[1], rtol=1e-10, atol=1e-10)
+
+
 # --- the update ---------------------------------------------------------------------------------------------------
 def run_both(agents, n_updates, rng, dtype):
     alone = [copy.deepcopy(a) for a in agents]

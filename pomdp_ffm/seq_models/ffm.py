@@ -205,7 +205,7 @@ class _LinearRecurrence(torch.autograd.Function):
                     grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].flatten(0, -3).conj(),
                                                                   C[1:].flatten(0, -3), dim=0)
             else:  # one gamma per group: sum over time, then over the batch dimensions gamma broadcasts along
-                grad_gamma = s0.conj() * C[0]
+                grad_gamma = s0 * C[0]  # = conj(conj(s0) * A_0), conjugated back below
                 if S.shape[0] > 1:
                     grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].conj(), C[1:], dim=0)
                 grad_gamma = grad_gamma.sum_to_size(gamma.shape)
