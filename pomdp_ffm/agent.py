@@ -137,6 +137,9 @@ def polyak_(target: nn.Module, source: nn.Module, tau: float) -> None:
 class RecurrentAgent(nn.Module):
     """Separate recurrent actor and critic; SAC or TD3 supplies what differs (see algos.py)."""
 
+    NETS = ("actor", "critic", "critic_target", "actor_target")  # actor_target: None where the algorithm has none
+    TARGETS = {"critic_target": "critic", "actor_target": "actor"}  # each Polyak-averaged towards its source
+
     def __init__(self, obs_dim: int, act_dim: int, cfg: PolicyConfig):
         super().__init__()
         self.cfg, self.obs_dim, self.act_dim = cfg, obs_dim, act_dim
@@ -200,9 +203,9 @@ class RecurrentAgent(nn.Module):
             if grad_norms:
                 stats["pi_grad_norm"] = mean_grad_norm(self.actor)
                 stats["pi_rnn_grad_norm"] = mean_grad_norm(self.actor.encoder.memory)
-            polyak_(self.critic_target, self.critic, self.cfg.tau)
-            if self.actor_target is not None:
-                polyak_(self.actor_target, self.actor, self.cfg.tau)
+            for target, source in self.TARGETS.items():
+                if getattr(self, target) is not None:
+                    polyak_(getattr(self, target), getattr(self, source), self.cfg.tau)
             # Only now: the reference's actor is clamped at its next call, so the target actor averages in the
             # unclamped decay; the targets' averages are clamped at their next call too.
             self._bound_decays()
@@ -210,7 +213,7 @@ class RecurrentAgent(nn.Module):
         return stats
 
     def _nets(self) -> list[nn.Module]:
-        return [n for n in (self.actor, self.critic, self.critic_target, self.actor_target) if n is not None]
+        return [n for n in (getattr(self, name) for name in self.NETS) if n is not None]
 
     def _bound_decays(self, *nets: nn.Module) -> None:
         """Clamp the decay of the FFM memories of `nets` (default: all four) in place, unconditionally: the
@@ -292,14 +295,17 @@ class RecurrentAgent(nn.Module):
         Returns (actions in [-1, 1] with the batch shape of obs, state)."""
         return act_with(self.actor, self.algo, obs, prev_action, prev_reward, state, deterministic)
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimiser, by what it learns (the keys of a checkpoint's optimiser state): actor, critic and SAC's
+        learned temperature."""
+        return {"actor": self.actor_optim, "critic": self.critic_optim, **self.algo.optimizers()}
+
     def optimizer_state(self) -> dict:
-        return {"actor": self.actor_optim.state_dict(), "critic": self.critic_optim.state_dict(),
-                **self.algo.optimizer_state()}
+        return {k: o.state_dict() for k, o in self.optimizers().items()}
 
     def load_optimizer_state(self, state: dict) -> None:
-        self.actor_optim.load_state_dict(state["actor"])
-        self.critic_optim.load_state_dict(state["critic"])
-        self.algo.load_optimizer_state(state)
+        for k, o in self.optimizers().items():
+            o.load_state_dict(state[k])
 
     def training_state(self) -> dict:
         """Everything an update depends on, as tensors and plain containers: the weights (actor, critic, targets,

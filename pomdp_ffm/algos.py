@@ -83,12 +83,8 @@ class SAC(nn.Module):
         mean, log_std = out
         return torch.tanh(mean) if deterministic else TanhGaussianHead.sample(mean, log_std)[0]
 
-    def optimizer_state(self):
-        return {"alpha": self.alpha_optim.state_dict()} if self.alpha_optim is not None else {}
-
-    def load_optimizer_state(self, state):
-        if self.alpha_optim is not None:
-            self.alpha_optim.load_state_dict(state["alpha"])
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"alpha": self.alpha_optim} if self.alpha_optim is not None else {}
 
 
 class TD3(nn.Module):
@@ -128,11 +124,8 @@ class TD3(nn.Module):
             return out
         return (out + torch.randn_like(out) * self.cfg.exploration_noise).clamp(-1.0, 1.0)
 
-    def optimizer_state(self):
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {}
-
-    def load_optimizer_state(self, state):
-        pass
 
 
 _REGISTRY = {"sac": SAC, "td3": TD3}

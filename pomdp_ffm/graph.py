@@ -56,8 +56,7 @@ class CaptureError(RuntimeError):
 
 # --- optimisers ---------------------------------------------------------------------------------------------
 def optimizers(agent: RecurrentAgent) -> list[torch.optim.Optimizer]:
-    return [o for o in (agent.actor_optim, agent.critic_optim, getattr(agent.algo, "alpha_optim", None))
-            if o is not None]
+    return list(agent.optimizers().values())
 
 
 def make_capturable_(optimizer: torch.optim.Optimizer) -> None:

@@ -32,7 +32,7 @@ from .algos import SAC
 from .seq_models.ffm import DECAY_MIN, FFM
 
 STACKABLE_MEMORIES = ("ffm", "mlp")
-_NETS = ("actor", "critic", "critic_target", "actor_target")
+_NETS = RecurrentAgent.NETS
 
 
 def bump_versions(tensors: list[torch.Tensor]) -> None:
@@ -71,8 +71,12 @@ class StackedAgents:
     grad_norms, actor_step)`` is RecurrentAgent.device_update for all of them, seed k on streams[k]; it returns
     their statistics in the agents' order and reads no device value on the host (CUDA-graph safe)."""
 
-    def __init__(self, agents: Sequence[RecurrentAgent]):
+    def __init__(self, agents: Sequence[RecurrentAgent], fused_adam: bool = False):
         self.agents = list(agents)
+        # The seeds' Adam steps as PyTorch's fused kernel: one launch per chunk of tensors where the multi-tensor
+        # step launches one per operation per chunk (on a CPU the same numbers as the seeds' own steps). Off
+        # until a GPU has timed it (bench update --seeds: stacked+fused).
+        self.fused_adam = fused_adam
         first = self.agents[0]
         if len(self.agents) < 2:
             raise ValueError(f"stacking needs at least two agents, got {len(self.agents)}")
@@ -91,12 +95,11 @@ class StackedAgents:
             if isinstance(m, FFM):
                 m.cache_gamma = False
         self.calls = _Calls(template)
-        self.template = template
         self.names = [n for n, _ in first.named_parameters()] + [n for n, _ in first.named_buffers()]
         # the learned tensors of each optimiser, in its parameters' order
         self.learned = {"actor": [f"actor.{n}" for n, _ in first.actor.named_parameters()],
                         "critic": [f"critic.{n}" for n, _ in first.critic.named_parameters()]}
-        if isinstance(first.algo, SAC) and first.algo.alpha_optim is not None:
+        if "alpha" in first.optimizers():
             self.learned["alpha"] = ["algo.log_alpha"]
         self.memories = {net: f"{net}.encoder.memory." for net in _NETS if getattr(first, net) is not None
                          and isinstance(getattr(first, net).encoder.memory, FFM)}
@@ -107,6 +110,10 @@ class StackedAgents:
                 a.register_state_dict_post_hook(_own_storage)
                 a._own_storage_hook = True
         self.link()
+
+    @property
+    def template(self) -> RecurrentAgent:
+        return self.calls.agent
 
     # --- storage ----------------------------------------------------------------------------------------
     def link(self) -> None:
@@ -188,16 +195,19 @@ class StackedAgents:
         names = self.learned[net]
         grads = torch.autograd.grad(loss, [self.stacked[n] for n in names], allow_unused=True)
         for n, g in zip(names, grads):
+            # autograd.grad hands a weight's gradient over in the layout its backward made (often transposed),
+            # where .backward() would lay it out as the weight is: PyTorch's multi-tensor optimiser kernels take
+            # their fast path only where a parameter, its gradient and its state share their strides (else one
+            # launch per tensor and operation), and its fused Adam misreads other layouts (measured on a CPU).
+            g = None if g is None else _laid_out_as(g, self.stacked[n])
             for k, t in enumerate(self._per_seed[n]):
                 t.grad = None if g is None else g[k]
-        own = {"actor": lambda a: a.actor_optim, "critic": lambda a: a.critic_optim,
-               "alpha": lambda a: a.algo.alpha_optim}[net]
-        joint_step([own(a) for a in self.agents])
+        joint_step([a.optimizers()[net] for a in self.agents], fused=self.fused_adam)
 
     @torch.no_grad()
     def _polyak(self) -> None:
         tau, moved = self.template.cfg.tau, []
-        for target, source in (("critic_target", "critic"), ("actor_target", "actor")):
+        for target, source in RecurrentAgent.TARGETS.items():
             if getattr(self.template, target) is None:
                 continue
             names = [n for n, _ in getattr(self.template, source).named_parameters()]
@@ -220,10 +230,20 @@ class StackedAgents:
         bump_versions(moved)
 
 
-def joint_step(optims: Sequence[torch.optim.Optimizer]) -> None:
+def _laid_out_as(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """g with like's strides (like: dense, non-overlapping): the same memory seen so where g is contiguous and
+    differs only in the strides of dimensions of size 1, else a copy."""
+    if g.stride() == like.stride():
+        return g
+    if g.is_contiguous() and like.is_contiguous():
+        return g.as_strided(like.size(), like.stride())
+    return torch.empty_like(like).copy_(g)
+
+
+def joint_step(optims: Sequence[torch.optim.Optimizer], fused: bool = False) -> None:
     """One step of several Adam optimisers with the same settings as one optimiser over all their parameters:
     each parameter keeps its own state (moments, step count), so the arithmetic is each optimiser's own, in one
-    multi-tensor call instead of one per optimiser."""
+    multi-tensor call instead of one per optimiser (``fused``: as PyTorch's fused implementation)."""
     first = optims[0]
     groups = []
     for i, group in enumerate(first.param_groups):
@@ -232,6 +252,8 @@ def joint_step(optims: Sequence[torch.optim.Optimizer]) -> None:
             other = {k: v for k, v in o.param_groups[i].items() if k != "params"}
             if other != settings:
                 raise ValueError(f"optimisers stepped together must share their settings: {settings} vs {other}")
+        if fused:
+            settings.update(fused=True, foreach=None)
         groups.append({**settings, "params": [p for o in optims for p in o.param_groups[i]["params"]]})
     joint = type(first)(groups)
     for o in optims:  # the same state dicts (filled in place on a first step), not copies; only the parameters

@@ -164,5 +164,7 @@ def test_update_benchmark_with_seeds_times_separate_together_and_stacked():
 
     rows = run_seeds([2], repeats=1, device=torch.device("cpu"))
     got = {(r.model, r.metric) for r in rows}
-    assert {(v, "seed_updates_per_s") for v in ("separate", "together", "stacked")} <= got
+    assert {(v, "seed_updates_per_s") for v in ("separate", "together", "stacked", "stacked+fused")} <= got
+    ops = {r.model: r.value for r in rows if r.metric == "ops_per_round"}
+    assert set(ops) == {"separate", "stacked"} and ops["stacked"] < ops["separate"]
     assert all(r.value > 0 for r in rows)

@@ -227,6 +227,44 @@ def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_pat
         t.close()
 
 
+def test_a_stacked_runner_replaces_the_runners_of_the_seed_sets_it_overlaps(run_cfg, tmp_path):
+    # A stacked runner moves its seeds' weights into storage of its own: a runner of an overlapping set (seeds that
+    # ended leave a smaller set) would have to re-stack and re-capture at its next round, so it is dropped, with
+    # its graphs and storage, once nothing of it is queued; a runner of other seeds stays.
+    from test_graph import PythonGraphs
+
+    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.seeds import JointBursts
+    from pomdp_ffm.trainer import Burst
+
+    synced = []
+
+    class Backend(PythonGraphs):
+        def synchronize(self):
+            synced.append(self)
+
+    trainers = _trainers_with_data(run_cfg, tmp_path, ("seq_model=ffm",), n=5)
+    made = {}
+    joint = JointBursts(lambda ts: made.setdefault(
+        tuple(trainers.index(t) for t in ts), UpdateRunner([t.agent for t in ts], backend=Backend(), warmup=1,
+                                                           stacked=True)))
+
+    def run(seeds):
+        ts = [trainers[k] for k in seeds]
+        joint.run(list(seeds), ts, [Burst(t, {"n": 3, "done": 0, "sums": {}, "counts": {}}) for t in ts])
+
+    run((0, 1))
+    run((2, 3))
+    assert set(joint._runners) == {(0, 1), (2, 3)} and made[(0, 1)].replays > 0 and not synced
+    run((1, 2, 4))
+    assert set(joint._runners) == {(1, 2, 4)}
+    assert synced == [made[(0, 1)].backend, made[(2, 3)].backend]
+    assert made[(1, 2, 4)].stacked.linked() and not made[(0, 1)].stacked.linked()
+    assert [t.agent.num_updates for t in trainers] == [3, 6, 6, 3, 3]
+    for t in trainers:
+        t.close()
+
+
 def test_a_stop_in_a_seeds_own_turn_after_joint_rounds_resumes_to_the_same_logs(composed, tmp_path, monkeypatch):
     # Episodes of different lengths give bursts of different lengths: each seed finishes what is left of its
     # burst alone, after the joint rounds. A stop there leaves the seeds before it done with their iteration and

@@ -11,6 +11,7 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 
 from pomdp_ffm.agent import RecurrentAgent, Streams
+from pomdp_ffm.bench.common import DispatchedOps
 from pomdp_ffm.config import PolicyConfig, TD3Config
 from pomdp_ffm.seq_models.ffm import FFM
 from pomdp_ffm.stacked import StackedAgents, joint_step
@@ -96,9 +97,9 @@ def test_ffm_recurrence_with_a_decay_per_seed_has_the_right_gradients():
 
 
 # --- the update ---------------------------------------------------------------------------------------------------
-def run_both(agents, n_updates, rng, dtype):
+def run_both(agents, n_updates, rng, dtype, fused_adam=False):
     alone = [copy.deepcopy(a) for a in agents]
-    stack = StackedAgents(agents)
+    stack = StackedAgents(agents, fused_adam=fused_adam)
     for i in range(n_updates):
         batch = [streams(rng, dtype) for _ in agents]
         grad_norms = i % 3 == 2
@@ -109,12 +110,13 @@ def run_both(agents, n_updates, rng, dtype):
         yield got, want, alone
 
 
-@pytest.mark.parametrize("algo, model, extra", CASES, ids=[f"{a}-{m}" for a, m, _ in CASES])
-def test_a_stacked_update_is_each_seeds_own_update(monkeypatch, algo, model, extra):
+@pytest.mark.parametrize("algo, model, extra, fused_adam", [*((*c, False) for c in CASES), (*CASES[0], True)],
+                         ids=[*(f"{a}-{m}" for a, m, _ in CASES), "sac-ffm-fused-adam"])
+def test_a_stacked_update_is_each_seeds_own_update(monkeypatch, algo, model, extra, fused_adam):
     # float64 and the same noise for the stack and the seeds alone: what is left is the summation order, ~1e-15.
     monkeypatch.setattr(torch, "randn_like", fixed_noise)
     agents = agents_of(algo, model, **extra)
-    for got, want, alone in run_both(agents, 6, np.random.default_rng(0), torch.float64):
+    for got, want, alone in run_both(agents, 6, np.random.default_rng(0), torch.float64, fused_adam):
         for g, w in zip(got, want):
             assert list(g) == list(w)  # the same statistics, in the same order
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
@@ -134,6 +136,30 @@ def test_a_stacked_float32_update_is_each_seeds_own_to_rounding(monkeypatch):
         for g, w in zip(got, want):
             for key in ("qf1_loss", "qf2_loss", "policy_loss", "alpha"):
                 torch.testing.assert_close(g[key], w[key], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo, model, extra", CASES, ids=[f"{a}-{m}" for a, m, _ in CASES])
+@pytest.mark.parametrize("actor_step", [True, False])
+def test_a_stacked_update_is_one_set_of_operators_for_any_number_of_seeds(algo, model, extra, actor_step):
+    # What stacking is for: on a GPU each operator is a kernel launch. An operator without a batching rule runs once
+    # per seed under vmap (torch warns once per process, easily missed), and a read of a value on the host would
+    # stall the queue. Outside the optimisers' steps, 2 and 4 seeds dispatch the same operators, none of them a
+    # host read, and not many more than one agent's update (measured 1.3-1.6x: a batched linear layer is a bmm
+    # and an add where one agent's is an addmm).
+    rng = np.random.default_rng(0)
+    counts = {}
+    for n in (1, 2, 4):
+        agents = agents_of(algo, model, n=n, dtype=torch.float32, **extra)
+        batches = [streams(rng) for _ in range(n)]
+        update = (lambda: agents[0].device_update(batches[0], False, actor_step)) if n == 1 else \
+            (lambda stack=StackedAgents(agents): stack.device_update(batches, False, actor_step))
+        update()  # the optimisers' state is made at a first step
+        with DispatchedOps(optimisers=False) as counted:
+            update()
+        counts[n] = counted
+    assert counts[2].ops == counts[4].ops
+    assert all(c.ops["aten._local_scalar_dense.default"] == 0 for c in counts.values())
+    assert counts[1].total < counts[2].total < 2 * counts[1].total
 
 
 def test_the_stacked_seeds_draw_their_own_noise():
@@ -189,7 +215,21 @@ def test_a_re_allocated_agent_is_stacked_again():
     torch.testing.assert_close(stack.stacked["actor.head.mlp.net.0.weight"][0], agents[0].actor.head.mlp.net[0].weight)
 
 
-def test_joint_step_is_each_optimisers_step():
+def test_the_stacked_gradients_are_laid_out_as_their_parameters():
+    # What .backward() guarantees and autograd.grad does not: a weight's gradient in the weight's own strides.
+    # Without it CUDA's multi-tensor Adam leaves its fast path (a launch per tensor and operation) and the fused
+    # Adam updates the wrong elements.
+    agents = agents_of("sac", "ffm", dtype=torch.float32)
+    StackedAgents(agents).device_update([streams(np.random.default_rng(0)) for _ in agents], False, True)
+    grads = [(n, p) for a in agents for n, p in a.named_parameters() if p.grad is not None]
+    assert len(grads) == 3 * len(list(agents[0].parameters())) - 3 * len(list(agents[0].critic_target.parameters()))
+    assert [n for n, p in grads if p.grad.stride() != p.stride()] == []
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["multi-tensor", "fused"])
+def test_joint_step_is_each_optimisers_step(fused):
+    # The multi-tensor step bit for bit; the fused kernel orders its arithmetic otherwise (an ulp in float32).
+    equal = torch.testing.assert_close if fused else lambda a, b: torch.equal(a, b) or pytest.fail(f"{a} != {b}")
     torch.manual_seed(0)
     ps = [[torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))] for _ in range(3)]
     qs = [[torch.nn.Parameter(p.detach().clone()) for p in group] for group in ps]
@@ -200,13 +240,13 @@ def test_joint_step_is_each_optimisers_step():
             for p, q in zip(group, ref):
                 p.grad = torch.randn_like(p)
                 q.grad = p.grad.clone()
-        joint_step(opts)
+        joint_step(opts, fused=fused)
         for r in refs:
             r.step()
     for group, ref, o, r in zip(ps, qs, opts, refs):
         for p, q in zip(group, ref):
-            assert torch.equal(p, q)
-            assert torch.equal(o.state[p]["exp_avg_sq"], r.state[q]["exp_avg_sq"])
+            equal(p, q)
+            equal(o.state[p]["exp_avg_sq"], r.state[q]["exp_avg_sq"])
     opts[1].param_groups[0]["lr"] = 0.2
     with pytest.raises(ValueError, match="share their settings"):
         joint_step(opts)

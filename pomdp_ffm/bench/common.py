@@ -1,12 +1,15 @@
 """Timing helpers shared by the benchmarks."""
 from __future__ import annotations
 
+import collections
 import csv
 import statistics
 import time
 from typing import Callable, NamedTuple
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Row(NamedTuple):
@@ -44,6 +47,49 @@ def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device
             _sync(device)
             times[k].append((time.perf_counter() - t0) / inner)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+_NO_KERNEL = {"aten._unsafe_view.default"}  # a reshape that aliases without saying so
+
+
+class DispatchedOps(TorchDispatchMode):
+    """Counts the operators that reach a backend while it is active, but views and profiler marks, which launch
+    nothing (counted after autograd and vmap: a backward's ops and a batched op count once each). On a GPU each
+    is at least one kernel launch, which is what bounds an update of this size there. ``optimisers=False``
+    leaves out what optimiser steps dispatch: per tensor on a CPU, multi-tensor ``_foreach`` calls on CUDA, so
+    only the rest counts the same on any device. ``ops`` is a Counter by operator name
+    (``aten._local_scalar_dense`` is a read of a tensor's value on the host)."""
+
+    def __init__(self, optimisers: bool = True):
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+        self.optimisers = optimisers
+        self._paused = 0
+        self._hooks: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not (self._paused or func.is_view or str(func) in _NO_KERNEL or func.namespace == "profiler"):
+            self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        if not self.optimisers:
+            self._hooks = [register_optimizer_step_pre_hook(lambda *_: self._pause(1)),
+                           register_optimizer_step_post_hook(lambda *_: self._pause(-1))]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        return super().__exit__(*exc)
+
+    def _pause(self, by: int) -> None:
+        self._paused += by
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
 
 
 def saved_tensor_bytes(make_graph: Callable[[], torch.Tensor], device: torch.device) -> int:
