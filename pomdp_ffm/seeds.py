@@ -178,16 +178,15 @@ class JointBursts:
     def run(self, seeds: list[int], trainers: list[Trainer], bursts: list[Burst]) -> None:
         key = tuple(seeds)
         if key not in self._runners:  # one per set of seeds that has run together (their graphs are kept)
-            overlapping = [k for k in self._runners if set(k) & set(key) and self._runners[k] is not None]
-            for k in overlapping:  # no replay of theirs may still be queued when a new runner reads the weights
-                if self._runners[k].graphed:
-                    self._runners[k].backend.synchronize()
             runner = (self.make_runner or joint_runner)(trainers)
             if getattr(runner, "stacked", None) is not None:
                 # It moved these seeds' weights into its own stacked storage: a runner of an overlapping set
-                # would have to re-stack and re-capture at its next round anyway, so its storage and graphs go.
-                for k in overlapping:
-                    del self._runners[k]
+                # would have to re-stack and re-capture at its next round anyway, so its storage and graphs go,
+                # once no replay of theirs is queued (their graphs' memory is freed with them).
+                for k in [k for k in self._runners if set(k) & set(key)]:
+                    dropped = self._runners.pop(k)
+                    if dropped is not None and dropped.graphed:
+                        dropped.backend.synchronize()
             self._runners[key] = runner
         runner = self._runners[key]
         if runner is None:

@@ -74,8 +74,8 @@ class StackedAgents:
     def __init__(self, agents: Sequence[RecurrentAgent], fused_adam: bool = False):
         self.agents = list(agents)
         # The seeds' Adam steps as PyTorch's fused kernel: one launch per chunk of tensors where the multi-tensor
-        # step launches one per operation per chunk (on a CPU the same numbers as the seeds' own steps). Off
-        # until a GPU has timed it (bench update --seeds: stacked+fused).
+        # step launches one per operation per chunk (the same arithmetic in another order: an ulp apart in
+        # float32). Off until a GPU has timed it (bench update --seeds: stacked+fused).
         self.fused_adam = fused_adam
         first = self.agents[0]
         if len(self.agents) < 2:

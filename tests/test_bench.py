@@ -168,3 +168,21 @@ def test_update_benchmark_with_seeds_times_separate_together_and_stacked():
     ops = {r.model: r.value for r in rows if r.metric == "ops_per_round"}
     assert set(ops) == {"separate", "stacked"} and ops["stacked"] < ops["separate"]
     assert all(r.value > 0 for r in rows)
+
+
+def test_dispatched_ops_count_what_launches_and_can_leave_the_optimisers_out():
+    from pomdp_ffm.bench.common import DispatchedOps
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.Adam([p])
+    for optimisers in (False, True):
+        p.grad = torch.ones(3)
+        with DispatchedOps(optimisers=optimisers) as counted:
+            x = torch.ones(2, 3)
+            (x + 1).view(-1).t()  # views launch nothing
+            opt.step()
+        launched = {"aten.ones.default": 1, "aten.add.Tensor": 1}
+        assert (dict(counted.ops) == launched) != optimisers and counted.total >= 2
+    with counted, pytest.raises(RuntimeError, match="already counting"):
+        with counted:
+            pass

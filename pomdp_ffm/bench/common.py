@@ -66,6 +66,7 @@ class DispatchedOps(TorchDispatchMode):
         self.optimisers = optimisers
         self._paused = 0
         self._hooks: list = []
+        self._active = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not (self._paused or func.is_view or str(func) in _NO_KERNEL or func.namespace == "profiler"):
@@ -73,16 +74,26 @@ class DispatchedOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
-        if not self.optimisers:
+        if self._active:
+            raise RuntimeError("this DispatchedOps is already counting")
+        self._active, self._paused = True, 0
+        if not self.optimisers:  # an optimiser step that raises leaves the rest of this count paused
             self._hooks = [register_optimizer_step_pre_hook(lambda *_: self._pause(1)),
                            register_optimizer_step_post_hook(lambda *_: self._pause(-1))]
-        return super().__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._done()
+            raise
 
     def __exit__(self, *exc):
+        self._done()
+        return super().__exit__(*exc)
+
+    def _done(self) -> None:
         for h in self._hooks:
             h.remove()
-        self._hooks = []
-        return super().__exit__(*exc)
+        self._hooks, self._active = [], False
 
     def _pause(self, by: int) -> None:
         self._paused += by
@@ -118,13 +129,14 @@ def saved_tensor_bytes(make_graph: Callable[[], torch.Tensor], device: torch.dev
 def print_table(rows: list[Row], baseline: str) -> None:
     """One block per (shape, metric): value and ratio to `baseline` (ratio > 1 means slower/larger)."""
     keys = list(dict.fromkeys((r.shape, r.metric) for r in rows))
+    width = max([12, *(len(r.model) for r in rows)])
     for shape, metric in keys:
         block = [r for r in rows if r.shape == shape and r.metric == metric]
         base = next((r.value for r in block if r.model == baseline), None)
         print(f"\n{shape}  {metric}")
         for r in block:
             ratio = f"{r.value / base:6.2f}x {baseline}" if base else ""
-            print(f"  {r.model:<12} {r.value:12.3f} {r.unit:<3} {ratio}")
+            print(f"  {r.model:<{width}} {r.value:12.3f} {r.unit:<3} {ratio}")
 
 
 def write_csv(rows: list[Row], path: str) -> None:
