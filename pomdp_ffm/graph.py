@@ -55,10 +55,6 @@ class CaptureError(RuntimeError):
 
 
 # --- optimisers ---------------------------------------------------------------------------------------------
-def optimizers(agent: RecurrentAgent) -> list[torch.optim.Optimizer]:
-    return list(agent.optimizers().values())
-
-
 def make_capturable_(optimizer: torch.optim.Optimizer) -> None:
     """Adam(capturable=True) in place: every group capturable, step counters moved to their parameter's device
     (same dtype). Its state_dict() keeps the eager form (see _eager_state_dict)."""
@@ -363,7 +359,7 @@ class UpdateRunner:
             m.drop_gamma_cache()
         # The optimisers' state was created on the side stream (warm-up) and is used by replays on this one.
         self.backend.keep_for_current_stream(
-            [v for a in self.agents for o in optimizers(a) for st in o.state.values() for v in st.values()
+            [v for a in self.agents for o in a.optimizers().values() for st in o.state.values() for v in st.values()
              if torch.is_tensor(v)])
         try:
             captured = self.backend.capture(lambda: self._device_updates(grad_norms, actor_step))
@@ -393,7 +389,7 @@ class UpdateRunner:
     def _current_fingerprint(self) -> tuple:
         # The parameters listed at the last rearm (walking the modules at every update would cost more than the
         # rest of the host's work): an in-place move or re-allocation shows in their data pointers.
-        optims = [o for a in self.agents for o in optimizers(a)]
+        optims = [o for a in self.agents for o in a.optimizers().values()]
         return (tuple(o.state for o in optims),
                 tuple(all(g.get("capturable", False) for g in o.param_groups) for o in optims),
                 tuple(p.data_ptr() for p in self._params),
@@ -421,7 +417,7 @@ class UpdateRunner:
         self._params = [p for a in self.agents for p in a.parameters()]
         if self.backend.make_capturable:
             for a in self.agents:
-                for o in optimizers(a):
+                for o in a.optimizers().values():
                     make_capturable_(o)
         self._fingerprint = self._current_fingerprint()
         self.rearms += 1

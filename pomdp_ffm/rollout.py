@@ -114,8 +114,6 @@ class EnvsStepping:
     actions and reading the results: its caller may do other work meanwhile (a seed axis: the other seeds'; a
     burst of updates: its next updates), then resumes it with None."""
 
-    by_agent = False
-
     def __init__(self, envs: Sequence = ()):
         self.envs = envs
 

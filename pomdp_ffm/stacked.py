@@ -32,7 +32,6 @@ from .algos import SAC
 from .seq_models.ffm import DECAY_MIN, FFM
 
 STACKABLE_MEMORIES = ("ffm", "mlp")
-_NETS = RecurrentAgent.NETS
 
 
 def bump_versions(tensors: list[torch.Tensor]) -> None:
@@ -101,8 +100,8 @@ class StackedAgents:
                         "critic": [f"critic.{n}" for n, _ in first.critic.named_parameters()]}
         if "alpha" in first.optimizers():
             self.learned["alpha"] = ["algo.log_alpha"]
-        self.memories = {net: f"{net}.encoder.memory." for net in _NETS if getattr(first, net) is not None
-                         and isinstance(getattr(first, net).encoder.memory, FFM)}
+        self.memories = {net: f"{net}.encoder.memory." for net in RecurrentAgent.NETS
+                         if getattr(first, net) is not None and isinstance(getattr(first, net).encoder.memory, FFM)}
         self.stacked: dict[str, torch.Tensor] = {}
         self._per_seed: dict[str, list[torch.Tensor]] = {}
         for a in self.agents:
@@ -161,7 +160,7 @@ class StackedAgents:
             for k in range(S):
                 out[k].update({name: v[k] for name, v in stats.items()})
 
-        self._bound_decays(_NETS)
+        self._bound_decays(RecurrentAgent.NETS)
         actor_out = self.map(lambda a, s: a.algo.shared_actor_pass(a, s), s) \
             if self.template.algo.shares_actor_pass else None
         qf1, qf2 = self.map(lambda a, s, o: a.critic_loss(s, o), s, actor_out)
@@ -182,7 +181,7 @@ class StackedAgents:
                     o["pi_grad_norm"] = mean_grad_norm(a.actor)
                     o["pi_rnn_grad_norm"] = mean_grad_norm(a.actor.encoder.memory)
             self._polyak()
-            self._bound_decays(_NETS)
+            self._bound_decays(RecurrentAgent.NETS)
             if isinstance(self.template.algo, SAC):
                 if "alpha" in self.learned:
                     self._step("alpha", self.map(lambda a, lp: a.algo.temperature_loss(lp), log_prob_mean).sum())

@@ -494,10 +494,6 @@ class Trainer:
     def _count(self, key: str, n: int = 1) -> None:
         self.timers[f"n_{key}"] += n
 
-    def evaluate_and_log(self) -> float:
-        """Evaluate and log the row; the deterministic mean return."""
-        return self.log_evaluation(*answered(self._evaluations()))
-
     def _evaluations(self):
         """The evaluations a row logs: deterministic, and stochastic with ``eval.eval_stochastic``."""
         deterministic = yield from self._evaluate(deterministic=True)
@@ -643,14 +639,13 @@ class _DeferredEvaluation:
     def __init__(self, evaluation, at: dict, elsewhere: bool):
         self.evaluation, self.at, self.elsewhere = evaluation, at, elsewhere
         self.result = None
-        self.item = self._next(lambda: next(evaluation))  # its resets, up to its first acting step
+        self._send(None)  # its resets, up to its first acting step
 
-    def _next(self, step):
+    def _send(self, answer) -> None:
         try:
-            return step()
+            self.item = self.evaluation.send(answer)
         except StopIteration as done:
-            self.result = done.value
-            return None
+            self.item, self.result = None, done.value
 
     def ready(self, device_busy: bool) -> bool:
         """Whether advancing now costs the updates nothing: envs in workers whose steps are done, or an acting
@@ -660,13 +655,11 @@ class _DeferredEvaluation:
         return device_busy or self.elsewhere
 
     def advance(self) -> None:
-        answer = self.item.answer()
-        self.item = self._next(lambda: self.evaluation.send(answer))
+        self._send(self.item.answer())
 
     def rest(self):
         while self.item is not None:
-            answer = yield self.item
-            self.item = self._next(lambda: self.evaluation.send(answer))
+            self._send((yield self.item))
         return self.result
 
 

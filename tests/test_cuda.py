@@ -128,7 +128,7 @@ def test_cuda_run_trains_and_resumes_on_cpu(composed, tmp_path):
 
 # --- the update as CUDA-graph replays ------------------------------------------------------------------------
 from pomdp_ffm.config import TD3Config  # noqa: E402
-from pomdp_ffm.graph import CaptureError, UpdateRunner, make_capturable_, optimizers  # noqa: E402
+from pomdp_ffm.graph import CaptureError, UpdateRunner, make_capturable_  # noqa: E402
 from pomdp_ffm.trainer import Trainer  # noqa: E402
 
 GRAPH_CASES = [("sac", "ffm", {}), ("sac", "gru", {}), ("td3", "ffm", {}), ("td3", "gru", {}),
@@ -156,7 +156,7 @@ def run_on_cuda(agent, update, n=20, start=0):
 def graph_and_eager(algo, model, kw, n=20, capturable_eager=False):
     eager = make_agent(algo, model, **kw).to(CUDA)
     if capturable_eager:
-        for o in optimizers(eager):
+        for o in eager.optimizers().values():
             make_capturable_(o)
     torch.manual_seed(7)
     ref = run_on_cuda(eager, eager.update, n)
@@ -376,7 +376,7 @@ def seed_axis_and_in_turn(algo, model, kw, capturable_eager=False, S=3):
     eager = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
     if capturable_eager:
         for a in eager:
-            for o in optimizers(a):
+            for o in a.optimizers().values():
                 make_capturable_(o)
     torch.manual_seed(7)
     ref = seed_axis_run(eager, lambda bs, g: [a.update(b, grad_norms=g) for a, b in zip(eager, bs)])

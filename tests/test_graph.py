@@ -13,7 +13,7 @@ import torch
 
 from pomdp_ffm.buffer import SeqBatch
 from pomdp_ffm.config import TD3Config, TrainConfig
-from pomdp_ffm.graph import ActingRunner, CaptureError, Staging, UpdateRunner, make_capturable_, optimizers
+from pomdp_ffm.graph import ActingRunner, CaptureError, Staging, UpdateRunner, make_capturable_
 from pomdp_ffm.seq_models import FFM
 
 from test_agent import make_agent, make_batch, tensor_batch
@@ -503,17 +503,18 @@ def test_capturable_optimisers_save_the_eager_state():
     for i in range(2):
         agent.update(make_batch(i))
     before = copy.deepcopy(agent.training_state()["optim"])
-    for o in optimizers(agent):
+    for o in agent.optimizers().values():
         make_capturable_(o)
         assert all(g["capturable"] for g in o.param_groups)
-    assert len(optimizers(agent)) == 3  # actor, critic, SAC's temperature
+    assert len(agent.optimizers()) == 3  # actor, critic, SAC's temperature
     after = agent.training_state()["optim"]
     assert_same_optim(after, before)  # capturable=False, step counters on the CPU, as saved by the eager agent
-    assert all(g["capturable"] for o in optimizers(agent) for g in o.param_groups)  # the live groups untouched
+    # the live groups untouched
+    assert all(g["capturable"] for o in agent.optimizers().values() for g in o.param_groups)
     # a deep copy (the tests' habit) and a load keep working; the load brings the eager form back
     twin = copy.deepcopy(agent)
     twin.load_optimizer_state(after)
-    assert not any(g["capturable"] for o in optimizers(twin) for g in o.param_groups)
+    assert not any(g["capturable"] for o in twin.optimizers().values() for g in o.param_groups)
 
 
 # --- the switch ----------------------------------------------------------------------------------------------

@@ -29,18 +29,19 @@ def run(overrides: list[str], updates: int, repeats: int, device: str, threads: 
     trainer = Trainer(cfg, RunDir(tempfile.gettempdir()))  # writes nothing
     while trainer.counters.env_steps < trainer.max_len:  # at least one full episode's worth of windows
         trainer.collect_episode(random_actions=True)
-    trainer._defer_evaluation()  # builds the actor's copy and its acting; played out at once
-    deferred, trainer._deferred = trainer._deferred, None
-    answered(deferred.rest())
 
     def burst() -> None:
         b = Burst(trainer, {"n": updates, "done": 0, "sums": {}, "counts": {}})
         trainer.run_updates(b)
         b.close()
 
+    def play_deferred() -> None:  # what is left of the deferred evaluation, at once
+        deferred, trainer._deferred = trainer._deferred, None
+        answered(deferred.rest())
+
     def evaluation() -> None:  # as "during" plays it: the actor's copy, taken now
-        trainer._actor_copy.take()
-        answered(trainer._evaluate(True, trainer._actor_copy, on_copies=True))
+        trainer._defer_evaluation()
+        play_deferred()
 
     def after() -> None:
         burst()
@@ -49,8 +50,9 @@ def run(overrides: list[str], updates: int, repeats: int, device: str, threads: 
     def during() -> None:
         trainer._defer_evaluation()
         burst()
-        deferred, trainer._deferred = trainer._deferred, None
-        answered(deferred.rest())
+        play_deferred()
+
+    evaluation()  # builds the actor's copy and its acting
 
     fns = {"updates": burst, "evaluation": evaluation, "after": after, "during": during}
     try:
