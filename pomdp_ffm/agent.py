@@ -34,18 +34,32 @@ class Streams(NamedTuple):
     masks: torch.Tensor
 
     @classmethod
-    def from_batch(cls, batch, device) -> "Streams":
-        """The T+1 alignment with a zero first previous action/reward (docs/reference.md#batch-alignment)."""
+    def from_batch(cls, batch, device, time_dim: int = 0) -> "Streams":
+        """The T+1 alignment with a zero first previous action/reward (docs/reference.md#batch-alignment); time
+        along ``time_dim`` (1 for seeds stacked first: from_batches)."""
         t = lambda a: torch.as_tensor(a, device=device)
         obs, act, rew, term, obs2, mask = (t(x) for x in batch)
-        zero = lambda x: torch.zeros_like(x[:1])
+        first = lambda x: x.narrow(time_dim, 0, 1)
+        zero = lambda x: torch.zeros_like(first(x))
+        cat = lambda a, b: torch.cat([a, b], dim=time_dim)
         return cls(
-            observs=torch.cat([obs[:1], obs2]),
-            actions=torch.cat([zero(act), act]),
-            rewards=torch.cat([zero(rew), rew]),
-            dones=torch.cat([zero(term), term]),
+            observs=cat(first(obs), obs2),
+            actions=cat(zero(act), act),
+            rewards=cat(zero(rew), rew),
+            dones=cat(zero(term), term),
             masks=mask,
         )
+
+    @classmethod
+    def from_batches(cls, batches, device) -> "Streams":
+        """Several seeds' streams stacked along a leading seed dimension: one set of operators for any number of
+        seeds (the stacked update's input, pomdp_ffm/stacked.py)."""
+        def stacked(arrays):
+            if all(isinstance(a, np.ndarray) for a in arrays):
+                return torch.as_tensor(np.stack(arrays), device=device)  # one copy to the device
+            return torch.stack([torch.as_tensor(a, device=device) for a in arrays])
+
+        return cls.from_batch([stacked(arrays) for arrays in zip(*batches)], device, time_dim=1)
 
     def head(self, n: int) -> "Streams":
         """The first n steps of the history streams (the recurrence is causal)."""
@@ -126,6 +140,30 @@ def mean_grad_norm(module: nn.Module) -> torch.Tensor:
     if not grads:
         return torch.zeros((), device=params[0].device if params else None)
     return torch.stack(torch._foreach_norm(grads)).mean()
+
+
+def laid_out_as(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """t with like's strides (like: dense, non-overlapping): t itself seen so where the strides differ only in
+    dimensions of size 1, else a copy. PyTorch's multi-tensor optimiser kernels take their fast path only where a
+    parameter, its gradient and its state share their strides (else one launch per tensor and operation), and its
+    fused Adam misreads other layouts (measured on a CPU)."""
+    if t.stride() == like.stride():
+        return t
+    if all(a == b for a, b, n in zip(t.stride(), like.stride(), t.shape) if n > 1):
+        return t.as_strided(like.size(), like.stride())
+    return torch.empty_like(like, dtype=t.dtype).copy_(t)
+
+
+def lay_out_state_as_params(optimizer: torch.optim.Optimizer) -> None:
+    """Each state tensor of its parameter's shape (Adam's moments) in its parameter's strides (laid_out_as): a
+    loaded state keeps the layout it was saved from, and a stacked run (pomdp_ffm/stacked.py) lays some weights
+    out otherwise than a run alone."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})  # a lookup in the defaultdict would add an entry
+            for k, v in state.items():
+                if torch.is_tensor(v) and v.shape == p.shape and v.stride() != p.stride():
+                    state[k] = laid_out_as(v, p)
 
 
 def polyak_(target: nn.Module, source: nn.Module, tau: float) -> None:
@@ -306,6 +344,7 @@ class RecurrentAgent(nn.Module):
     def load_optimizer_state(self, state: dict) -> None:
         for k, o in self.optimizers().items():
             o.load_state_dict(state[k])
+            lay_out_state_as_params(o)
 
     def training_state(self) -> dict:
         """Everything an update depends on, as tensors and plain containers: the weights (actor, critic, targets,

@@ -299,8 +299,7 @@ class UpdateRunner:
             if self.stacked is None:
                 return [a.update(b, grad_norms=grad_norms) for a, b in zip(self.agents, batches)]
             self.stacked.ensure_linked()
-            stats = self.stacked.device_update([Streams.from_batch(b, self.device) for b in batches], grad_norms,
-                                               due[0])
+            stats = self.stacked.device_update(Streams.from_batches(batches, self.device), grad_norms, due[0])
             for a in self.agents:
                 a.num_updates += 1
             return stats
@@ -325,13 +324,15 @@ class UpdateRunner:
     def _streams(self, k: int) -> Streams:
         return Streams.from_batch(self.stagings[k].static, self.device)
 
+    def _stacked_streams(self) -> Streams:
+        return Streams.from_batches([s.static for s in self.stagings], self.device)
+
     def _device_updates(self, grad_norms: bool, actor_step: bool) -> list[dict[str, torch.Tensor]]:
         """Every agent's device work on its static inputs; inside a capture, each on its own branch stream."""
         if len(self.agents) == 1:
             return [self.agent.device_update(self._streams(0), grad_norms, actor_step)]
         if self.stacked is not None:
-            return self.stacked.device_update([self._streams(k) for k in range(len(self.agents))], grad_norms,
-                                              actor_step)
+            return self.stacked.device_update(self._stacked_streams(), grad_norms, actor_step)
         out = []
         with self.backend.branches(len(self.agents)) as streams:
             for k, (agent, stream) in enumerate(zip(self.agents, streams)):
@@ -344,7 +345,7 @@ class UpdateRunner:
             if self.stacked is None:
                 stats = [a.device_update(self._streams(k), *path) for k, a in enumerate(self.agents)]
             else:
-                stats = self.stacked.device_update([self._streams(k) for k in range(len(self.agents))], *path)
+                stats = self.stacked.device_update(self._stacked_streams(), *path)
         self.backend.keep_for_current_stream([v for st in stats for v in st.values()])
         self._eager_runs[path] += 1
         self.eager_updates += 1

@@ -13,7 +13,9 @@ What differs from the seed's updates alone:
 
 * the random draws (SAC's sampled actions, TD3's target noise) are one draw for all seeds (vmap's
   ``randomness="different"``: independent across seeds), not the draws of the seed's own stream;
-* batched matmuls sum in another order: float32 rounding (tests/test_stacked.py states the tolerance).
+* batched matmuls sum in another order, and the stack lays its linear weights out transposed (as their
+  gradients arrive), which a seed's own matmuls (acting) may also sum otherwise: float32 rounding
+  (tests/test_stacked.py states the tolerance).
 
 nn.GRU and nn.LSTM have no batching rule (a cuDNN call takes one set of weights): only the memories in
 ``STACKABLE_MEMORIES`` stack; FFM's recurrence maps through its own rule (seq_models/ffm.py).
@@ -27,7 +29,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .agent import RecurrentAgent, Streams, mean_grad_norm
+from .agent import RecurrentAgent, Streams, lay_out_state_as_params, laid_out_as, mean_grad_norm
 from .algos import SAC
 from .seq_models.ffm import DECAY_MIN, FFM
 
@@ -50,7 +52,20 @@ def _own_storage(module: nn.Module, state_dict: dict, prefix: str, local_metadat
     torch.save writes a view's whole storage; a checkpoint gets copies of the agent's own slices."""
     for k, v in state_dict.items():
         if torch.is_tensor(v) and v.untyped_storage().nbytes() > v.numel() * v.element_size():
-            state_dict[k] = v.clone()
+            state_dict[k] = v.clone(memory_format=torch.contiguous_format)  # as a run alone lays it out
+
+
+class _SeedMappedLinear(nn.Linear):
+    """nn.Linear as the stacked template runs it: under vmap with per-seed weights, F.linear decomposes into
+    addmm's ``1 * bias + 1 * (x @ W^T)``, whose multiplications by one are two kernels per layer (forward and
+    backward) that change no value; ``x @ W^T + b`` is the same arithmetic without them. The input is flattened
+    to one matrix per seed, so the product is one batched matmul (not one per leading index of the input, with
+    the weight copied for each)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.matmul(x.reshape(-1, x.shape[-1]), self.weight.mT)
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
+        return y if self.bias is None else y + self.bias
 
 
 class _Calls(nn.Module):
@@ -93,8 +108,11 @@ class StackedAgents:
         for m in template.modules():
             if isinstance(m, FFM):
                 m.cache_gamma = False
+            if type(m) is nn.Linear:
+                m.__class__ = _SeedMappedLinear
         self.calls = _Calls(template)
         self.names = [n for n, _ in first.named_parameters()] + [n for n, _ in first.named_buffers()]
+        self._linear_weights = {f"{n}.weight" for n, m in first.named_modules() if isinstance(m, nn.Linear)}
         # the learned tensors of each optimiser, in its parameters' order
         self.learned = {"actor": [f"actor.{n}" for n, _ in first.actor.named_parameters()],
                         "critic": [f"critic.{n}" for n, _ in first.critic.named_parameters()]}
@@ -123,21 +141,36 @@ class StackedAgents:
         for name in self.names:
             ts = [t[name] for t in tensors]
             with torch.no_grad():
-                st = torch.stack([t.detach() for t in ts])
+                if name in self._linear_weights:
+                    # The gradient of x @ W^T reaches W as the (contiguous) gradient of W^T seen transposed:
+                    # stored so, each seed's gradient is handed to its optimiser without a copy.
+                    st = torch.empty((len(ts), *ts[0].shape[::-1]), dtype=ts[0].dtype, device=ts[0].device).mT
+                    st.copy_(torch.stack([t.detach() for t in ts]))
+                else:
+                    st = torch.stack([t.detach() for t in ts])
             for k, t in enumerate(ts):
                 t.data = st[k]
             self.stacked[name] = st.requires_grad_(name in learned)
             self._per_seed[name] = ts
         self._prefixed = {f"agent.{n}": t for n, t in self.stacked.items()}
+        self._lay_out_states()
+
+    def _lay_out_states(self) -> None:
+        for a in self.agents:
+            for o in a.optimizers().values():
+                lay_out_state_as_params(o)
 
     def linked(self) -> bool:
         return all(t.data_ptr() == self.stacked[n][k].data_ptr()
                    for n, ts in self._per_seed.items() for k, t in enumerate(ts))
 
     def ensure_linked(self) -> None:
-        """Re-stack if anything re-allocated an agent's tensors since (a move, a replaced parameter)."""
+        """Re-stack if anything re-allocated an agent's tensors since (a move, a replaced parameter); lay out a
+        loaded optimiser state as the stacked weights are."""
         if not self.linked():
             self.link()
+        else:
+            self._lay_out_states()
 
     # --- the update -------------------------------------------------------------------------------------
     def map(self, fn: Callable, *args):
@@ -147,13 +180,14 @@ class StackedAgents:
         in_dims = (0, *(None if a is None else 0 for a in args))  # None: an argument TD3 does not have
         return vmap(call, in_dims=in_dims, randomness="different")(self._prefixed, *args)
 
-    def device_update(self, streams: Sequence[Streams], grad_norms: bool, actor_step: bool) \
+    def device_update(self, streams: Streams | Sequence[Streams], grad_norms: bool, actor_step: bool) \
             -> list[dict[str, torch.Tensor]]:
-        """RecurrentAgent.device_update of every agent, in the same order of steps."""
-        if len(streams) != len(self.agents):
-            raise ValueError(f"one batch per agent: got {len(streams)} for {len(self.agents)}")
+        """RecurrentAgent.device_update of every agent, in the same order of steps; streams: one per agent, or
+        theirs stacked along a leading seed dimension (Streams.from_batches)."""
         S = len(self.agents)
-        s = Streams(*(torch.stack(x) for x in zip(*streams)))
+        s = streams if isinstance(streams, Streams) else Streams(*(torch.stack(x) for x in zip(*streams)))
+        if s.observs.shape[0] != S:
+            raise ValueError(f"one batch per agent: got {s.observs.shape[0]} for {S}")
         out: list[dict[str, torch.Tensor]] = [{} for _ in range(S)]
 
         def add(stats: dict[str, torch.Tensor]) -> None:
@@ -194,11 +228,9 @@ class StackedAgents:
         names = self.learned[net]
         grads = torch.autograd.grad(loss, [self.stacked[n] for n in names], allow_unused=True)
         for n, g in zip(names, grads):
-            # autograd.grad hands a weight's gradient over in the layout its backward made (often transposed),
-            # where .backward() would lay it out as the weight is: PyTorch's multi-tensor optimiser kernels take
-            # their fast path only where a parameter, its gradient and its state share their strides (else one
-            # launch per tensor and operation), and its fused Adam misreads other layouts (measured on a CPU).
-            g = None if g is None else _laid_out_as(g, self.stacked[n])
+            # autograd.grad hands a gradient over in the layout its backward made, where .backward() would lay
+            # it out as the parameter is (link() stores the weights as their gradients arrive: no copy there)
+            g = None if g is None else laid_out_as(g, self.stacked[n])
             for k, t in enumerate(self._per_seed[n]):
                 t.grad = None if g is None else g[k]
         joint_step([a.optimizers()[net] for a in self.agents], fused=self.fused_adam)
@@ -227,16 +259,6 @@ class StackedAgents:
             self.stacked[prefix + "alpha"].clamp_(DECAY_MIN, memory.decay_limit)
             moved += self._per_seed[prefix + "alpha"]
         bump_versions(moved)
-
-
-def _laid_out_as(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """g with like's strides (like: dense, non-overlapping): the same memory seen so where g is contiguous and
-    differs only in the strides of dimensions of size 1, else a copy."""
-    if g.stride() == like.stride():
-        return g
-    if g.is_contiguous() and like.is_contiguous():
-        return g.as_strided(like.size(), like.stride())
-    return torch.empty_like(like).copy_(g)
 
 
 def joint_step(optims: Sequence[torch.optim.Optimizer], fused: bool = False) -> None:

@@ -49,6 +49,17 @@ def test_t_plus_one_alignment():
     assert s.masks.shape == (T, B, 1)
 
 
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["numpy", "tensors"])
+def test_the_streams_of_several_seeds_are_each_seeds_stacked(as_tensors):
+    batches = [make_batch(seed=k, pad_from=k + 2) for k in range(3)]
+    if as_tensors:  # what a CUDA-graph runner's staging holds
+        batches = [SeqBatch(*(torch.from_numpy(x) for x in b)) for b in batches]
+    got = Streams.from_batches(batches, "cpu")
+    for k, b in enumerate(batches):
+        for name, g, w in zip(Streams._fields, got, Streams.from_batch(b, "cpu")):
+            assert torch.equal(g[k], w), name
+
+
 def test_masked_mean_counts_valid_steps_only():
     x = torch.tensor([[1.0], [3.0], [100.0]]).view(3, 1, 1)
     m = torch.tensor([[1.0], [1.0], [0.0]]).view(3, 1, 1)

@@ -27,13 +27,16 @@ def fixed_noise(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(torch.arange(x.numel(), dtype=x.dtype, device=x.device).view(x.shape) * 0.37)
 
 
-def streams(rng: np.random.Generator, dtype=torch.float32) -> Streams:
+def batch(rng: np.random.Generator, dtype=torch.float32) -> tuple[torch.Tensor, ...]:
     f = lambda *s: torch.tensor(rng.standard_normal(s), dtype=dtype)
     masks = torch.ones(T, B, 1, dtype=dtype)
     masks[T - 3:, :2] = 0  # two windows end early: padded steps must stay out of every loss
-    batch = (f(T, B, OBS), torch.tanh(f(T, B, ACT)), f(T, B, 1), torch.zeros(T, B, 1, dtype=dtype), f(T, B, OBS),
-             masks)
-    return Streams.from_batch(batch, "cpu")
+    return (f(T, B, OBS), torch.tanh(f(T, B, ACT)), f(T, B, 1), torch.zeros(T, B, 1, dtype=dtype), f(T, B, OBS),
+            masks)
+
+
+def streams(rng: np.random.Generator, dtype=torch.float32) -> Streams:
+    return Streams.from_batch(batch(rng, dtype), "cpu")
 
 
 def agents_of(algo: str, model: str, n: int = 3, dtype=torch.float64, **cfg) -> list[RecurrentAgent]:
@@ -144,22 +147,26 @@ def test_a_stacked_update_is_one_set_of_operators_for_any_number_of_seeds(algo, 
     # What stacking is for: on a GPU each operator is a kernel launch. An operator without a batching rule runs once
     # per seed under vmap (torch warns once per process, easily missed), and a read of a value on the host would
     # stall the queue. Outside the optimisers' steps, 2 and 4 seeds dispatch the same operators, none of them a
-    # host read, and not many more than one agent's update (measured 1.3-1.6x: a batched linear layer is a bmm
-    # and an add where one agent's is an addmm).
+    # host read, and few more than one agent's update (the streams built once for all seeds; a batched linear
+    # layer is a bmm and an add where one agent's is an addmm, in the forward and the backward, without the
+    # multiplications by one of vmap's own linear; no copy to hand a gradient over: measured 1.14-1.25x here,
+    # 1.3-1.6x before these three).
     rng = np.random.default_rng(0)
     counts = {}
     for n in (1, 2, 4):
         agents = agents_of(algo, model, n=n, dtype=torch.float32, **extra)
-        batches = [streams(rng) for _ in range(n)]
-        update = (lambda: agents[0].device_update(batches[0], False, actor_step)) if n == 1 else \
-            (lambda stack=StackedAgents(agents): stack.device_update(batches, False, actor_step))
+        batches = [batch(rng) for _ in range(n)]
+        update = (lambda: agents[0].device_update(Streams.from_batch(batches[0], "cpu"), False, actor_step)) \
+            if n == 1 else (lambda stack=StackedAgents(agents):
+                            stack.device_update(Streams.from_batches(batches, "cpu"), False, actor_step))
         update()  # the optimisers' state is made at a first step
         with DispatchedOps(optimisers=False) as counted:
             update()
         counts[n] = counted
     assert counts[2].ops == counts[4].ops
     assert all(c.ops["aten._local_scalar_dense.default"] == 0 for c in counts.values())
-    assert counts[1].total < counts[2].total < 2 * counts[1].total
+    assert counts[2].ops["aten.copy_.default"] == counts[1].ops["aten.copy_.default"]
+    assert counts[1].total < counts[2].total < 1.3 * counts[1].total
 
 
 def test_the_stacked_seeds_draw_their_own_noise():
@@ -191,7 +198,9 @@ def test_stacked_agents_act_save_and_load_alone(monkeypatch):
     copies[1].load_state_dict(agents[1].state_dict())
     after = agents[1].act(obs, prev, 0.0, None, deterministic=True)[0]
     assert not np.array_equal(before, after)
-    np.testing.assert_array_equal(after, copies[1].act(obs, prev, 0.0, None, deterministic=True)[0])
+    # (close, not equal: the stack lays its weights out transposed, and a matmul may then sum in another order)
+    np.testing.assert_allclose(after, copies[1].act(obs, prev, 0.0, None, deterministic=True)[0], rtol=1e-5,
+                               atol=1e-8)
     # ... a checkpoint holds the seed's own tensors only (torch.save writes a view's whole storage) ...
     sizes = []
     for a in (agents[1], copies[1]):
@@ -199,10 +208,32 @@ def test_stacked_agents_act_save_and_load_alone(monkeypatch):
         torch.save(a.state_dict(), buf)
         sizes.append(len(buf.getvalue()))
     assert sizes[0] == sizes[1]
+    assert all(t.is_contiguous() for t in agents[1].state_dict().values())  # as alone, whatever the stack's layout
     # ... and a load writes into the stack: the agents stay linked.
     agents[2].load_training_state(copies[0].training_state())
     assert stack.linked()
     torch.testing.assert_close(stack.stacked["critic.qf1.net.0.weight"][2], copies[0].critic.qf1.net[0].weight)
+
+
+def test_a_loaded_optimiser_state_is_laid_out_as_its_parameters():
+    # The stack lays weights out transposed; a run alone contiguously. A state loaded either way round (a resume)
+    # gets its parameters' strides, which the fast multi-tensor and fused Adam kernels need.
+    def strides_differ(agent):
+        return [(k, n) for k, o in agent.optimizers().items() for g in o.param_groups for n, p in enumerate(g["params"])
+                for v in o.state[p].values() if torch.is_tensor(v) and v.dim() and v.stride() != p.stride()]
+
+    agents = agents_of("sac", "ffm", dtype=torch.float32)
+    alone = copy.deepcopy(agents[0])
+    alone.update(batch(np.random.default_rng(1)))
+    stack = StackedAgents(agents)
+    assert agents[0].critic.qf1.net[0].weight.stride() != alone.critic.qf1.net[0].weight.stride()
+    stack.device_update([streams(np.random.default_rng(2)) for _ in agents], False, True)
+    agents[1].load_training_state(alone.training_state())
+    assert strides_differ(agents[1]) == [] and stack.linked()
+    fresh = copy.deepcopy(alone)
+    fresh.load_training_state(agents[2].training_state())
+    assert strides_differ(fresh) == []
+    assert not torch.equal(fresh.critic.qf1.net[0].weight, alone.critic.qf1.net[0].weight)
 
 
 def test_a_re_allocated_agent_is_stacked_again():
