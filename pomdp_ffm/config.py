@@ -54,6 +54,10 @@ def _int_at_least(key: str, value, low: int) -> None:
     _require(key, value, lambda v: _is_int(v) and v >= low, f">= {low}")
 
 
+def _flag(key: str, value) -> None:
+    _require(key, value, lambda v: isinstance(v, bool), "true or false")
+
+
 def _real(key: str, value, ok, rule: str) -> None:
     """A finite number satisfying ``ok`` (nan and inf are refused as such)."""
     _require(key, value, _is_number, "a finite number")
@@ -282,9 +286,9 @@ class TrainConfig:
         if _given(self.sampled_seq_len) and self.sampled_seq_len > size:
             raise ValueError(f"train.buffer_size={size} must be >= train.sampled_seq_len={self.sampled_seq_len}")
         _real("train.sample_weight_baseline", self.sample_weight_baseline, lambda v: v >= 0, ">= 0")
-        _require("train.cuda_graph", self.cuda_graph, lambda v: isinstance(v, bool), "true or false")
-        _require("train.tf32", self.tf32, lambda v: isinstance(v, bool), "true or false")
-        _require("train.env_worker", self.env_worker, lambda v: isinstance(v, bool), "true or false")
+        _flag("train.cuda_graph", self.cuda_graph)
+        _flag("train.tf32", self.tf32)
+        _flag("train.env_worker", self.env_worker)
         _one_of("train.seed_axis_update", self.seed_axis_update, SEED_AXIS_UPDATES)
 
 
@@ -312,8 +316,8 @@ class EvalConfig:
         _int_at_least("eval.log_interval", self.log_interval, 1)
         _require("eval.save_interval", self.save_interval, lambda v: _is_int(v) and (v == -1 or v >= 1),
                  "-1 (no snapshots) or >= 1")
-        _require("eval.workers", self.workers, lambda v: isinstance(v, bool), "true or false")
-        _require("eval.during_updates", self.during_updates, lambda v: isinstance(v, bool), "true or false")
+        _flag("eval.workers", self.workers)
+        _flag("eval.during_updates", self.during_updates)
         if self.during_updates is True and self.eval_stochastic is True:
             raise ValueError("eval.during_updates=true needs eval.eval_stochastic=false: a stochastic evaluation "
                              "draws its action noise from torch's generator, which the updates draw from too, so "

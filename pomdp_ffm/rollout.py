@@ -114,7 +114,7 @@ class EnvsStepping:
     actions and reading the results: its caller may do other work meanwhile (a seed axis: the other seeds'; a
     burst of updates: its next updates), then resumes it with None."""
 
-    def __init__(self, envs: Sequence = ()):
+    def __init__(self, envs: Sequence):
         self.envs = envs
 
     def answer(self) -> None:

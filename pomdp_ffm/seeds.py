@@ -33,7 +33,7 @@ from .signals import StopSignals
 from .train import Attempt, Refused, check_and_lock, check_untouched, validate
 from .graph import ActingRunner, UpdateRunner
 from .rollout import ActRequest, EnvsStepping
-from .trainer import Burst, Trainer, _StopRequested
+from .trainer import Burst, Trainer, _StopRequested, close_each
 
 
 log = logging.getLogger("pomdp_ffm")
@@ -63,33 +63,23 @@ class RNGStreams:
         return torch.get_rng_state(), cuda, *host_streams()
 
     @contextlib.contextmanager
-    def active(self):
+    def active(self, host: bool = True):
+        """This seed's generators swapped in for what runs inside: torch's (CPU and CUDA), and with ``host``
+        numpy's and Python's global ones. Swapping those two costs ~60 us (their states are converted to Python
+        objects), more than a step on a GPU, and an acting step draws from torch's only: gathered acting swaps
+        them per unit of work and checks that its steps left them alone (``host_streams``)."""
         torch_state, cuda, np_state, py_state = self.state
         torch.set_rng_state(torch_state)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
-        np.random.set_state(np_state)
-        random.setstate(py_state)
-        try:
-            yield
-        finally:
-            self.state = self.capture()
-
-    @contextlib.contextmanager
-    def torch_active(self):
-        """Only torch's generators (CPU and CUDA) swapped in: all that an acting step draws from. Swapping
-        numpy's and Python's global generators costs ~60 us (their states are converted to Python objects), more
-        than a step on a GPU; gathered acting swaps them per unit of work and checks that its steps left them
-        alone (``host_streams``)."""
-        torch_state, cuda, np_state, py_state = self.state
-        torch.set_rng_state(torch_state)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+        if host:
+            np.random.set_state(np_state)
+            random.setstate(py_state)
         try:
             yield
         finally:
             self.state = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda is not None else None,
-                          np_state, py_state)
+                          *(host_streams() if host else (np_state, py_state)))
 
 
 def host_streams() -> tuple:
@@ -128,25 +118,10 @@ def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer] = Train
             streams[k] = RNGStreams()  # right after the seed's trainer seeded and built everything
         result = _train_together(seeds, attempts, streams)
     except BaseException:
-        _close(attempts, quiet=True)
+        close_each(attempts, quiet_as="a seed's run")
         raise
-    _close(attempts)
+    close_each(attempts)
     return result
-
-
-def _close(attempts: list[Attempt], quiet: bool = False) -> None:
-    """Close every seed's attempt (envs, lock), each whatever the others do; the first error is raised after,
-    unless another is already on its way up (``quiet``: then it is logged)."""
-    errors = []
-    for a in attempts:
-        try:
-            a.close()
-        except Exception as e:
-            errors.append(e)
-    if errors and not quiet:
-        raise errors[0]
-    for e in errors:
-        log.warning("closing a seed's run failed: %s: %s", type(e).__name__, e)
 
 
 def joint_runner(trainers: list[Trainer]) -> UpdateRunner | None:
@@ -222,7 +197,7 @@ class JointActs:
     computes the step, as a turn would: the seeds keep their whole-unit turns there unless ``gather`` says
     otherwise (the tests gather on a CPU to check that a seed's logs do not change).
 
-    Per step only torch's generators are swapped (``RNGStreams.torch_active``); numpy's and Python's global
+    Per step only torch's generators are swapped (``RNGStreams.active(host=False)``); numpy's and Python's global
     generators, which no acting step, env step or buffer draws from (the envs and the buffer have their own),
     are checked to be untouched by the gathered steps, and the seeds fail with ``SharedStreamsDrawn`` if they
     were not."""
@@ -309,13 +284,19 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
     gather = (acts or JointActs()).applies([a.trainer for _, a in running])
 
     @contextlib.contextmanager
-    def turn(k: int, a: Attempt):
+    def turn(k: int, a: Attempt, host: bool = True):
+        """Seed k's turn: its run directory current, its generators swapped in (``host``: numpy's and Python's
+        too, RNGStreams.active)."""
         token = CURRENT_RUN.set(a.run.path)
+        if not host:  # a checkpoint written in this turn saves the seed's own numpy and Python states
+            a.trainer.host_rng = lambda: streams[k].state[2:]
         try:
-            with streams[k].active():
+            with streams[k].active(host):
                 yield
         finally:
             CURRENT_RUN.reset(token)
+            if not host:
+                a.trainer.host_rng = None
 
     def failed(k: int, a: Attempt, e: BaseException) -> None:
         """This seed's failure, recorded in its own directory; the others go on. numpy's and Python's global
@@ -335,20 +316,13 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
     def own_turn(k: int, a: Attempt, light: bool = False):
         """Seed k's turn, where an error is that seed's failure (the others go on); a stop goes up. ``light``:
         only torch's generators swapped (a gathered acting step)."""
-        if light:  # a checkpoint written in this turn saves the seed's own numpy and Python states
-            token = CURRENT_RUN.set(a.run.path)
-            a.trainer.host_rng = lambda: streams[k].state[2:]
         try:
-            with (streams[k].torch_active() if light else turn(k, a)):
+            with turn(k, a, host=not light):
                 yield
         except _StopRequested:
             raise
         except BaseException as e:
             failed(k, a, e)
-        finally:
-            if light:
-                CURRENT_RUN.reset(token)
-                a.trainer.host_rng = None
 
     def stepped(k: int, a: Attempt) -> None:
         if a.trainer.counters.env_steps >= a.trainer.budget:

@@ -16,6 +16,8 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
+
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -600,15 +602,23 @@ class Trainer:
         log.info("resumed from %s at %d env steps", self.run.checkpoint, self.counters.env_steps)
 
     def close(self) -> None:
-        """Close every env, each whatever the others do (an env in a worker never raises on close)."""
-        errors = []
-        for env in [self.env, *self._eval_envs]:
-            try:
-                env.close()
-            except Exception as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        """Close every env (an env in a worker never raises on close)."""
+        close_each([self.env, *self._eval_envs])
+
+
+def close_each(things: Iterable, quiet_as: str | None = None) -> None:
+    """Close every one of ``things``, each whatever the others do. The first error is raised after, or, where
+    another error is already on its way up, each is logged as closing ``quiet_as`` failing."""
+    errors = []
+    for thing in things:
+        try:
+            thing.close()
+        except Exception as e:
+            errors.append(e)
+    if errors and quiet_as is None:
+        raise errors[0]
+    for e in errors:
+        log.warning("closing %s failed: %s: %s", quiet_as, type(e).__name__, e)
 
 
 class QueuedUpdates:

@@ -31,6 +31,7 @@ from .common import Row, interleaved_medians
 from .update import ACT, OBS
 
 INNER = 50
+REWARD = np.full(1, 0.5, np.float32)
 
 
 class CpuActing:
@@ -53,6 +54,13 @@ class CpuActing:
         return act_with(self.actor, self.agent.algo, obs, prev_action, prev_reward, state, deterministic)
 
 
+def episode(actor, obs: np.ndarray, deterministic: bool) -> None:
+    """INNER acting steps of one env, carrying the memory state and feeding each action back."""
+    state, action = actor.initial_state(1), np.zeros((1, ACT), np.float32)
+    for t in range(INNER):
+        action, state = actor.act(obs[t], action, REWARD, state, deterministic)
+
+
 def run(repeats: int, device: torch.device, models=("ffm", "gru", "lstm"), deterministic: bool = False) -> list[Row]:
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((INNER, 1, OBS)).astype(np.float32)
@@ -64,13 +72,8 @@ def run(repeats: int, device: torch.device, models=("ffm", "gru", "lstm"), deter
         if device.type == "cuda":
             ways["graph"] = ActingRunner(agent)
             ways["cpu-copy"] = CpuActing(agent)
-
-        def episode(actor):
-            state, action = actor.initial_state(1), np.zeros((1, ACT), np.float32)
-            for t in range(INNER):
-                action, state = actor.act(obs[t], action, np.full(1, 0.5, np.float32), state, deterministic)
-
-        med = interleaved_medians({k: (lambda a=a: episode(a)) for k, a in ways.items()}, repeats, device)
+        med = interleaved_medians({k: (lambda a=a: episode(a, obs, deterministic)) for k, a in ways.items()}, repeats,
+                                  device)
         for k, v in med.items():
             rows.append(Row("acting", f"HopperBLT-V_B1_sac_{model}", k, "step_us", v / INNER * 1e6, "us"))
     return rows
@@ -81,7 +84,6 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models
 
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((INNER, 1, OBS)).astype(np.float32)
-    reward = np.full(1, 0.5, np.float32)
     rows: list[Row] = []
     for model in models:
         for S in seed_counts:
@@ -96,23 +98,21 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models
             def separate():
                 for actor, stream in zip(actors, streams):
                     with stream.active():
-                        state, action = actor.initial_state(1), np.zeros((1, ACT), np.float32)
-                        for t in range(INNER):
-                            action, state = actor.act(obs[t], action, reward, state, False)
+                        episode(actor, obs, deterministic=False)
 
             def gathered():
                 states, actions, waits = [], [], []
                 for policy, stream in zip(policies, streams):
-                    with stream.torch_active():
+                    with stream.active(host=False):
                         states.append(policy.initial_state(1))
                         actions.append(np.zeros((1, ACT), np.float32))
-                        waits.append(policy.submit(obs[0], actions[-1], reward, states[-1], None))
+                        waits.append(policy.submit(obs[0], actions[-1], REWARD, states[-1], None))
                 for t in range(INNER):
                     for k, (policy, stream) in enumerate(zip(policies, streams)):
-                        with stream.torch_active():
+                        with stream.active(host=False):
                             actions[k], states[k] = waits[k]()
                             if t + 1 < INNER:
-                                waits[k] = policy.submit(obs[t + 1], actions[k], reward, states[k], None)
+                                waits[k] = policy.submit(obs[t + 1], actions[k], REWARD, states[k], None)
 
             med = interleaved_medians({"separate": separate, "gathered": gathered}, repeats, device)
             for k, v in med.items():
