@@ -142,30 +142,6 @@ def mean_grad_norm(module: nn.Module) -> torch.Tensor:
     return torch.stack(torch._foreach_norm(grads)).mean()
 
 
-def laid_out_as(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """t with like's strides (like: dense, non-overlapping): t itself seen so where the strides differ only in
-    dimensions of size 1, else a copy. PyTorch's multi-tensor optimiser kernels take their fast path only where a
-    parameter, its gradient and its state share their strides (else one launch per tensor and operation), and its
-    fused Adam misreads other layouts (measured on a CPU)."""
-    if t.stride() == like.stride():
-        return t
-    if all(a == b for a, b, n in zip(t.stride(), like.stride(), t.shape) if n > 1):
-        return t.as_strided(like.size(), like.stride())
-    return torch.empty_like(like, dtype=t.dtype).copy_(t)
-
-
-def lay_out_state_as_params(optimizer: torch.optim.Optimizer) -> None:
-    """Each state tensor of its parameter's shape (Adam's moments) in its parameter's strides (laid_out_as): a
-    loaded state keeps the layout it was saved from, and a stacked run (pomdp_ffm/stacked.py) lays some weights
-    out otherwise than a run alone."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})  # a lookup in the defaultdict would add an entry
-            for k, v in state.items():
-                if torch.is_tensor(v) and v.shape == p.shape and v.stride() != p.stride():
-                    state[k] = laid_out_as(v, p)
-
-
 def polyak_(target: nn.Module, source: nn.Module, tau: float) -> None:
     with torch.no_grad():
         t, s = list(target.parameters()), list(source.parameters())
@@ -344,7 +320,6 @@ class RecurrentAgent(nn.Module):
     def load_optimizer_state(self, state: dict) -> None:
         for k, o in self.optimizers().items():
             o.load_state_dict(state[k])
-            lay_out_state_as_params(o)
 
     def training_state(self) -> dict:
         """Everything an update depends on, as tensors and plain containers: the weights (actor, critic, targets,

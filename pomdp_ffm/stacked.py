@@ -13,9 +13,7 @@ What differs from the seed's updates alone:
 
 * the random draws (SAC's sampled actions, TD3's target noise) are one draw for all seeds (vmap's
   ``randomness="different"``: independent across seeds), not the draws of the seed's own stream;
-* batched matmuls sum in another order, and the stack lays its linear weights out transposed (as their
-  gradients arrive), which a seed's own matmuls (acting) may also sum otherwise: float32 rounding
-  (tests/test_stacked.py states the tolerance).
+* batched matmuls sum in another order: float32 rounding (tests/test_stacked.py states the tolerance).
 
 nn.GRU and nn.LSTM have no batching rule (a cuDNN call takes one set of weights): only the memories in
 ``STACKABLE_MEMORIES`` stack; FFM's recurrence maps through its own rule (seq_models/ffm.py).
@@ -29,7 +27,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from .agent import RecurrentAgent, Streams, lay_out_state_as_params, laid_out_as, mean_grad_norm
+from .agent import RecurrentAgent, Streams, mean_grad_norm
 from .algos import SAC
 from .seq_models.ffm import DECAY_MIN, FFM
 
@@ -52,20 +50,46 @@ def _own_storage(module: nn.Module, state_dict: dict, prefix: str, local_metadat
     torch.save writes a view's whole storage; a checkpoint gets copies of the agent's own slices."""
     for k, v in state_dict.items():
         if torch.is_tensor(v) and v.untyped_storage().nbytes() > v.numel() * v.element_size():
-            state_dict[k] = v.clone(memory_format=torch.contiguous_format)  # as a run alone lays it out
+            state_dict[k] = v.clone()
+
+
+class _Linear(torch.autograd.Function):
+    """x @ W^T + b for a 2-d x, with the backward written out so that W's gradient is computed as W is laid out
+    (g^T @ x, [out, in]); autograd's own backward of x @ W^T makes it as the gradient of W^T seen transposed,
+    which the optimisers' kernels would need copied into W's layout first. vmap maps the forward and the
+    backward alike (generate_vmap_rule)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = torch.mm(x, weight.t())
+        return y if bias is None else y + bias
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, bias = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        return (g.mm(weight) if need_x else None, g.t().mm(x) if need_w else None,
+                g.sum(0) if need_b and ctx.has_bias else None)
 
 
 class _SeedMappedLinear(nn.Linear):
-    """nn.Linear as the stacked template runs it: under vmap with per-seed weights, F.linear decomposes into
-    addmm's ``1 * bias + 1 * (x @ W^T)``, whose multiplications by one are two kernels per layer (forward and
-    backward) that change no value; ``x @ W^T + b`` is the same arithmetic without them. The input is flattened
-    to one matrix per seed, so the product is one batched matmul (not one per leading index of the input, with
-    the weight copied for each)."""
+    """nn.Linear as the stacked template runs it. Under vmap with per-seed weights, F.linear decomposes into
+    addmm's ``1 * b + 1 * (x @ W^T)``, whose multiplications by one are two kernels per layer (forward and
+    backward) that change no value; ``_Linear`` is the same arithmetic without them, and lays W's gradient out
+    as W. The input is flattened to one matrix per seed, so the product is one batched matmul (not one per
+    leading index of the input, with the weight copied for each)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.matmul(x.reshape(-1, x.shape[-1]), self.weight.mT)
-        y = y.reshape(*x.shape[:-1], y.shape[-1])
-        return y if self.bias is None else y + self.bias
+        y = _Linear.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class _Calls(nn.Module):
@@ -82,7 +106,7 @@ class _Calls(nn.Module):
 
 class StackedAgents:
     """S agents of one configuration whose updates run as one (module docstring). ``device_update(streams,
-    grad_norms, actor_step)`` is RecurrentAgent.device_update for all of them, seed k on streams[k]; it returns
+    grad_norms, actor_step)`` is RecurrentAgent.device_update for all of them, seed k on the k-th streams; it returns
     their statistics in the agents' order and reads no device value on the host (CUDA-graph safe)."""
 
     def __init__(self, agents: Sequence[RecurrentAgent], fused_adam: bool = False):
@@ -112,7 +136,6 @@ class StackedAgents:
                 m.__class__ = _SeedMappedLinear
         self.calls = _Calls(template)
         self.names = [n for n, _ in first.named_parameters()] + [n for n, _ in first.named_buffers()]
-        self._linear_weights = {f"{n}.weight" for n, m in first.named_modules() if isinstance(m, nn.Linear)}
         # the learned tensors of each optimiser, in its parameters' order
         self.learned = {"actor": [f"actor.{n}" for n, _ in first.actor.named_parameters()],
                         "critic": [f"critic.{n}" for n, _ in first.critic.named_parameters()]}
@@ -141,53 +164,44 @@ class StackedAgents:
         for name in self.names:
             ts = [t[name] for t in tensors]
             with torch.no_grad():
-                if name in self._linear_weights:
-                    # The gradient of x @ W^T reaches W as the (contiguous) gradient of W^T seen transposed:
-                    # stored so, each seed's gradient is handed to its optimiser without a copy.
-                    st = torch.empty((len(ts), *ts[0].shape[::-1]), dtype=ts[0].dtype, device=ts[0].device).mT
-                    st.copy_(torch.stack([t.detach() for t in ts]))
-                else:
-                    st = torch.stack([t.detach() for t in ts])
+                st = torch.stack([t.detach() for t in ts])
             for k, t in enumerate(ts):
                 t.data = st[k]
             self.stacked[name] = st.requires_grad_(name in learned)
             self._per_seed[name] = ts
         self._prefixed = {f"agent.{n}": t for n, t in self.stacked.items()}
-        self._lay_out_states()
-
-    def _lay_out_states(self) -> None:
-        for a in self.agents:
-            for o in a.optimizers().values():
-                lay_out_state_as_params(o)
+        # The actor's loss reads the critic, whose weights its step leaves alone: seen detached there, so that no
+        # backward computes their gradients (autograd's own formulas skip what autograd.grad was not asked for;
+        # a custom Function's backward, _Linear's, cannot tell).
+        self._critic_held = {k: t.detach() if k.startswith("agent.critic.") else t for k, t in self._prefixed.items()}
 
     def linked(self) -> bool:
         return all(t.data_ptr() == self.stacked[n][k].data_ptr()
                    for n, ts in self._per_seed.items() for k, t in enumerate(ts))
 
     def ensure_linked(self) -> None:
-        """Re-stack if anything re-allocated an agent's tensors since (a move, a replaced parameter); lay out a
-        loaded optimiser state as the stacked weights are."""
+        """Re-stack if anything re-allocated an agent's tensors since (a move, a replaced parameter)."""
         if not self.linked():
             self.link()
-        else:
-            self._lay_out_states()
 
     # --- the update -------------------------------------------------------------------------------------
-    def map(self, fn: Callable, *args):
-        """fn(agent, *args) for every seed at once: the template agent with seed k's tensors and the k-th slice
-        of each argument (the arguments' first dimension is the seeds')."""
+    def map(self, fn: Callable, *args, tensors: dict[str, torch.Tensor] | None = None):
+        """fn(agent, *args) for every seed at once: the template agent with seed k's tensors (of ``tensors``,
+        by default the stacked ones) and the k-th slice of each argument (the arguments' first dimension is the
+        seeds')."""
         call = lambda tensors, *a: functional_call(self.calls, tensors, (fn, *a))
         in_dims = (0, *(None if a is None else 0 for a in args))  # None: an argument TD3 does not have
-        return vmap(call, in_dims=in_dims, randomness="different")(self._prefixed, *args)
+        return vmap(call, in_dims=in_dims, randomness="different")(tensors or self._prefixed, *args)
 
     def device_update(self, streams: Streams | Sequence[Streams], grad_norms: bool, actor_step: bool) \
             -> list[dict[str, torch.Tensor]]:
         """RecurrentAgent.device_update of every agent, in the same order of steps; streams: one per agent, or
         theirs stacked along a leading seed dimension (Streams.from_batches)."""
         S = len(self.agents)
+        n = streams.observs.shape[0] if isinstance(streams, Streams) else len(streams)
+        if n != S:
+            raise ValueError(f"one batch per agent: got {n} for {S}")
         s = streams if isinstance(streams, Streams) else Streams(*(torch.stack(x) for x in zip(*streams)))
-        if s.observs.shape[0] != S:
-            raise ValueError(f"one batch per agent: got {s.observs.shape[0]} for {S}")
         out: list[dict[str, torch.Tensor]] = [{} for _ in range(S)]
 
         def add(stats: dict[str, torch.Tensor]) -> None:
@@ -206,7 +220,8 @@ class StackedAgents:
                 o["q_grad_norm"] = mean_grad_norm(a.critic)
                 o["q_rnn_grad_norm"] = mean_grad_norm(a.critic.encoder.memory)
         if actor_step:
-            policy_loss, stats = self.map(lambda a, s, o: a.actor_loss_and_stats(s, o), s, actor_out)
+            policy_loss, stats = self.map(lambda a, s, o: a.actor_loss_and_stats(s, o), s, actor_out,
+                                          tensors=self._critic_held)
             self._step("actor", policy_loss.sum())
             log_prob_mean = stats.pop("_log_prob_mean", None)
             add(stats)
@@ -229,8 +244,11 @@ class StackedAgents:
         grads = torch.autograd.grad(loss, [self.stacked[n] for n in names], allow_unused=True)
         for n, g in zip(names, grads):
             # autograd.grad hands a gradient over in the layout its backward made, where .backward() would lay
-            # it out as the parameter is (link() stores the weights as their gradients arrive: no copy there)
-            g = None if g is None else laid_out_as(g, self.stacked[n])
+            # it out as the parameter is: PyTorch's multi-tensor optimiser kernels take their fast path only where
+            # a parameter, its gradient and its state share their strides (else one launch per tensor and
+            # operation), and its fused Adam misreads other layouts (measured on a CPU). The template's linear
+            # layers make their weights' gradients so (_Linear): no copy there.
+            g = None if g is None else _laid_out_as(g, self.stacked[n])
             for k, t in enumerate(self._per_seed[n]):
                 t.grad = None if g is None else g[k]
         joint_step([a.optimizers()[net] for a in self.agents], fused=self.fused_adam)
@@ -259,6 +277,18 @@ class StackedAgents:
             self.stacked[prefix + "alpha"].clamp_(DECAY_MIN, memory.decay_limit)
             moved += self._per_seed[prefix + "alpha"]
         bump_versions(moved)
+
+
+def _laid_out_as(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """t with like's strides (like: dense, non-overlapping, of t's shape): t itself seen so where the strides
+    differ only in dimensions of size 1, else a copy."""
+    if t.shape != like.shape:
+        raise ValueError(f"_laid_out_as needs one shape: got {tuple(t.shape)} for {tuple(like.shape)}")
+    if t.stride() == like.stride():
+        return t
+    if all(a == b for a, b, n in zip(t.stride(), like.stride(), t.shape) if n > 1):
+        return t.as_strided(like.size(), like.stride())
+    return torch.empty_like(like, dtype=t.dtype).copy_(t)
 
 
 def joint_step(optims: Sequence[torch.optim.Optimizer], fused: bool = False) -> None:
