@@ -182,6 +182,7 @@ class JointBursts:
             for t, b, st in zip(trainers, bursts, stats):
                 # each seed is charged its share of the joint round
                 t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S)
+                t._count("joint_updates")
                 b.add(st)
             for t in trainers:  # an error of one seed's deferred evaluation is that seed's, in its own turn
                 t.between_updates(hold_errors=True)

@@ -145,7 +145,9 @@ def test_loop_benchmark_of_a_seed_axis_and_its_projection_to_another_task(capsys
     assert (r["budget"]["pool_steps"], r["budget"]["steps"]) == (2 * 1000, 2 * 50000)
     loop.report(r)
     projected = loop.report_projection(r, "HopperBLT-V-v0", 0.5, "cpu", 1)
-    assert "2 runs of HopperBLT-V-v0 (3,020,000 env steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 runs of HopperBLT-V-v0 (3,020,000 env steps" in out
+    assert f"updates in joint rounds: 0 of {r['n_updates']} (0.0 %" in out  # a CPU's seeds take turns
     assert projected["env steps"] == pytest.approx(2 * (1_510_000 - 1000 * 10) * 0.5e-3)  # after its 10-episode pool
     assert projected["acting"] == pytest.approx(2 * (1_510_000 - 10_000) * r["per"]["act"])
 

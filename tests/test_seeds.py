@@ -200,7 +200,7 @@ def test_joint_rounds_stop_where_the_seeds_paths_part(run_cfg, tmp_path, lengths
                         or runners[-1])
     joint.run([0, 1, 2], trainers, bursts)
     assert [b.done for b in bursts] == [joint_rounds] * 3
-    assert all(t.agent.num_updates == joint_rounds for t in trainers)
+    assert all(t.agent.num_updates == joint_rounds == t.timers["n_joint_updates"] for t in trainers)
     if joint_rounds == lengths[0]:
         assert "q_grad_norm" in bursts[0].last
     for t, b in zip(trainers, bursts):

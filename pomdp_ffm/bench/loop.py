@@ -118,6 +118,7 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
     }
     per["eval_act"] = tm.get("eval_act", 0.0) / max(n_eval_steps, 1)
     return {"wall": wall, "steps": n_steps + tm.get("n_pool_steps", 0), "n_steps": n_steps, "n_updates": n_updates,
+            "n_joint_updates": tm.get("n_joint_updates", 0),
             "n_evals": tm.get("n_evals", 0), "n_eval_steps": n_eval_steps, "parts": parts, "per": per,
             "budget": budget, "projected": projected, "task": cfg.env.env_name,
             "model": f"{cfg.policy.algo_name}+{cfg.policy.seq_model}", "overrides": list(overrides),
@@ -129,6 +130,11 @@ def report(r: dict) -> None:
     print(f"\n{r['task']} {r['model']}{runs}: {r['steps']} env steps, {r['n_updates']} updates, {r['n_evals']} "
           f"evaluations ({r['n_eval_steps']} eval steps) in {r['wall']:.1f} s -> "
           f"{r['steps'] / r['wall']:.1f} env steps/s")
+    if r["seeds"] > 1:
+        # Bursts of different lengths (episodes of different lengths) run together only as far as the shortest;
+        # the rest is each seed's alone, at a single update's cost.
+        print(f"  updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']} "
+              f"({100 * r['n_joint_updates'] / max(r['n_updates'], 1):.1f} %; none on a CPU, where seeds take turns)")
     print("\n  share of the time")
     for k, v in r["parts"].items():
         print(f"    {k:<8} {v:8.2f} s  {100 * v / r['wall']:5.1f} %")
