@@ -250,13 +250,14 @@ def test_the_stacked_linear_layer_is_each_seeds_own(input_grad):
     params, buffers = stack_module_state(layers)
     x = torch.randn(3, 4, 6, 5, dtype=torch.float64, requires_grad=input_grad)  # [seeds, T, B, in]
     y = vmap(lambda p, x: functional_call(template, p, (x,)))(params, x)
-    grads = torch.autograd.grad((y.square() * 0.3).sum(), [params["weight"], params["bias"], *([x] if input_grad else [])])
+    wrt = [x] if input_grad else []
+    grads = torch.autograd.grad((y.square() * 0.3).sum(), [params["weight"], params["bias"], *wrt])
     assert grads[0].stride() == params["weight"].stride()
     for k, layer in enumerate(layers):
         alone = layer(x[k])
         close = lambda a, b: torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
         close(y[k], alone)
-        want = torch.autograd.grad((alone.square() * 0.3).sum(), [layer.weight, layer.bias, *([x] if input_grad else [])])
+        want = torch.autograd.grad((alone.square() * 0.3).sum(), [layer.weight, layer.bias, *wrt])
         close(grads[0][k], want[0])
         close(grads[1][k], want[1])
         if input_grad:
