@@ -184,7 +184,7 @@ def test_resume_reproduces_the_uninterrupted_run(cut_run, full_run):
     run_dir, cfg = cut_run
     assert RunDir(run_dir).status() == "resumable"
     assert not run(cfg, run_dir)["stopped"]
-    pd.testing.assert_frame_equal(read(run_dir), read(full_run))
+    pd.testing.assert_frame_equal(read(run_dir), read(full_run), check_exact=True)
     assert RunDir(run_dir).status() == "done"
 
 
@@ -196,7 +196,7 @@ def test_deleted_config_is_refused_with_the_fix(cut_run, full_run, capsys):
     assert not (run_dir / "config.yaml").exists() and not (run_dir / "ERROR.txt").exists()
     assert rundir_main(["restore-config", str(run_dir)]) == 0
     run(cfg, run_dir)
-    pd.testing.assert_frame_equal(read(run_dir), read(full_run))
+    pd.testing.assert_frame_equal(read(run_dir), read(full_run), check_exact=True)
 
 
 def test_edited_config_is_refused(cut_run):
@@ -226,7 +226,7 @@ def test_damaged_progress_is_rebuilt_from_the_checkpoint(cut_run, full_run, dama
         path.write_text("".join(lines[:2] + [lines[2].replace(",", ",9", 1)] + lines[3:]))
     with caplog.at_level("WARNING", logger="pomdp_ffm"):
         run(cfg, run_dir)
-    pd.testing.assert_frame_equal(read(run_dir), read(full_run))
+    pd.testing.assert_frame_equal(read(run_dir), read(full_run), check_exact=True)
     warned = " ".join(r.getMessage() for r in caplog.records)
     if damage == "delete":
         assert "progress.csv is missing: rebuilt" in warned
@@ -252,7 +252,7 @@ def test_rows_after_the_checkpoint_are_dropped_with_a_warning(composed, tmp_path
     with caplog.at_level("WARNING", logger="pomdp_ffm"):
         run(composed(*overrides, "resume=true"), tmp_path / "cut")
     assert any("logged after the checkpoint" in r.getMessage() for r in caplog.records)
-    pd.testing.assert_frame_equal(read(tmp_path / "cut"), read(tmp_path / "full"))
+    pd.testing.assert_frame_equal(read(tmp_path / "cut"), read(tmp_path / "full"), check_exact=True)
 
 
 def test_run_killed_before_its_first_checkpoint(composed, tmp_path, caplog):

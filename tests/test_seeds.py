@@ -32,7 +32,7 @@ def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
     for k in (0, 1):
         run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
         axis, solo = tmp_path / "axis" / f"seed-{k}", tmp_path / "solo" / f"seed-{k}"
-        pd.testing.assert_frame_equal(read(axis), read(solo))
+        pd.testing.assert_frame_equal(read(axis), read(solo), check_exact=True)
         assert "seed: %d\n" % k in (axis / "config.yaml").read_text()
         assert (axis / "DONE").exists() and RunDir(axis).status() == "done"
     # Each experiment.log holds its own seed's lines only.
@@ -55,7 +55,8 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
     run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0")
     for k in (0, 1):
         run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
-        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))
+        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"),
+                                      check_exact=True)
     # A seed run alone can continue or skip a directory the axis wrote, and the axis one a seed wrote alone.
     assert run(composed(*overrides, "seed=1", "resume=true"), tmp_path / "axis" / "seed-1")["skipped"]
     out = run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "solo" / "seed-0")
@@ -290,7 +291,8 @@ def test_a_stop_in_a_seeds_own_turn_after_joint_rounds_resumes_to_the_same_logs(
     assert StopInSeed1sOwnTurn.calls == 3
     run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
     for k in range(3):
-        pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"))
+        pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"),
+                                      check_exact=True)
 
 
 # --- acting steps gathered across the seeds (on CUDA: the seeds' acting graphs run at once) --------------------
@@ -324,7 +326,8 @@ def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, mon
     out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "axis" / "seed-0")
     assert not out["stopped"] and calls and all(calls)  # only the agent's steps are gathered, not the pool's
     for k in (0, 1, 2):
-        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))
+        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"),
+                                      check_exact=True)
 
 
 def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
@@ -342,7 +345,8 @@ def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
         tmp_path / "axis" / "seed-0")
     assert answered
     for k in (0, 1):
-        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"))
+        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"),
+                                      check_exact=True)
 
 
 def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, monkeypatch):
@@ -360,7 +364,8 @@ def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, mon
     run(composed(*overrides, "seeds=[0,1]"), tmp_path / "graphs" / "seed-0")
     assert len(runners) == 2 and all(r.replays > 0 and r.captures == 2 for r in runners)
     for k in (0, 1):
-        pd.testing.assert_frame_equal(read(tmp_path / "graphs" / f"seed-{k}"), read(tmp_path / "turns" / f"seed-{k}"))
+        pd.testing.assert_frame_equal(read(tmp_path / "graphs" / f"seed-{k}"), read(tmp_path / "turns" / f"seed-{k}"),
+                                      check_exact=True)
 
 
 @pytest.mark.parametrize("where", ["collect", "evaluate"])
@@ -390,7 +395,8 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
     assert steps == ([800] * 3 if where == "collect" else [600] * 3)  # every seed finished its unit
     run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
     for k in range(3):
-        pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"))
+        pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"),
+                                      check_exact=True)
 
 
 def test_a_failing_seed_with_gathered_acting(composed, tmp_path, monkeypatch):
@@ -506,7 +512,8 @@ def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, 
     if way != "turns":
         assert len(joint) == 2 and all(r is not None for r in joint)
     for k in (0, 1, 2):
-        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "before" / f"seed-{k}"))
+        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "before" / f"seed-{k}"),
+                                      check_exact=True)
 
 
 def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(composed, tmp_path, monkeypatch):

@@ -58,7 +58,7 @@ def test_same_seed_same_progress(composed, tmp_path):
     for name in ("a", "b"):
         train(composed("algo=td3", "seq_model=gru", "seed=3"), tmp_path / name)
     a, b = read(tmp_path / "a").drop(columns=TIME_COLUMNS), read(tmp_path / "b").drop(columns=TIME_COLUMNS)
-    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
     train(composed("algo=td3", "seq_model=gru", "seed=4"), tmp_path / "c")
     assert not read(tmp_path / "c").drop(columns=TIME_COLUMNS).equals(a)
 
@@ -83,7 +83,8 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     steps = eval_rows(cut)["z/env_steps"]
     assert steps.is_monotonic_increasing and steps.tolist() == [400, 600, 800, 1000, 1200, 1400]
     # Pendulum is deterministic and every RNG is restored: the resumed run is the uninterrupted one.
-    pd.testing.assert_frame_equal(cut.drop(columns=TIME_COLUMNS), read(tmp_path / "full").drop(columns=TIME_COLUMNS))
+    pd.testing.assert_frame_equal(cut.drop(columns=TIME_COLUMNS), read(tmp_path / "full").drop(columns=TIME_COLUMNS),
+                                  check_exact=True)
 
 
 @pytest.mark.parametrize("task", ["Pendulum-V-v0", "HopperMJ-V-v0"])
@@ -106,7 +107,7 @@ def test_envs_in_workers_train_and_resume_as_envs_here(composed, tmp_path, task)
     assert train(composed(*overrides, *workers), tmp_path / "there", Interrupt)["stopped"]
     train(composed(*overrides, *workers, "resume=true"), tmp_path / "there")
     here, there = read(tmp_path / "here"), read(tmp_path / "there")
-    pd.testing.assert_frame_equal(there.drop(columns=TIME_COLUMNS), here.drop(columns=TIME_COLUMNS))
+    pd.testing.assert_frame_equal(there.drop(columns=TIME_COLUMNS), here.drop(columns=TIME_COLUMNS), check_exact=True)
 
 
 def test_killed_run_keeps_its_rows(composed, tmp_path):
@@ -212,7 +213,7 @@ def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, st
     out = train(composed(*overrides, "resume=true"), tmp_path / "cut")
     assert not out["stopped"] and out["burst"] is None
     pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
-                                  read(tmp_path / "full").drop(columns=TIME_COLUMNS))
+                                  read(tmp_path / "full").drop(columns=TIME_COLUMNS), check_exact=True)
 
 
 def test_length_1_episode_is_counted_but_not_stored(run_cfg, tmp_path, caplog):
@@ -345,7 +346,8 @@ def test_evaluation_during_updates_writes_the_same_log(composed, tmp_path, monke
     extra = ("eval.workers=true",) if way == "workers" else ()
     out = train(composed(*overrides, "eval.during_updates=true", *extra), tmp_path / "during", CountDeferred)
     before, during = read(tmp_path / "before"), read(tmp_path / "during")
-    pd.testing.assert_frame_equal(during.drop(columns=TIME_COLUMNS), before.drop(columns=TIME_COLUMNS))
+    pd.testing.assert_frame_equal(during.drop(columns=TIME_COLUMNS), before.drop(columns=TIME_COLUMNS),
+                                  check_exact=True)
     # Deferred: the evaluations at clock iterations 2, 4, 5 (the pool is the first; 3 and 6 are checkpoints, 7 the
     # end). With 200-step episodes the env-step clock counts an iteration per episode.
     if task == "Pendulum-V-v0":
@@ -391,7 +393,7 @@ def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(
     out = train(composed(*overrides, "eval.during_updates=true", "resume=true"), tmp_path / "cut")
     assert not out["stopped"]
     pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
-                                  read(tmp_path / "full").drop(columns=TIME_COLUMNS))
+                                  read(tmp_path / "full").drop(columns=TIME_COLUMNS), check_exact=True)
 
 
 @pytest.mark.parametrize("bad,message", [
