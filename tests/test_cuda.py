@@ -576,7 +576,8 @@ def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tm
     train(composed(*overrides), tmp_path / "turns" / "seed-0")
     for k in range(3):
         pd.testing.assert_frame_equal(read(tmp_path / "gathered" / f"seed-{k}").drop(columns=TIME_COLUMNS),
-                                      read(tmp_path / "turns" / f"seed-{k}").drop(columns=TIME_COLUMNS))
+                                      read(tmp_path / "turns" / f"seed-{k}").drop(columns=TIME_COLUMNS),
+                                      check_exact=True)
 
 
 @pytest.mark.parametrize("seeds", [None, "[0,1,2]"])
@@ -605,7 +606,7 @@ def test_evaluation_during_updates_on_cuda_writes_the_same_log(composed, tmp_pat
         a = read(tmp_path / "during" / f"seed-{k}").drop(columns=TIME_COLUMNS)
         b = read(tmp_path / "before" / f"seed-{k}").drop(columns=TIME_COLUMNS)
         losses = [c for c in a.columns if c.startswith("rl_loss/") or c.startswith("z/")]
-        pd.testing.assert_frame_equal(a[losses], b[losses])
+        pd.testing.assert_frame_equal(a[losses], b[losses], check_exact=True)
         pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-4)
 
 
