@@ -43,7 +43,7 @@ def window_of(batch, b):
 def test_start_weights(length, beta, expected):
     buf = SeqReplayBuffer(20, 2, 1, sampled_seq_len=5, sample_weight_baseline=beta)
     add(buf, 0, length)
-    np.testing.assert_allclose(buf.weights[:length], expected)
+    np.testing.assert_array_equal(buf.weights[:length], expected)
     assert np.all(buf.weights[length:] == 0)
     assert len(buf) == length and buf.top == length
 
@@ -51,7 +51,7 @@ def test_start_weights(length, beta, expected):
 def test_sequence_length_one_makes_every_step_a_start():
     buf = SeqReplayBuffer(10, 2, 1, sampled_seq_len=1)
     add(buf, 0, 4)
-    np.testing.assert_allclose(buf.weights[:4], 1.0)
+    np.testing.assert_array_equal(buf.weights[:4], 1.0)
     batch = buf.sample(50)
     assert batch.mask.shape == (1, 50, 1) and np.all(batch.mask == 1)
 

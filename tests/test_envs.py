@@ -99,8 +99,8 @@ def test_mujoco_lists_match_qpos_qvel(family):
         # of qvel; Hopper/Walker clip velocities at +-10 inside the observation.
         assert len(v) == nv
         assert len(p) == nq - (2 if family == "AntMJ" else 1)
-        np.testing.assert_allclose(obs[p], data.qpos[nq - len(p):], rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(obs[v], np.clip(data.qvel, -10, 10), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(obs[p], data.qpos[nq - len(p):].astype(obs.dtype))
+        np.testing.assert_array_equal(obs[v], np.clip(data.qvel, -10, 10).astype(obs.dtype))
     finally:
         env.close()
 
