@@ -133,8 +133,9 @@ def report(r: dict) -> None:
     if r["seeds"] > 1:
         # Bursts of different lengths (episodes of different lengths) run together only as far as the shortest;
         # the rest is each seed's alone, at a single update's cost.
+        none = "; the seeds take turns on a CPU or without train.cuda_graph" if not r["n_joint_updates"] else ""
         print(f"  updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']} "
-              f"({100 * r['n_joint_updates'] / max(r['n_updates'], 1):.1f} %; none on a CPU, where seeds take turns)")
+              f"({100 * r['n_joint_updates'] / max(r['n_updates'], 1):.1f} %{none})")
     print("\n  share of the time")
     for k, v in r["parts"].items():
         print(f"    {k:<8} {v:8.2f} s  {100 * v / r['wall']:5.1f} %")
