@@ -67,7 +67,7 @@ def test_batch_is_time_major_float32_and_matches_stored_transitions():
     for name, dim in shapes.items():
         arr = getattr(batch, name)
         assert arr.shape == (6, 32, dim), name
-        assert arr.dtype == np.float32, name
+        assert arr.dtype == np.float32 and arr.flags.c_contiguous, name  # one copy each into a staging buffer
     lengths = [9, 4, 15, 2, 30]
     for b in range(32):
         ep, s = window_of(batch, b)
