@@ -381,7 +381,7 @@ class UpdateRunner:
         # eager update's in-place writes do (FFM's acting cache of gamma is keyed on them).
         bump_versions(self._params)
         self.replays += 1
-        return [{k: v.clone() for k, v in out.items()} for out in captured.outputs]
+        return _copied(captured.outputs)
 
     def _ffms(self) -> list[FFM]:
         return [m for a in self.agents for m in a.modules() if isinstance(m, FFM)]
@@ -422,6 +422,16 @@ class UpdateRunner:
                     make_capturable_(o)
         self._fingerprint = self._current_fingerprint()
         self.rearms += 1
+
+
+def _copied(outputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """The graph's statistics copied out of its memory (the next replay overwrites them): as one copy where they
+    are scalars of one dtype (one launch, not one per statistic and seed), each seen through a view of it."""
+    values = [v for out in outputs for v in out.values()]
+    if not values or any(v.dim() or v.dtype != values[0].dtype for v in values):
+        return [{k: v.clone() for k, v in out.items()} for out in outputs]
+    flat = iter(torch.stack(values).unbind())
+    return [{k: next(flat) for k in out} for out in outputs]
 
 
 # --- acting -------------------------------------------------------------------------------------------------

@@ -115,17 +115,28 @@ class Burst:
         return self.done - self.start
 
     def add(self, stats: dict[str, torch.Tensor]) -> None:
-        """One update's statistics: counted, summed, checked for non-finite values (on the device)."""
+        """One update's statistics (scalars): counted, summed, checked for non-finite values (on the device).
+        As one vector, not one statistic at a time: on a GPU each operation here is a kernel launch outside the
+        update's graph (53 for SAC's statistics one at a time, 13 as a vector)."""
         t = self.trainer
         t._count("updates")
         t.counters.rl_steps += 1
-        finite = torch.stack([torch.isfinite(v) for v in stats.values()]).all()
+        values = torch.stack(list(stats.values()))  # a copy: what the update returned may be overwritten
+        finite = torch.isfinite(values).all()
         self.first_bad = torch.where((self.first_bad < 0) & ~finite, t.counters.rl_steps, self.first_bad)
-        for k, v in stats.items():
+        as_double = values.double().unbind()
+        old, added = [], []
+        for k, v in zip(stats, as_double):
             if not k.endswith("grad_norm"):
-                self.sums[k] = self.sums[k] + v.double() if k in self.sums else v.double()
+                if k in self.sums:
+                    old.append(self.sums[k])
+                    added.append(v)
+                else:
+                    self.sums[k] = v
                 self.counts[k] = self.counts.get(k, 0) + 1
-        self.last = stats
+        if old:
+            torch._foreach_add_(old, added)  # each sum its own tensor: in place, the same float64 additions
+        self.last = dict(zip(stats, values.unbind()))
         self.state["done"] += 1
 
     def close(self) -> int:

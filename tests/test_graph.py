@@ -13,7 +13,7 @@ import torch
 
 from pomdp_ffm.buffer import SeqBatch
 from pomdp_ffm.config import TD3Config, TrainConfig
-from pomdp_ffm.graph import ActingRunner, CaptureError, Staging, UpdateRunner, make_capturable_
+from pomdp_ffm.graph import ActingRunner, CaptureError, Staging, UpdateRunner, _copied, make_capturable_
 from pomdp_ffm.seq_models import FFM
 
 from test_agent import make_agent, make_batch, tensor_batch
@@ -549,3 +549,23 @@ def test_the_trainer_runs_its_updates_through_the_runner(composed, tmp_path):
     assert runners[0].replays > 0 and len(runners[0].captured_paths) >= 3
     a, b = read(tmp_path / "eager"), read(tmp_path / "graphs")
     assert a.drop(columns=TIME_COLUMNS).equals(b.drop(columns=TIME_COLUMNS))
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["scalars", "mixed"])
+def test_a_replays_statistics_are_copied_out_of_the_graphs_memory(mixed):
+    # What a replay returns must outlive the next replay, which overwrites the graph's outputs: scalars of one
+    # dtype are copied with one operator for all statistics of all seeds, anything else one at a time.
+    from pomdp_ffm.bench.common import DispatchedOps
+
+    outputs = [{"a": torch.tensor(1.0), "b": torch.tensor(2.0)}, {"a": torch.tensor(3.0), "b": torch.tensor(4.0)}]
+    if mixed:
+        outputs[1]["c"] = torch.ones(2)
+    with DispatchedOps() as counted:
+        got = _copied(outputs)
+    assert counted.total == (5 if mixed else 1)
+    for out in outputs:
+        for v in out.values():
+            v.add_(10)  # the next replay
+    assert [{k: v.tolist() for k, v in g.items()} for g in got] == \
+        [{"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0, **({"c": [1.0, 1.0]} if mixed else {})}]
+

@@ -155,6 +155,36 @@ def test_non_finite_loss_stops_with_checkpoint(composed, tmp_path):
     assert "diverged" in (tmp_path / "nan" / "attempts.log").read_text()
 
 
+@pytest.mark.parametrize("bad_at", [None, 1])
+def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg, tmp_path, bad_at):
+    # On a GPU each operation between two update replays is a kernel launch: an update's statistics are checked
+    # and summed as one vector (13 operators for SAC's nine statistics where one at a time took 53), to the same
+    # float64 sums as one at a time, and a non-finite one is still found at its update.
+    from pomdp_ffm.bench.common import DispatchedOps
+    from pomdp_ffm.trainer import Burst
+
+    t = Trainer(run_cfg(), tmp_path / "t")
+    ops = {}
+    for n_stats in (3, 9):
+        stats = [{f"s{i}": torch.tensor((i + 1) / 3 + j / 7) for i in range(n_stats)} for j in range(3)]
+        stats[2]["q_grad_norm"] = torch.tensor(5.0)  # logged as the last value, not summed
+        if bad_at is not None:
+            stats[bad_at]["s1"] = torch.tensor(math.inf)
+        burst = Burst(t, {"n": 3, "done": 0, "sums": {}, "counts": {}})
+        start = t.counters.rl_steps
+        for j, st in enumerate(stats):
+            with DispatchedOps() as counted:
+                burst.add(st)
+            ops[n_stats, j] = counted.total
+        assert burst.close() == (-1 if bad_at is None else start + bad_at + 1)
+        as64 = lambda x: float(x.double())
+        want = {k: (as64(stats[0][k]) + as64(stats[1][k])) + as64(stats[2][k]) for k in stats[0]}
+        assert burst.state["sums"] == pytest.approx(want, rel=0, abs=0, nan_ok=True)
+        assert burst.counts == {k: 3 for k in stats[0]} and float(burst.last["q_grad_norm"]) == 5.0
+    assert ops[3, 1] == ops[9, 1] <= 13
+    t.close()
+
+
 def test_pybullet_task_end_to_end(composed, tmp_path):
     cfg = composed("env=HopperBLT-V-v0", "algo=td3", "train.num_iters=1", "train.num_updates_per_iter=0.002",
                   "eval.log_interval=1")
