@@ -35,6 +35,7 @@ runner's own logic (staging, paths, warm-up, counting, loads) without a GPU.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -89,15 +90,19 @@ def _eager_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dic
 class Staging:
     """Static device tensors for a batch of fixed shapes (views into one flat device buffer), filled from a ring
     of host buffers (pinned on CUDA) with one non-blocking copy. On CUDA an event recorded after each copy guards
-    its host buffer; on a CPU the copy is synchronous and the ring is only exercised."""
+    its host buffer; on a CPU the copy is synchronous and the ring is only exercised. With ``seeds``, the
+    batches of that many seeds, stacked along a leading dimension of each array (what a stacked update takes):
+    one copy for all of them, and nothing to stack on the device."""
 
-    def __init__(self, batch: Sequence, device: torch.device, ring: int = HOST_RING):
+    def __init__(self, batch: Sequence, device: torch.device, ring: int = HOST_RING, seeds: int | None = None):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.seeds = seeds
         specs, offset = [], 0
         for x in batch:
             t = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
-            specs.append((tuple(t.shape), t.dtype, offset, t.numel() * t.element_size()))
+            shape = tuple(t.shape) if seeds is None else (seeds, *t.shape)
+            specs.append((shape, t.dtype, offset, math.prod(shape) * t.element_size()))
             offset += -(-specs[-1][3] // _ALIGN) * _ALIGN
         self.specs, self.nbytes = specs, max(offset, _ALIGN)
         self.flat = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
@@ -113,39 +118,46 @@ class Staging:
         return [flat[o:o + n].view(dtype).view(shape) for shape, dtype, o, n in self.specs]
 
     def check(self, batch: Sequence) -> list[torch.Tensor]:
+        """One batch's arrays as tensors, checked against the layout (a seed's, with ``seeds``)."""
         arrays = [x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x)) for x in batch]
         got = [(tuple(t.shape), t.dtype) for t in arrays]
-        want = [(shape, dtype) for shape, dtype, _, _ in self.specs]
+        want = [(shape if self.seeds is None else shape[1:], dtype) for shape, dtype, _, _ in self.specs]
         if got != want:
             raise ValueError(f"a CUDA-graph update needs batches of one fixed layout: got {got}, the graph's inputs "
                              f"are {want} (train.cuda_graph=false runs the update eagerly)")
         return arrays
 
     def fill(self, batch: Sequence) -> None:
-        arrays = self.check(batch)
+        """Copy in a batch (with ``seeds``: a batch per seed)."""
+        batches = [batch] if self.seeds is None else list(batch)
+        if self.seeds is not None and len(batches) != self.seeds:
+            raise ValueError(f"this staging holds {self.seeds} seeds' batches: got {len(batches)}")
+        at = (lambda views, j, k: views[j]) if self.seeds is None else (lambda views, j, k: views[j][k])
+        # (array j, seed k, tensor, on the device already)
+        items = [(j, k, t, torch.is_tensor(x) and x.device == self.device)
+                 for k, b in enumerate(batches) for j, (x, t) in enumerate(zip(b, self.check(b)))]
         # numpy arrays (the buffer's batches) go through the host ring; tensors already on the device are copied
-        on_device = [torch.is_tensor(x) and x.device == self.device for x in batch]
-        if not all(on_device):
+        if not all(dev for *_, dev in items):
             i = self.next
             self.next = (i + 1) % len(self.host)
             if self._recorded[i] and not self.events[i].query():
                 self.waits += 1
                 self.events[i].synchronize()  # the host waits for a copy a ring of updates old; no stream sync
-            for view, t, dev in zip(self.host_views[i], arrays, on_device):
+            for j, k, t, dev in items:
                 if not dev:
-                    view.copy_(t)
-            if not any(on_device):
+                    at(self.host_views[i], j, k).copy_(t)
+            if not any(dev for *_, dev in items):
                 self.flat.copy_(self.host[i], non_blocking=True)  # one copy for the whole batch
             else:
-                for s, view, dev in zip(self.static, self.host_views[i], on_device):
+                for j, k, t, dev in items:
                     if not dev:
-                        s.copy_(view, non_blocking=True)
+                        at(self.static, j, k).copy_(at(self.host_views[i], j, k), non_blocking=True)
             if self.cuda:
                 self.events[i].record()
                 self._recorded[i] = True
-        for s, t, dev in zip(self.static, arrays, on_device):
+        for j, k, t, dev in items:
             if dev:
-                s.copy_(t)  # already on the device: a device copy, queued on the current stream
+                at(self.static, j, k).copy_(t)  # already on the device: a device copy, queued on the current stream
 
 
 # --- capture and replay -------------------------------------------------------------------------------------
@@ -309,10 +321,14 @@ class UpdateRunner:
     def _update(self, agents_batches: Sequence, grad_norms: bool) -> list[dict[str, torch.Tensor]]:
         self._check_state()
         path = (bool(grad_norms), self.agent.actor_step_due())
-        if self.stagings is None:
-            self.stagings = [Staging(b, self.device, self.ring) for b in agents_batches]
-        for staging, b in zip(self.stagings, agents_batches):
-            staging.fill(b)
+        if self.stagings is None:  # a stacked update's batches in one staging, stacked: one copy, no stacking
+            self.stagings = [Staging(agents_batches[0], self.device, self.ring, seeds=len(agents_batches))] \
+                if self.stacked is not None else [Staging(b, self.device, self.ring) for b in agents_batches]
+        if self.stacked is not None:
+            self.stagings[0].fill(agents_batches)
+        else:
+            for staging, b in zip(self.stagings, agents_batches):
+                staging.fill(b)
         captured = self._graphs.get(path)
         if captured is None and self._eager_runs[path] >= 1 and sum(self._eager_runs.values()) >= self.warmup:
             captured = self._capture(path)
@@ -325,7 +341,7 @@ class UpdateRunner:
         return Streams.from_batch(self.stagings[k].static, self.device)
 
     def _stacked_streams(self) -> Streams:
-        return Streams.from_batches([s.static for s in self.stagings], self.device)
+        return Streams.from_batch(self.stagings[0].static, self.device, time_dim=1)
 
     def _device_updates(self, grad_norms: bool, actor_step: bool) -> list[dict[str, torch.Tensor]]:
         """Every agent's device work on its static inputs; inside a capture, each on its own branch stream."""

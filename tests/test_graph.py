@@ -455,6 +455,24 @@ def test_staging_copies_each_batch_exactly_through_the_ring():
         staging.fill(make_batch(0)._replace(term=make_batch(0).term.astype(np.float64)))
 
 
+def test_a_staging_of_several_seeds_holds_their_batches_stacked():
+    # A stacked update's input: seed k's batch is slice k of each static array, copied in with one copy through
+    # the ring (or from tensors, on the host or the device); each seed's batch must have the layout.
+    staging = Staging(make_batch(0), torch.device("cpu"), ring=2, seeds=3)
+    assert [tuple(s.shape) for s in staging.static] == [(3, *x.shape) for x in make_batch(0)]
+    for i in range(3):
+        batches = [make_batch(10 * i + k, pad_from=k + 2) for k in range(3)]
+        if i == 2:
+            batches[1] = tensor_batch(batches[1])
+        staging.fill(batches)
+        for j, s in enumerate(staging.static):
+            assert torch.equal(s, torch.stack([torch.as_tensor(np.asarray(b[j])) for b in batches]))
+    with pytest.raises(ValueError, match="holds 3 seeds' batches: got 2"):
+        staging.fill([make_batch(0)] * 2)
+    with pytest.raises(ValueError, match="one fixed layout"):
+        staging.fill([make_batch(0), make_batch(0), make_batch(0)._replace(obs=np.zeros((3, 6, 5), np.float32))])
+
+
 class FakeEvent:
     """A CUDA event's interface: recorded after a copy, complete when the copy has run."""
 
