@@ -324,11 +324,8 @@ class UpdateRunner:
         if self.stagings is None:  # a stacked update's batches in one staging, stacked: one copy, no stacking
             self.stagings = [Staging(agents_batches[0], self.device, self.ring, seeds=len(agents_batches))] \
                 if self.stacked is not None else [Staging(b, self.device, self.ring) for b in agents_batches]
-        if self.stacked is not None:
-            self.stagings[0].fill(agents_batches)
-        else:
-            for staging, b in zip(self.stagings, agents_batches):
-                staging.fill(b)
+        for staging, b in zip(self.stagings, [agents_batches] if self.stacked is not None else agents_batches):
+            staging.fill(b)
         captured = self._graphs.get(path)
         if captured is None and self._eager_runs[path] >= 1 and sum(self._eager_runs.values()) >= self.warmup:
             captured = self._capture(path)

@@ -68,16 +68,14 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, weight, bias = inputs
+        x, weight, _ = inputs
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         x, weight = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad
-        return (g.mm(weight) if need_x else None, g.t().mm(x) if need_w else None,
-                g.sum(0) if need_b and ctx.has_bias else None)
+        need_x, need_w, need_b = ctx.needs_input_grad  # need_b: false for no bias
+        return g.mm(weight) if need_x else None, g.t().mm(x) if need_w else None, g.sum(0) if need_b else None
 
 
 class _SeedMappedLinear(nn.Linear):
