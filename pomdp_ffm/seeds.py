@@ -9,9 +9,11 @@ The seeds take turns, one unit of work each (the random pool, or one iteration: 
 maybe an evaluation), each with its own env, buffer, agent and RNG streams: torch's, numpy's and Python's global
 generators are swapped in and out at every turn. On a CPU a seed so draws exactly what it draws alone and its
 progress.csv is the same (tests/test_seeds.py). On CUDA with ``train.cuda_graph`` the seeds' bursts of updates
-run together (``JointBursts``: one graph for all the seeds' updates, patches/016-seed-axis-on-cuda.md), and so
-do their acting steps (``JointActs``: every seed's step submitted, each from its own RNG streams, before any
-is waited for). A stop signal checkpoints every seed (with gathered acting, once every seed's iteration is
+run together (``JointBursts``: one graph for all the seeds' updates, patches/016-seed-axis-on-cuda.md): in
+rounds of one update per seed, until a seed's burst is over; that seed goes on with its unit of work up to its
+next burst, while the others wait mid-burst, and the rounds go on. The seeds' acting steps are gathered too
+(``JointActs``: every seed's step submitted, each from its own RNG streams, before any is waited for), among
+the seeds whose bursts ended together. A stop signal checkpoints every seed (with gathered acting, once every seed's iteration is
 over); a seed that diverges or fails is recorded in its own directory and the others go on.
 """
 from __future__ import annotations
@@ -128,29 +130,55 @@ def joint_runner(trainers: list[Trainer]) -> UpdateRunner | None:
     """The runner that updates these seeds together, or None to update them one after another: on CUDA with
     ``train.cuda_graph``, one graph with a branch per seed (pomdp_ffm/graph.py), or one update over the seeds'
     stacked weights with ``train.seed_axis_update=stacked`` (pomdp_ffm/stacked.py). On a CPU a joint update would
-    be the same updates in turn, at the same cost, so the seeds keep their own turns and RNG streams there."""
+    be the same updates in turn, at the same cost, so the seeds keep their own turns and RNG streams there
+    (except inside ``eager_joint_rounds``)."""
     if len(trainers) < 2:
         return None
     first = trainers[0]
+    stacked = first.cfg.train.seed_axis_update == "stacked"
+    if _eager_joint_rounds:
+        return UpdateRunner([t.agent for t in trainers], cuda_graph=False, stacked=stacked)
     if first.agent.device.type != "cuda" or not first.cfg.train.cuda_graph:
         return None
-    return UpdateRunner([t.agent for t in trainers], cuda_graph=True,
-                        stacked=first.cfg.train.seed_axis_update == "stacked")
+    return UpdateRunner([t.agent for t in trainers], cuda_graph=True, stacked=stacked)
+
+
+_eager_joint_rounds = False
+
+
+@contextlib.contextmanager
+def eager_joint_rounds():
+    """Seed axes trained inside run their joint rounds on any device, eagerly (without CUDA graphs): their logs
+    are those of the CUDA path's schedule and random draws, at a CPU's cost. For counting, without a GPU, how many
+    updates that schedule runs together (``python -m pomdp_ffm.bench loop --joint-eager``)."""
+    global _eager_joint_rounds
+    before, _eager_joint_rounds = _eager_joint_rounds, True
+    try:
+        yield
+    finally:
+        _eager_joint_rounds = before
 
 
 class JointBursts:
-    """The bursts of updates of several seeds, run together where they can be: in rounds of one update per seed
-    through one joint runner, as long as every seed takes the same host path (the gradient-norm diagnostics at a
-    burst's last update; a TD3 policy delay). What is left of each burst (bursts of different lengths, after
-    episodes of different lengths) runs in the seed's own turn. The joint rounds draw their random numbers (SAC's
-    and TD3's update noise on the GPU) from the lead seed's streams: a seed in a joint axis is no longer the run
-    it is alone (patches/016-seed-axis-on-cuda.md), though each update is the seed's own."""
+    """The bursts of updates of several seeds, run together: in rounds of one update per seed through one joint
+    runner, until the first of the bursts is over. That seed then goes on with its unit of work (an evaluation,
+    its next episode) up to its next burst while the others wait mid-burst, and the rounds go on with its next
+    burst beside what is left of theirs (``_train_together``). So every seed takes one update in every round, and
+    bursts of different lengths (after episodes of different lengths) still run together. A TD3 policy delay
+    (``policy.td3.policy_delay`` > 1; the reference's is 1) needs the seeds' update counts to agree on the actor
+    step: they stay equal from the first round on, and where they do not (a checkpoint from another schedule),
+    the rounds stop and the caller realigns them. The joint
+    rounds draw their random numbers (SAC's and TD3's update noise on the GPU) from the lead seed's streams: a
+    seed in a joint axis is no longer the run it is alone (patches/016-seed-axis-on-cuda.md), though each update
+    is the seed's own."""
 
     def __init__(self, make_runner=None):
         self.make_runner = make_runner  # default: joint_runner
         self._runners: dict[tuple[int, ...], UpdateRunner | None] = {}
 
-    def run(self, seeds: list[int], trainers: list[Trainer], bursts: list[Burst]) -> None:
+    def run(self, seeds: list[int], trainers: list[Trainer], bursts: list[Burst]) -> bool:
+        """Rounds until a burst is over, or until a policy delay parts the seeds; False where these seeds have
+        no joint runner (then each burst runs alone, in its seed's turn)."""
         key = tuple(seeds)
         if key not in self._runners:  # one per set of seeds that has run together (their graphs are kept)
             runner = (self.make_runner or joint_runner)(trainers)
@@ -165,27 +193,33 @@ class JointBursts:
             self._runners[key] = runner
         runner = self._runners[key]
         if runner is None:
-            return
-        remaining = [b.n - b.done for b in bursts]
-        # the last update of a burst logs gradient norms: a joint round only where all seeds agree on that
-        rounds = remaining[0] if len(set(remaining)) == 1 else min(remaining) - 1
+            return False
         clock, S = time.perf_counter, len(trainers)
-        for _ in range(rounds):
-            if len({t.agent.actor_step_due() for t in trainers}) > 1:
-                break  # a TD3 policy delay parts the seeds here (their update counts differ)
+        for _ in range(min(b.n - b.done for b in bursts)):
+            if not same_actor_step(trainers):
+                break
             trainers[0]._check_stop()
+            last = [b.done == b.n - 1 for b in bursts]
             t_s = clock()
             batches = [t.sample_batch() for t in trainers]
             t_u = clock()
-            stats = runner.update_all(batches, grad_norms=bursts[0].done == bursts[0].n - 1)
+            # A burst's last update logs gradient norms: computed for every seed of a round where one is at its
+            # last, kept by those only (the others' statistics are those of their updates alone).
+            stats = runner.update_all(batches, grad_norms=any(last))
             t_e = clock()
-            for t, b, st in zip(trainers, bursts, stats):
+            for t, b, st, at_last in zip(trainers, bursts, stats, last):
                 # each seed is charged its share of the joint round
                 t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S)
                 t._count("joint_updates")
-                b.add(st)
+                b.add(st if at_last else {k: v for k, v in st.items() if not k.endswith("grad_norm")})
             for t in trainers:  # an error of one seed's deferred evaluation is that seed's, in its own turn
                 t.between_updates(hold_errors=True)
+        return True
+
+
+def same_actor_step(trainers: list[Trainer]) -> bool:
+    """Whether the seeds' next updates all move the actor or all leave it (a TD3 policy delay counts updates)."""
+    return len({t.agent.actor_step_due() for t in trainers}) == 1
 
 
 class JointActs:
@@ -196,7 +230,9 @@ class JointActs:
     launches the next seed's, or steps a seed's env, instead of waiting for each step before the next. Each
     step still draws from its own seed's streams, so the seeds' acting is what it is alone. On a CPU a submit
     computes the step, as a turn would: the seeds keep their whole-unit turns there unless ``gather`` says
-    otherwise (the tests gather on a CPU to check that a seed's logs do not change).
+    otherwise (the tests gather on a CPU to check that a seed's logs do not change). Gathered are the seeds
+    whose units of work are under way together: all of them at the start, then those whose bursts ended in the
+    same joint round (all of them where episodes have one length).
 
     Per step only torch's generators are swapped (``RNGStreams.active(host=False)``); numpy's and Python's global
     generators, which no acting step, env step or buffer draws from (the envs and the buffer have their own),
@@ -397,6 +433,77 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
     # held until every unit is over, and acted on between rounds.
     stop = StopSignals()
     held = _HeldStop(stop)
+    # Each running seed's unit of work in hand, suspended at its burst of updates, between two joint phases.
+    units: dict[int, _Unit] = {}
+
+    def release(e: BaseException, of: list[_Unit]) -> None:
+        """A stop or an error going up through these suspended units: each burst records how far it got."""
+        for u in of:
+            units.pop(u.k, None)
+            if (u.k, u.a) in running:
+                _throw_into(u.k, u.a, u.parts, e, turn, failed)
+
+    def to_bursts(seeds: list[tuple[int, Attempt]]) -> None:
+        """These seeds' next units of work, each up to its burst (kept in ``units``): in their turns, or with
+        their acting steps gathered. A unit that ends without one is followed by the seed's next."""
+        while seeds:
+            if gather and stop.requested is not None:
+                raise _StopRequested
+            fresh: list[_Unit] = []
+            with held.holding(gather):
+                try:
+                    for k, a in seeds:
+                        with own_turn(k, a):
+                            u = _Unit(k, a, a.trainer.step_parts())
+                            u.item = a.trainer.drive(u.parts, until=up_to_burst)
+                            if u.item is None:
+                                stepped(k, a)
+                            else:
+                                fresh.append(u)
+                except _StopRequested:  # not gathered: the seeds before this one are at their bursts
+                    release(_StopRequested(), live(fresh))
+                    raise
+                if gather:
+                    act_together(fresh, up_to_burst)
+            units.update({u.k: u for u in live(fresh)})
+            seeds = [(k, a) for k, a in running if k not in units]
+
+    def past_bursts(ended: list[_Unit]) -> None:
+        """The rest of these units of work, after their bursts (what is left of a burst, alone; an evaluation)."""
+        for u in ended:
+            units.pop(u.k, None)
+        with held.holding(gather):
+            for i, u in enumerate(ended):
+                try:
+                    with own_turn(u.k, u.a):
+                        u.item = u.trainer.drive(u.parts, u.item, until=after_burst)
+                        if u.item is None:
+                            stepped(u.k, u.a)
+                except _StopRequested:
+                    release(_StopRequested(), live(ended[i + 1:]))
+                    raise
+            if gather:
+                act_together(ended, after_burst)
+        units.update({u.k: u for u in live(ended)})  # a unit with a burst after its burst (none has today)
+
+    def realign(pending: list[_Unit]) -> None:
+        """Seeds whose update counts part them from the lead's at a policy delay (a checkpoint from another
+        schedule): one update each, alone, until they agree with it; then every seed takes one update a round,
+        and they stay together."""
+        lead = pending[0].trainer.agent.actor_step_due()
+        for u in pending[1:]:
+            if u.trainer.agent.actor_step_due() == lead:
+                continue
+            try:
+                with turn(u.k, u.a):
+                    u.trainer.run_updates(u.item, limit=1)
+            except BaseException as e:
+                release(e, [u])
+                if isinstance(e, (_StopRequested, KeyboardInterrupt)):
+                    raise
+                if (u.k, u.a) in running:
+                    failed(u.k, u.a, e)
+
     with stop:
         for k, a in running:
             with turn(k, a):
@@ -415,66 +522,43 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
             up_to_burst = (lambda it: _is_burst(it) or _gathered(it)) if gather else _is_burst
             after_burst = _gathered if gather else None
             while running:
-                if gather and stop.requested is not None:
-                    raise _StopRequested
-                # Each seed's unit of work up to its burst of updates (if any): in its turn, or with its acting
-                # steps gathered across the seeds.
-                pending: list[_Unit] = []
-                with held.holding(gather):
-                    try:
-                        for k, a in list(running):
-                            with own_turn(k, a):
-                                u = _Unit(k, a, a.trainer.step_parts())
-                                u.item = a.trainer.drive(u.parts, until=up_to_burst)
-                                if u.item is None:
-                                    stepped(k, a)
-                                else:
-                                    pending.append(u)
-                    except _StopRequested:  # not gathered: the seeds before this one are at their bursts
-                        for u in live(pending):  # their bursts record that nothing ran
-                            _throw_into(u.k, u.a, u.parts, _StopRequested(), turn, failed)
+                # Every seed at a burst: those whose last burst is over go on with their next unit of work.
+                to_bursts([(k, a) for k, a in running if k not in units])
+                pending = [units[k] for k, a in running if k in units]
+                if not pending:
+                    continue
+                # The bursts together until one is over (whose seed then goes on); without a joint runner, each
+                # burst alone in its seed's turn.
+                k0, a0 = pending[0].k, pending[0].a
+                try:
+                    with turn(k0, a0):
+                        together = joint.run([u.k for u in pending], [u.trainer for u in pending],
+                                             [u.item for u in pending])
+                except BaseException as e:
+                    release(e, pending)
+                    if isinstance(e, (_StopRequested, KeyboardInterrupt)):
                         raise
-                    if gather:
-                        act_together(pending, up_to_burst)
-                pending = live(pending)
-                # The bursts together, as far as they can go; then the rest of each seed's unit.
-                if pending:
-                    k0, a0 = pending[0].k, pending[0].a
-                    try:
-                        with turn(k0, a0):
-                            joint.run([u.k for u in pending], [u.trainer for u in pending],
-                                      [u.item for u in pending])
-                        for u in pending:
-                            # Its joint part is over: after a stop, it resumes alone, before any seed goes on.
-                            u.item.state["alone"] = True
-                    except BaseException as e:
-                        for u in pending:
-                            _throw_into(u.k, u.a, u.parts, e, turn, failed)
-                        if isinstance(e, (_StopRequested, KeyboardInterrupt)):
-                            raise
-                        for u in pending:  # the joint update failed: every seed in it has
-                            if (u.k, u.a) in running:
-                                failed(u.k, u.a, e)
-                        continue
-                    with held.holding(gather):
-                        for i, u in enumerate(pending):
-                            try:
-                                with own_turn(u.k, u.a):
-                                    u.item = u.trainer.drive(u.parts, u.item, until=after_burst)
-                                    if u.item is None:
-                                        stepped(u.k, u.a)
-                            except _StopRequested:
-                                for u2 in pending[i + 1:]:
-                                    _throw_into(u2.k, u2.a, u2.parts, _StopRequested(), turn, failed)
-                                raise
-                        if gather:
-                            act_together(pending, after_burst)
+                    for u in pending:  # the joint update failed: every seed in it has
+                        if (u.k, u.a) in running:
+                            failed(u.k, u.a, e)
+                    continue
+                if not together:
+                    for u in pending:
+                        # After a stop, what is left of it resumes alone, before any seed goes on.
+                        u.item.state["alone"] = True
+                    past_bursts(pending)
+                    continue
+                if not any(u.item.done >= u.item.n for u in pending):
+                    realign(pending)
+                past_bursts([u for u in pending if u.k in units and u.item.done >= u.item.n])
         except _StopRequested:
+            release(_StopRequested(), list(units.values()))
             for k, a in running:
                 with turn(k, a):
                     results[k] = a.end(a.trainer.stopped())
                     a.trainer.shut()
         except KeyboardInterrupt:
+            release(KeyboardInterrupt(), list(units.values()))
             for k, a in running:
                 with turn(k, a):
                     a.fail(KeyboardInterrupt())

@@ -402,11 +402,12 @@ class Trainer:
         self._updates_per_s = burst.ran / max(time.time() - t0, 1e-9)
         self._show_status()
 
-    def run_updates(self, burst: "Burst") -> None:
-        """The burst's remaining updates, one after another through this trainer's updater; gradient-norm
-        diagnostics at the burst's last update."""
+    def run_updates(self, burst: "Burst", limit: int | None = None) -> None:
+        """The burst's remaining updates (at most ``limit`` of them), one after another through this trainer's
+        updater; gradient-norm diagnostics at the burst's last update."""
         clock, timers, n = time.perf_counter, self.timers, burst.n
-        while burst.done < n:
+        stop_at = n if limit is None else min(n, burst.done + limit)
+        while burst.done < stop_at:
             self._check_stop()
             t_s = clock()
             batch = self.sample_batch()

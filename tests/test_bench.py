@@ -152,6 +152,25 @@ def test_loop_benchmark_of_a_seed_axis_and_its_projection_to_another_task(capsys
     assert projected["acting"] == pytest.approx(2 * (1_510_000 - 10_000) * r["per"]["act"])
 
 
+def test_loop_benchmark_counts_a_seed_axis_joint_rounds_without_a_gpu(capsys):
+    # --joint-eager: the joint rounds of the CUDA path, run eagerly on a CPU, so that the share of updates they
+    # take can be counted; on a falling task (episodes of different lengths) nearly all of them (the last seed
+    # to finish updates alone).
+    from pomdp_ffm.bench import loop
+    from pomdp_ffm.bench.__main__ import main
+    from pomdp_ffm import seeds
+
+    falls = [*SMALL[1:], "env=HopperMJ-V-v0", "seeds=[0,1,2]"]
+    r = loop.run(falls, steps=1500, device="cpu", threads=1, joint_eager=True)
+    assert not seeds._eager_joint_rounds  # only inside the run
+    assert 0.9 * r["n_updates"] <= r["n_joint_updates"] < r["n_updates"]
+    loop.report(r)
+    assert f"updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["loop", "--joint-eager", *SMALL])
+    assert "--joint-eager counts a seed axis's joint rounds: give seeds=[...]" in capsys.readouterr().err
+
+
 def test_acting_benchmark_with_seeds_times_both_ways():
     from pomdp_ffm.bench.acting import run_seeds
 

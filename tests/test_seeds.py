@@ -129,17 +129,22 @@ def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
 
 # --- bursts run together (on CUDA: one graph for the seeds' updates) ----------------------------------------------
 def joint_with(monkeypatch, make):
+    """Joint rounds through ``make(trainers)`` wherever seeds.joint_runner would make a runner on CUDA (two seeds
+    or more)."""
     from pomdp_ffm import seeds as seeds_mod
 
     made = []
-    monkeypatch.setattr(seeds_mod, "joint_runner", lambda trainers: made.append(make(trainers)) or made[-1])
+    monkeypatch.setattr(seeds_mod, "joint_runner",
+                        lambda trainers: made.append(make(trainers)) or made[-1] if len(trainers) > 1 else None)
     return made
 
 
 @pytest.mark.parametrize("overrides, stacked", [
     (("algo=sac", "seq_model=ffm"), False), (("algo=td3", "seq_model=lstm"), False),
-    (("algo=sac", "seq_model=ffm"), True), (("algo=td3", "seq_model=mlp"), True)],
-    ids=["sac-ffm", "td3-lstm", "sac-ffm-stacked", "td3-mlp-stacked"])
+    (("algo=sac", "seq_model=ffm"), True), (("algo=td3", "seq_model=mlp"), True),
+    (("env=HopperMJ-V-v0", "algo=td3", "policy.td3.policy_delay=2", "seq_model=mlp",
+      "train.num_updates_per_iter=0.1", "train.num_iters=2"), True)],
+    ids=["sac-ffm", "td3-lstm", "sac-ffm-stacked", "td3-mlp-stacked", "td3-mlp-stacked-falls"])
 def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(composed, tmp_path, monkeypatch,
                                                                             overrides, stacked):
     # The joint path runs on CUDA only; here on a CPU, once through the runner's logic (the Python stand-in for
@@ -149,8 +154,8 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
     from pomdp_ffm.graph import UpdateRunner
     from test_graph import PythonGraphs
 
-    overrides = (*overrides, "train.num_iters=4", "device=cpu",
-                 f"train.seed_axis_update={'stacked' if stacked else 'branches'}")
+    overrides = ("train.num_iters=4", "device=cpu", f"train.seed_axis_update={'stacked' if stacked else 'branches'}",
+                 *overrides)
     eager = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False,
                                                             stacked=stacked))
     run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "eager" / "seed-0")
@@ -168,13 +173,15 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
     assert out["stopped"]
     run(composed(*overrides, "seeds=[0,1,2]", "resume=true"), tmp_path / "graphs" / "seed-0")
     assert sum(r.replays for r in graphs) > 0
-    run(composed(*overrides, "seed=1"), tmp_path / "solo" / "seed-1")
     for k in (0, 1, 2):
         a, b = read(tmp_path / "graphs" / f"seed-{k}"), read(tmp_path / "eager" / f"seed-{k}")
         pd.testing.assert_frame_equal(a, b, check_exact=True)
         assert (tmp_path / "graphs" / f"seed-{k}" / "DONE").exists()
-    solo = read(tmp_path / "solo" / "seed-1")
-    assert solo["z/rl_steps"].dropna().tolist() == read(tmp_path / "eager" / "seed-1")["z/rl_steps"].dropna().tolist()
+    if not any(o.startswith("env=") for o in overrides):  # Pendulum's episodes all have one length
+        run(composed(*overrides, "seed=1"), tmp_path / "solo" / "seed-1")
+        solo = read(tmp_path / "solo" / "seed-1")
+        assert solo["z/rl_steps"].dropna().tolist() == \
+            read(tmp_path / "eager" / "seed-1")["z/rl_steps"].dropna().tolist()
 
 
 def _trainers_with_data(run_cfg, tmp_path, overrides=(), n=3):
@@ -186,24 +193,24 @@ def _trainers_with_data(run_cfg, tmp_path, overrides=(), n=3):
     return trainers
 
 
-@pytest.mark.parametrize("lengths, joint_rounds", [((5, 7, 7), 4), ((6, 6, 6), 6), ((1, 4, 4), 0)])
-def test_joint_rounds_stop_where_the_seeds_paths_part(run_cfg, tmp_path, lengths, joint_rounds):
-    # Rounds go together while every seed is before its burst's last update (which logs gradient norms); bursts of
-    # one length go together to the end; what is left runs in each seed's own turn.
+@pytest.mark.parametrize("lengths", [(5, 7, 7), (6, 6, 6), (1, 4, 4)])
+def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, lengths):
+    # One update per seed a round, until the shortest burst is over; gradient norms (a burst's last update) only
+    # in the statistics of the seeds at their last update, though computed for all in that round.
     from pomdp_ffm.graph import UpdateRunner
     from pomdp_ffm.seeds import JointBursts
     from pomdp_ffm.trainer import Burst
 
     trainers = _trainers_with_data(run_cfg, tmp_path)
     bursts = [Burst(t, {"n": n, "done": 0, "sums": {}, "counts": {}}) for t, n in zip(trainers, lengths)]
-    runners = []
+    runners, rounds = [], min(lengths)
     joint = JointBursts(lambda ts: runners.append(UpdateRunner([t.agent for t in ts], cuda_graph=False))
                         or runners[-1])
-    joint.run([0, 1, 2], trainers, bursts)
-    assert [b.done for b in bursts] == [joint_rounds] * 3
-    assert all(t.agent.num_updates == joint_rounds == t.timers["n_joint_updates"] for t in trainers)
-    if joint_rounds == lengths[0]:
-        assert "q_grad_norm" in bursts[0].last
+    assert joint.run([0, 1, 2], trainers, bursts)
+    assert [b.done for b in bursts] == [rounds] * 3
+    assert all(t.agent.num_updates == rounds == t.timers["n_joint_updates"] for t in trainers)
+    assert [("q_grad_norm" in b.last) for b in bursts] == [n == rounds for n in lengths]
+    assert all(set(b.counts) == set(bursts[0].counts) for b in bursts)  # no gradient norm summed
     for t, b in zip(trainers, bursts):
         t.run_updates(b)
         assert b.done == b.n and t.counters.rl_steps == b.n
@@ -266,33 +273,87 @@ def test_a_stacked_runner_replaces_the_runners_of_the_seed_sets_it_overlaps(run_
         t.close()
 
 
-def test_a_stop_in_a_seeds_own_turn_after_joint_rounds_resumes_to_the_same_logs(composed, tmp_path, monkeypatch):
-    # Episodes of different lengths give bursts of different lengths: each seed finishes what is left of its
-    # burst alone, after the joint rounds. A stop there leaves the seeds before it done with their iteration and
-    # the others mid-burst; on resume the latter finish alone first, so every log is the uninterrupted one's.
+def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(composed, tmp_path, monkeypatch):
+    # Episodes of different lengths give bursts of different lengths: the seed whose burst is over goes on with
+    # its next episode while the others wait mid-burst. A stop there checkpoints them mid-burst; on resume the
+    # rounds go on as they would have, and every log is the uninterrupted one's.
     from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.rundir import load_checkpoint
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     overrides = ("env=HopperMJ-V-v0", "algo=sac", "seq_model=gru", "train.num_updates_per_iter=0.25",
                  "train.num_iters=1", "device=cpu", "seeds=[0,1,2]")
     run(composed(*overrides), tmp_path / "full" / "seed-0")
 
-    class StopInSeed1sOwnTurn(Trainer):
-        calls = 0
+    class StopAtSeed1sSecondEpisode(Trainer):
+        episodes = 0
 
-        def run_updates(self, burst):
-            if self.cfg.seed == 1 and burst.done < burst.n:
-                StopInSeed1sOwnTurn.calls += 1
-                if StopInSeed1sOwnTurn.calls == 3:
+        def _collect(self, random_actions):
+            if self.cfg.seed == 1 and not random_actions:
+                StopAtSeed1sSecondEpisode.episodes += 1
+                if StopAtSeed1sSecondEpisode.episodes == 2:
                     self.stop.request(signal.SIGTERM)
-            return super().run_updates(burst)
+            return (yield from super()._collect(random_actions))
 
-    assert run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopInSeed1sOwnTurn)["stopped"]
-    assert StopInSeed1sOwnTurn.calls == 3
+    assert run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopAtSeed1sSecondEpisode)["stopped"]
+    bursts = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["burst"]
+              for k in range(3)]
+    assert any(b is not None and 0 < b["done"] < b["n"] for b in bursts), bursts  # some seed stopped mid-burst
     run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
     for k in range(3):
         pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"),
                                       check_exact=True)
+
+
+def _recording(made: list):
+    class Recording(Trainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    return Recording
+
+
+def test_seeds_with_bursts_of_different_lengths_update_together(composed, tmp_path, monkeypatch):
+    # HopperMJ falls: the seeds' episodes, hence bursts, have different lengths. Every seed takes one update in
+    # every round, so all updates run joint, and a TD3 policy delay (2 here; the reference's is 1) never parts
+    # the seeds (their update counts stay equal); the seeds also finish one after another, the last still joint.
+    from pomdp_ffm.graph import UpdateRunner
+
+    runners = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
+    made = []
+    overrides = ("env=HopperMJ-V-v0", "algo=td3", "policy.td3.policy_delay=2", "seq_model=gru",
+                 "train.num_updates_per_iter=0.25", "train.num_iters=1", "device=cpu", "seeds=[0,1,2]")
+    run(composed(*overrides), tmp_path / "axis" / "seed-0", trainer_cls=_recording(made))
+    assert len({t.counters.rollouts for t in made}) > 1  # the seeds' episodes differ
+    n = [t.timers["n_updates"] for t in made]
+    alone = [k - t.timers["n_joint_updates"] for k, t in zip(n, made)]
+    # alone: only the last seed to finish, once the others have (measured: 5 of 535); a schedule that ran the
+    # bursts together only as far as the shortest ran 253 of 530 alone here
+    assert sorted(alone)[:-1] == [0, 0] and max(alone) < 0.05 * min(n), (alone, n)
+    assert [len(r.agents) for r in runners][:2] == [3, 2]
+
+
+def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkeypatch):
+    # A seed whose update count is one off the others' (as a checkpoint from another schedule may leave it) takes
+    # one update alone; from then on every update of every seed is joint.
+    from pomdp_ffm.graph import UpdateRunner
+
+    joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
+    made = []
+
+    class OneOff(_recording(made)):
+        def open(self, resume=None):
+            super().open(resume)
+            if self.cfg.seed == 1:
+                self.agent.num_updates += 1
+
+    out = run(composed("algo=td3", "policy.td3.policy_delay=2", "seq_model=mlp", "train.num_iters=3", "device=cpu", "seeds=[0,1,2]"),
+              tmp_path / "axis" / "seed-0", trainer_cls=OneOff)
+    assert not out["stopped"]
+    alone = [t.timers["n_updates"] - t.timers["n_joint_updates"] for t in made]
+    assert alone == [0, 1, 0]
+    assert len({t.timers["n_updates"] for t in made}) == 1  # each seed its own updates, no more
 
 
 # --- acting steps gathered across the seeds (on CUDA: the seeds' acting graphs run at once) --------------------

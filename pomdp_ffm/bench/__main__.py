@@ -49,6 +49,10 @@ def main(argv=None) -> None:
                         "update and evaluation costs, with --env-step-ms as its env step cost")
     p.add_argument("--env-step-ms", type=float, default=None,
                    help="loop: TASK's env step cost in ms, measured where its env runs (with --project)")
+    p.add_argument("--joint-eager", action="store_true",
+                   help="loop, with seeds=[...]: run the seed axis's joint rounds on this device even without CUDA "
+                        "graphs (eagerly), to count how many updates its schedule runs together; the times are "
+                        "not those of the GPU path")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
     if bad or (overrides and args.which not in ("loop", "eval", "overlap")):
@@ -69,7 +73,9 @@ def main(argv=None) -> None:
 
         if (args.project is None) != (args.env_step_ms is None):
             p.error("--project and --env-step-ms go together")
-        result = loop.run(overrides, args.steps, args.device, args.threads)
+        if args.joint_eager and not any(o.startswith("seeds=") for o in overrides):
+            p.error("--joint-eager counts a seed axis's joint rounds: give seeds=[...]")
+        result = loop.run(overrides, args.steps, args.device, args.threads, joint_eager=args.joint_eager)
         loop.report(result)
         if args.project:
             loop.report_projection(result, args.project, args.env_step_ms, args.device, args.threads)

@@ -13,6 +13,7 @@ agent's are (an untrained one falls early, so the measured episodes are shorter)
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import time
@@ -26,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import RunConfig, register_configs
 from ..envs import get_task
 from ..grid import CONF_DIR
+from ..seeds import eager_joint_rounds
 from ..train import run as train_run
 from ..trainer import Trainer, env_step_budget
 
@@ -56,7 +58,8 @@ def full_budget(cfg: RunConfig, max_len: int) -> dict[str, float]:
             "eval_steps": evals * cfg.env.num_eval_tasks * max_len}
 
 
-def run(overrides: list[str], steps: int, device: str, threads: int | None) -> dict:
+def run(overrides: list[str], steps: int, device: str, threads: int | None, joint_eager: bool = False) -> dict:
+    """``joint_eager``: a seed axis's joint rounds run on any device (seeds.eager_joint_rounds)."""
     full_cfg, _ = compose_run(overrides, device, threads)
     max_len = get_task(full_cfg.env.env_name).max_episode_steps
     iter_len, _ = env_step_budget(full_cfg.train, max_len)
@@ -86,7 +89,8 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None) -> d
     with tempfile.TemporaryDirectory() as d:
         # The entry point's own path; with seeds=[...] the seed axis (its directories: .../seed-<k>).
         t0 = time.perf_counter()
-        out = train_run(composed, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
+        with eager_joint_rounds() if joint_eager else contextlib.nullcontext():
+            out = train_run(composed, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
         wall = time.perf_counter() - t0
     if out.get("stopped"):
         raise RuntimeError("the benchmark's run was stopped by a signal")
@@ -131,9 +135,9 @@ def report(r: dict) -> None:
           f"evaluations ({r['n_eval_steps']} eval steps) in {r['wall']:.1f} s -> "
           f"{r['steps'] / r['wall']:.1f} env steps/s")
     if r["seeds"] > 1:
-        # Bursts of different lengths (episodes of different lengths) run together only as far as the shortest;
-        # the rest is each seed's alone, at a single update's cost.
-        none = "; the seeds take turns on a CPU or without train.cuda_graph" if not r["n_joint_updates"] else ""
+        # Outside joint rounds: a seed left alone once the others have finished, or seeds without a joint runner.
+        none = ("; the seeds take turns on a CPU or without train.cuda_graph (--joint-eager counts the rounds)"
+                if not r["n_joint_updates"] else "")
         print(f"  updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']} "
               f"({100 * r['n_joint_updates'] / max(r['n_updates'], 1):.1f} %{none})")
     print("\n  share of the time")
