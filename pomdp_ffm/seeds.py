@@ -13,8 +13,9 @@ run together (``JointBursts``: one graph for all the seeds' updates, patches/016
 rounds of one update per seed, until a seed's burst is over; that seed goes on with its unit of work up to its
 next burst, while the others wait mid-burst, and the rounds go on. The seeds' acting steps are gathered too
 (``JointActs``: every seed's step submitted, each from its own RNG streams, before any is waited for), among
-the seeds whose bursts ended together. A stop signal checkpoints every seed (with gathered acting, once every seed's iteration is
-over); a seed that diverges or fails is recorded in its own directory and the others go on.
+the seeds whose bursts ended together. A stop signal checkpoints every seed (with gathered acting, once the
+gathered seeds are at their bursts or at the end of their units of work; with joint rounds, the others mid-burst);
+a seed that diverges or fails is recorded in its own directory and the others go on.
 """
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ class JointBursts:
     bursts of different lengths (after episodes of different lengths) still run together. A TD3 policy delay
     (``policy.td3.policy_delay`` > 1; the reference's is 1) needs the seeds' update counts to agree on the actor
     step: they stay equal from the first round on, and where they do not (a checkpoint from another schedule),
-    the rounds stop and the caller realigns them. The joint
+    the rounds stop and the caller realigns their counts mod the delay. The joint
     rounds draw their random numbers (SAC's and TD3's update noise on the GPU) from the lead seed's streams: a
     seed in a joint axis is no longer the run it is alone (patches/016-seed-axis-on-cuda.md), though each update
     is the seed's own."""
@@ -256,8 +257,8 @@ class SharedStreamsDrawn(RuntimeError):
 
 class _HeldStop:
     """The trainers' view of the job's stop signals. While held (seeds suspended inside their episodes or
-    evaluations, which a checkpoint cannot hold), a trainer sees no signal; the axis acts on it at the next
-    boundary of the seeds' units of work."""
+    evaluations, which a checkpoint cannot hold), a trainer sees no signal; the axis acts on it once they are
+    at their bursts (or at the end of their units of work)."""
 
     def __init__(self, stop: StopSignals):
         self.stop, self.held = stop, False
@@ -487,16 +488,20 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
         units.update({u.k: u for u in live(ended)})  # a unit with a burst after its burst (none has today)
 
     def realign(pending: list[_Unit]) -> None:
-        """Seeds whose update counts part them from the lead's at a policy delay (a checkpoint from another
-        schedule): one update each, alone, until they agree with it; then every seed takes one update a round,
-        and they stay together."""
-        lead = pending[0].trainer.agent.actor_step_due()
-        for u in pending[1:]:
-            if u.trainer.agent.actor_step_due() == lead:
+        """Seeds whose update counts part them at a policy delay d (a checkpoint from another schedule): each
+        takes, alone, the updates that bring its count to the same remainder mod d as the others' (the remainder
+        that the fewest such updates reach), so they agree on the actor step from then on. A seed so moved stays
+        that many updates ahead in its bursts: where episodes have one length it ends each burst, and collects,
+        that many rounds before the others, no longer gathered with them."""
+        d = pending[0].trainer.agent.algo.policy_delay
+        phases = [u.trainer.agent.num_updates % d for u in pending]
+        target = min(range(d), key=lambda p: (sum((p - q) % d for q in phases), (p - phases[0]) % d))
+        for u, q in zip(pending, phases):
+            if (target - q) % d == 0:
                 continue
             try:
                 with turn(u.k, u.a):
-                    u.trainer.run_updates(u.item, limit=1)
+                    u.trainer.run_updates(u.item, limit=(target - q) % d)  # or to its burst's end
             except BaseException as e:
                 release(e, [u])
                 if isinstance(e, (_StopRequested, KeyboardInterrupt)):

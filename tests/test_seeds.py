@@ -334,13 +334,15 @@ def test_seeds_with_bursts_of_different_lengths_update_together(composed, tmp_pa
     assert [len(r.agents) for r in runners][:2] == [3, 2]
 
 
-def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkeypatch):
-    # A seed whose update count is one off the others' (as a checkpoint from another schedule may leave it) takes
-    # one update alone; from then on every update of every seed is joint.
+@pytest.mark.parametrize("delay", [2, 3])
+def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkeypatch, delay):
+    # A seed whose update count is one off the others' (as a checkpoint from another schedule may leave it) takes,
+    # alone and at once, the delay - 1 updates that bring its count to theirs mod the delay (fewer than the
+    # others would take to meet it); from then on every update of every seed is joint.
     from pomdp_ffm.graph import UpdateRunner
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
-    made = []
+    made, solo = [], []
 
     class OneOff(_recording(made)):
         def open(self, resume=None):
@@ -348,11 +350,17 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
             if self.cfg.seed == 1:
                 self.agent.num_updates += 1
 
-    out = run(composed("algo=td3", "policy.td3.policy_delay=2", "seq_model=mlp", "train.num_iters=3", "device=cpu", "seeds=[0,1,2]"),
-              tmp_path / "axis" / "seed-0", trainer_cls=OneOff)
+        def run_updates(self, burst, limit=None):
+            if limit is not None:
+                solo.append((self.cfg.seed, limit))
+            return super().run_updates(burst, limit)
+
+    out = run(composed("algo=td3", f"policy.td3.policy_delay={delay}", "seq_model=mlp", "train.num_iters=3",
+                       "device=cpu", "seeds=[0,1,2]"), tmp_path / "axis" / "seed-0", trainer_cls=OneOff)
     assert not out["stopped"]
+    assert solo == [(1, delay - 1)]
     alone = [t.timers["n_updates"] - t.timers["n_joint_updates"] for t in made]
-    assert alone == [0, 1, 0]
+    assert alone == [0, delay - 1, 0]
     assert len({t.timers["n_updates"] for t in made}) == 1  # each seed its own updates, no more
 
 
