@@ -169,6 +169,9 @@ def test_loop_benchmark_counts_a_seed_axis_joint_rounds_without_a_gpu(capsys):
     with pytest.raises(SystemExit):
         main(["loop", "--joint-eager", *SMALL])
     assert "--joint-eager counts a seed axis's joint rounds: give seeds=[...]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["update", "--joint-eager"])
+    assert "--joint-eager is an option of `loop`" in capsys.readouterr().err
 
 
 def test_acting_benchmark_with_seeds_times_both_ways():

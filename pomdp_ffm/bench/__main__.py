@@ -59,6 +59,8 @@ def main(argv=None) -> None:
         p.error(f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop`, `eval` and `overlap` take "
                 "key=value overrides)")
 
+    if args.joint_eager and args.which != "loop":
+        p.error(f"--joint-eager is an option of `loop` (a seed axis's joint rounds), not of `{args.which}`")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
