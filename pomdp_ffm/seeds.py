@@ -197,8 +197,8 @@ class JointBursts:
             return False
         clock, S = time.perf_counter, len(trainers)
         for _ in range(min(b.n - b.done for b in bursts)):
-            if not same_actor_step(trainers):
-                break
+            if len({t.agent.actor_step_due() for t in trainers}) > 1:
+                break  # a TD3 policy delay parts the seeds here: the caller realigns them
             trainers[0]._check_stop()
             last = [b.done == b.n - 1 for b in bursts]
             t_s = clock()
@@ -206,21 +206,19 @@ class JointBursts:
             t_u = clock()
             # A burst's last update logs gradient norms: computed for every seed of a round where one is at its
             # last, kept by those only (the others' statistics are those of their updates alone).
-            stats = runner.update_all(batches, grad_norms=any(last))
+            grad_norms = any(last)
+            stats = runner.update_all(batches, grad_norms=grad_norms)
             t_e = clock()
             for t, b, st, at_last in zip(trainers, bursts, stats, last):
                 # each seed is charged its share of the joint round
                 t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S)
                 t._count("joint_updates")
-                b.add(st if at_last else {k: v for k, v in st.items() if not k.endswith("grad_norm")})
+                if grad_norms and not at_last:
+                    st = {k: v for k, v in st.items() if not k.endswith("grad_norm")}
+                b.add(st)
             for t in trainers:  # an error of one seed's deferred evaluation is that seed's, in its own turn
                 t.between_updates(hold_errors=True)
         return True
-
-
-def same_actor_step(trainers: list[Trainer]) -> bool:
-    """Whether the seeds' next updates all move the actor or all leave it (a TD3 policy delay counts updates)."""
-    return len({t.agent.actor_step_due() for t in trainers}) == 1
 
 
 class JointActs:
@@ -444,6 +442,16 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
             if (u.k, u.a) in running:
                 _throw_into(u.k, u.a, u.parts, e, turn, failed)
 
+    def updates_failed(e: BaseException, of: list[_Unit]) -> None:
+        """An error raised by these suspended units' updates, thrown into each (its burst records how far it
+        got): a stop or an interrupt goes up, any other error is each seed's failure."""
+        release(e, of)
+        if isinstance(e, (_StopRequested, KeyboardInterrupt)):
+            raise e
+        for u in of:
+            if (u.k, u.a) in running:
+                failed(u.k, u.a, e)
+
     def to_bursts(seeds: list[tuple[int, Attempt]]) -> None:
         """These seeds' next units of work, each up to its burst (kept in ``units``): in their turns, or with
         their acting steps gathered. A unit that ends without one is followed by the seed's next."""
@@ -503,11 +511,7 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                 with turn(u.k, u.a):
                     u.trainer.run_updates(u.item, limit=(target - q) % d)  # or to its burst's end
             except BaseException as e:
-                release(e, [u])
-                if isinstance(e, (_StopRequested, KeyboardInterrupt)):
-                    raise
-                if (u.k, u.a) in running:
-                    failed(u.k, u.a, e)
+                updates_failed(e, [u])
 
     with stop:
         for k, a in running:
@@ -540,12 +544,7 @@ def _train_together(seeds: list[int], attempts: list[Attempt], streams: dict[int
                         together = joint.run([u.k for u in pending], [u.trainer for u in pending],
                                              [u.item for u in pending])
                 except BaseException as e:
-                    release(e, pending)
-                    if isinstance(e, (_StopRequested, KeyboardInterrupt)):
-                        raise
-                    for u in pending:  # the joint update failed: every seed in it has
-                        if (u.k, u.a) in running:
-                            failed(u.k, u.a, e)
+                    updates_failed(e, pending)  # the joint update failed: every seed in it has
                     continue
                 if not together:
                     for u in pending:
