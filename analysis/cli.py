@@ -105,11 +105,19 @@ class Context:
         return {"confidence": self.args.confidence, "n_resamples": self.args.resamples, "seed": self.args.seed}
 
     def metric_label(self) -> str:
-        return "Best eval return" if self.args.metric == C.METRIC_RUNMAX else "Eval return (last 20%)"
+        return "Best eval return" if self.args.metric == C.METRIC_RUNMAX else \
+            f"Eval return (last {self.args.last_frac:.0%})"
+
+    def metric_description(self) -> str:
+        return C.metric_description(self.args.metric, self.args.last_frac)
 
 
 class UsageError(Exception):
     """Bad input (an option's value, a missing folder or file): ``error: <message>`` and exit code 2."""
+
+
+def _or_task(value) -> str:
+    return "the task's default" if value is None else f"{value:g}"
 
 
 def _validate(args: argparse.Namespace, command: str) -> None:
@@ -164,18 +172,18 @@ def cmd_table(ctx: Context) -> None:
         ctx.notes.append(f"Parquet export skipped: {exc}")
     scores = ctx.scores()
     ctx.emit(write_table(scores.drop(columns=["source"]), ctx.tables(f"scores_{ctx.args.metric}"),
-                         title=f"Per-run score: {C.METRIC_DESCRIPTIONS[ctx.args.metric]}"))
+                         title=f"Per-run score: {ctx.metric_description()}"))
     summary = stats.summarize(scores, **ctx.boot())
     ctx.emit(write_table(summary, ctx.tables(f"summary_{ctx.args.metric}"),
                          title=f"Mean over runs, {ctx.args.confidence:.0%} bootstrap CI "
-                               f"({C.METRIC_DESCRIPTIONS[ctx.args.metric]})"))
+                               f"({ctx.metric_description()})"))
 
 
 def cmd_bars(ctx: Context) -> None:
     scores = ctx.scores()
     summary = stats.summarize(scores, **ctx.boot())
     name = f"bars_{ctx.args.metric}"
-    ctx.emit(write_table(summary, ctx.tables(name), title=C.METRIC_DESCRIPTIONS[ctx.args.metric]))
+    ctx.emit(write_table(summary, ctx.tables(name), title=ctx.metric_description()))
     ctx.emit(figures.plot_task_bars(summary, scores, ctx.figs(name), ctx.metric_label(), ctx.formats,
                                     ctx.args.confidence))
 
@@ -199,6 +207,15 @@ def cmd_aggregate(ctx: Context) -> None:
     ctx.notes.extend(notes)
     agg, agg_notes = stats.aggregate_scores(norm, **ctx.boot())
     ctx.notes.extend(agg_notes)
+    # Tasks a group has but the aggregate leaves out (not shared by every group): its IQM and mean are over fewer
+    # tasks than the group ran, which changes what they mean; said on the console, not only in report.md.
+    covered = {(r.algo, r.model): set(r.tasks.split()) for r in agg.itertuples(index=False)}
+    for (algo, model), g in norm[np.isfinite(norm["norm_score"].to_numpy(float))].groupby(["algo", "model"]):
+        left = sorted(set(g["task"]) - covered.get((algo, model), set()))
+        if left:
+            ctx.report.add(f"{algo}_{model}", "warning",
+                           f"aggregate ({a.metric}): task(s) {', '.join(left)} left out, as not every group has "
+                           f"them; the aggregate is over {len(covered.get((algo, model), ()))} task(s)")
     for r in agg.drop_duplicates(["algo", "model"]).itertuples(index=False):
         for task in r.single_run_tasks.split():
             ctx.report.add(f"{task}/{r.algo}_{r.model}", "warning",
@@ -269,9 +286,11 @@ def write_report(ctx: Context) -> Path:
     every warning with why, and notes.  Its counts are ``ctx.report.summary()``, the line the console prints."""
     a = ctx.args
     lines = ["# Analysis report", "",
-             f"- score metric: `{a.metric}` = {C.METRIC_DESCRIPTIONS[a.metric]}",
+             f"- score metric: `{a.metric}` = {ctx.metric_description()}",
              f"- bootstrap: seed {a.seed}, {a.resamples} resamples, {a.confidence:.0%} intervals",
              f"- max env steps: {a.max_steps if a.max_steps is not None else 'none'}",
+             f"- curve grid: start {_or_task(a.grid_start)}, interval {_or_task(a.grid_interval)}, smoothing window "
+             f"{_or_task(a.window)} grid points; line plots: {a.curves}",
              f"- learning curves: {stats.CURVE_RULE}",
              f"- summary: {ctx.report.summary()}"]
     t = ctx.table
@@ -279,8 +298,10 @@ def write_report(ctx: Context) -> Path:
         runs = t.drop_duplicates("run_id")
         unfinished = int((runs["finished"] == False).sum())  # noqa: E712  (nullable boolean)
         unknown = int(runs["finished"].isna().sum())
-        lines.append(f"- unfinished runs (no {load.DONE_MARKER} file, still analysed): {unfinished}; "
-                     f"completion unknown (reference layout): {unknown}")
+        ended = runs["status"].value_counts()
+        lines.append(f"- unfinished runs (no {load.DONE_MARKER} file, still analysed): {unfinished}, of which "
+                     f"{int(ended.get('diverged', 0))} diverged and {int(ended.get('failed', 0))} failed (each named "
+                     f"under warnings); completion unknown (reference layout): {unknown}")
         # Runs per group and the horizon each was scored on: the env steps of its shortest and longest run's
         # last evaluation (up to --max-steps), and which run is the shortest where they differ.
         h = ctx.horizons.copy()

@@ -35,13 +35,15 @@ EVAL_COLUMNS = {
     COL_FPS: "fps",
 }
 
-MODEL_LABELS = {"gru": "GRU", "lstm": "LSTM", "ffm": "FFM", "mlp": "MLP", "markovian": "Markovian (reference)"}
+MODEL_LABELS = {"gru": "GRU", "lstm": "LSTM", "ffm": "FFM", "mlp": "MLP", "markovian": "Markovian",
+                "oracle": "Oracle"}
 ALGO_LABELS = {"sac": "SAC", "td3": "TD3", "sacd": "SACD"}
 KNOWN_ALGOS = tuple(ALGO_LABELS)
 KNOWN_MODELS = tuple(MODEL_LABELS)
 
 # Fixed colours so that a model keeps its colour across every figure.
-MODEL_COLORS = {"ffm": "#d55e00", "gru": "#0072b2", "lstm": "#009e73", "mlp": "#7f7f7f", "markovian": "#bbbbbb"}
+MODEL_COLORS = {"ffm": "#d55e00", "gru": "#0072b2", "lstm": "#009e73", "mlp": "#7f7f7f", "markovian": "#bbbbbb",
+                "oracle": "#000000"}
 # Lighter/darker shade per algorithm for figures that show both at once.
 ALGO_HATCH = {"sac": "", "td3": "//", "sacd": ".."}
 
@@ -73,6 +75,12 @@ METRIC_DESCRIPTIONS = {
     METRIC_RUNMAX: "final running maximum of the deterministic eval return (FFM paper)",
     METRIC_LAST20: "mean of the last 20% of the smoothed, grid-interpolated eval return (reference rundown)",
 }
+
+
+def metric_description(metric: str, last_fraction: float = DEFAULT_LAST_FRACTION) -> str:
+    """METRIC_DESCRIPTIONS[metric], with last20's fraction as given (``--last-frac``)."""
+    text = METRIC_DESCRIPTIONS[metric]
+    return text.replace("20%", f"{last_fraction:.0%}") if metric == METRIC_LAST20 else text
 
 
 @dataclass(frozen=True)
@@ -125,14 +133,31 @@ def base_model(model: str) -> str:
     return model[: -len(REF_SUFFIX)] if model.endswith(REF_SUFFIX) else model
 
 
+# Another agent around the same memory (the reference's run names: oracle_, <L> layers, _shared): "gru+oracle".
+VARIANT_SEP = "+"
+_VARIANT_LABELS = {"oracle": "oracle", "shared": "shared memory"}
+
+
+def model_variant(memory: str, tags: list[str]) -> str:
+    return VARIANT_SEP.join([memory, *tags])
+
+
+def memory_of(model: str) -> str:
+    """The memory model alone: without the reference tag and the variant's tags."""
+    return base_model(model).split(VARIANT_SEP)[0]
+
+
 def model_label(model: str) -> str:
-    base = base_model(model)
-    label = MODEL_LABELS.get(base, base.upper())
-    return f"{label} (ref)" if model.endswith(REF_SUFFIX) else label
+    """"GRU", "GRU (ref)", "GRU (ref, oracle)", "GRU (2 layers)"."""
+    memory, *tags = base_model(model).split(VARIANT_SEP)
+    extras = (["ref"] if model.endswith(REF_SUFFIX) else []) + [
+        _VARIANT_LABELS.get(t, re.sub(r"^(\d+)layer$", r"\1 layers", t)) for t in tags]
+    label = MODEL_LABELS.get(memory, memory.upper())
+    return f"{label} ({', '.join(extras)})" if extras else label
 
 
 def model_color(model: str) -> str:
-    return MODEL_COLORS.get(base_model(model), "#cc79a7")
+    return MODEL_COLORS.get(memory_of(model), "#cc79a7")
 
 
 def algo_label(algo: str) -> str:

@@ -32,7 +32,7 @@ _RC = {
     "legend.fontsize": 8, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
     "grid.alpha": 0.3, "grid.linewidth": 0.5, "savefig.dpi": 300, "pdf.fonttype": 42,
 }
-_MODEL_ORDER = ["markovian", "gru", "lstm", "mlp", "ffm"]
+_MODEL_ORDER = ["oracle", "markovian", "gru", "lstm", "mlp", "ffm"]
 
 
 @contextmanager
@@ -73,9 +73,9 @@ def order_tasks(tasks) -> list[str]:
 
 def order_models(models) -> list[str]:
     def key(m):
-        base = C.base_model(m)
-        rank = _MODEL_ORDER.index(base) if base in _MODEL_ORDER else len(_MODEL_ORDER)
-        return (rank, m.endswith(C.REF_SUFFIX), m)
+        memory = C.memory_of(m)
+        rank = _MODEL_ORDER.index(memory) if memory in _MODEL_ORDER else len(_MODEL_ORDER)
+        return (rank, m.endswith(C.REF_SUFFIX), C.VARIANT_SEP in m, m)
     return sorted(set(models), key=key)
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from pomdp_ffm.config import learning_settings, with_current_key_names
 from pomdp_ffm.rundir import RunDir
 
 from . import constants as C
@@ -46,19 +47,23 @@ DONE_MARKER = RunDir.DONE
 _NOT_RUNS = frozenset({Path(RunDir.CHECKPOINT).parts[0], RunDir.SNAPSHOTS, RunDir.TENSORBOARD, "policies",
                        "__pycache__"})
 # Bump when the table layout or parsing rules change so old caches are ignored.
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 CACHE_FORMAT = "pomdp-ffm analysis cache"
 
 TABLE_COLUMNS = [
     "run_id", "source", "task", "family", "obs", "algo", "model", "model_label",
-    "seed", "trial", "finished", "env_steps", "eval_return", "rl_steps", "rollouts",
+    "seed", "trial", "finished", "status", "env_steps", "eval_return", "rl_steps", "rollouts",
     "eval_episode_len", "success_rate", "time_cost_s", "fps", "run_dir",
 ]
 
+# The reference's algorithm folder (its run name): an oracle_ prefix (the agent sees the full state), the number of
+# recurrent layers where not 1, and _shared (one memory for actor and critic) make other agents than the plain
+# <algo>_<model>, so they are filed as model variants (C.model_variant), never pooled with it.
 _ALGO_MODEL_RE = re.compile(
-    r"^(?:oracle_)?(?P<algo>sacd|sac|td3)_(?P<layers>\d*)(?P<model>ffm|gru|lstm|mlp)(?:-mlp)?(?:_shared)?$"
+    r"^(?P<oracle>oracle_)?(?P<algo>sacd|sac|td3)_(?P<layers>\d*)(?P<model>ffm|gru|lstm|mlp)(?:-mlp)?"
+    r"(?P<shared>_shared)?$"
 )
-_MARKOVIAN_RE = re.compile(r"^(?:Markovian|oracle)_(?P<algo>sacd|sac|td3)$")
+_MARKOVIAN_RE = re.compile(r"^(?P<kind>Markovian|oracle)_(?P<algo>sacd|sac|td3)$")
 _SEED_RE = re.compile(r"^seed[-_=]?(?P<seed>\d+)$")
 
 
@@ -319,11 +324,15 @@ def parse_run_path(parts: list[str]) -> dict:
                 meta["layout"] = "reference"
         m = _ALGO_MODEL_RE.match(comp)
         if m and "algo" not in meta:
-            meta["algo"], meta["model"] = m.group("algo"), m.group("model")
+            tags = (["oracle"] if m.group("oracle") else []) + \
+                ([f"{m.group('layers')}layer"] if m.group("layers") not in ("", "1") else []) + \
+                (["shared"] if m.group("shared") else [])
+            meta["algo"], meta["model"] = m.group("algo"), C.model_variant(m.group("model"), tags)
         m = _MARKOVIAN_RE.match(comp)
         if m and "algo" not in meta:
-            # The reference's observation-only agent, not our seq_model=mlp (patches/012): its own label.
-            meta["algo"], meta["model"] = m.group("algo"), "markovian"
+            # The reference's observation-only agent, not our seq_model=mlp (patches/012): its own label; with
+            # oracle_, the same agent on the full state (the reference's Oracle).
+            meta["algo"], meta["model"] = m.group("algo"), "markovian" if m.group("kind") == "Markovian" else "oracle"
         m = _SEED_RE.match(comp)
         if m and "seed" not in meta:
             meta["seed"] = int(m.group("seed"))
@@ -352,6 +361,8 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
     rel = run_abs.relative_to(root_abs) if run_abs != root_abs else Path()
     parts = [root_abs.name, *rel.parts]
     from_path = parse_run_path(parts)
+    is_reference = ((cfg_file is not None and cfg_file.name.startswith("variant_"))
+                    or from_path.get("layout") == "reference")
     meta: dict = {}
     if cfg is not None:
         meta = {"task": _get(cfg, "env.env_name"), "algo": _get(cfg, "policy.algo_name"),
@@ -359,6 +370,14 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
         missing = [k for k in ("task", "algo", "model") if meta[k] is None]
         if missing:
             problems.append(("warning", f"config {cfg_file.name} lacks {', '.join(missing)}; taken from the path"))
+        if is_reference and from_path.get("model") is not None:
+            # The reference's run name says which agent it is (Markovian, oracle, layers, shared memory); its
+            # config's seq_model names only the memory (mlp for the Markovian agent).
+            said, named = meta["model"], from_path["model"]
+            if said is not None and str(said).lower() not in (C.memory_of(named), "mlp"):
+                problems.append(("warning", f"config {cfg_file.name} says seq_model {said!r} but the run's folder "
+                                            f"says {named!r}; the folder's is used"))
+            meta["model"] = named
         for k, v in from_path.items():
             if meta.get(k) is None:
                 meta[k] = v
@@ -366,8 +385,6 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
         problems.append(("warning", f"no config file ({', '.join(CONFIG_CANDIDATES)}, variant_*.yml); "
                                     "metadata parsed from the path"))
         meta = dict(from_path)
-
-    is_reference = (cfg_file is not None and cfg_file.name.startswith("variant_")) or from_path.get("layout") == "reference"
     meta["source"] = "reference" if is_reference else "ours"
 
     missing = [k for k in ("task", "algo", "model") if meta.get(k) in (None, "")]
@@ -378,7 +395,7 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
         meta["model"] = meta["model"][: -len("-mlp")]
     if meta["algo"] not in C.KNOWN_ALGOS:
         problems.append(("warning", f"unknown algorithm {meta['algo']!r}; kept as is"))
-    if meta["model"] not in C.KNOWN_MODELS:
+    if C.memory_of(meta["model"]) not in C.KNOWN_MODELS:
         problems.append(("warning", f"unknown memory model {meta['model']!r}; kept as is"))
 
     seed = meta.get("seed")
@@ -397,13 +414,54 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
 
     # Only our engine writes DONE; for the reference layout completion is unknown.
     meta["finished"] = (run_dir / DONE_MARKER).exists() if meta["source"] == "ours" else pd.NA
+    meta["status"], problem = _status(run_dir) if meta["source"] == "ours" else ("unknown", None)
+    if problem:
+        problems.append(("warning", problem))
+    meta["setup"] = _setup(cfg, parts, is_reference)
     meta["run_id"] = "/".join(parts)
     return meta, problems
 
 
+def _status(run_dir: Path) -> tuple[str, str | None]:
+    """One of our runs: done, diverged, failed or unfinished (RunDir's files; a reference run's is unknown), and a
+    warning for the two that ended in an error, which are analysed as far as they got (a diverged run's evaluations
+    are its own result)."""
+    if (run_dir / DONE_MARKER).exists():
+        return "done", None
+    error = run_dir / RunDir.ERROR
+    last = ""
+    if error.is_file():
+        lines = [ln.strip() for ln in error.read_text(errors="replace").splitlines() if ln.strip()]
+        last = f" ({lines[-1][:120]})" if lines else ""
+    if (run_dir / RunDir.DIVERGED).exists():
+        return "diverged", (f"diverged{last}: its evaluations before the divergence are analysed as its result "
+                            f"(its last state is {RunDir.DIVERGED})")
+    if error.is_file():
+        return "failed", (f"failed{last}: analysed as far as it got; {RunDir.ERROR} has the traceback, and a "
+                          "rerun with resume=true continues it")
+    return "unfinished", None
+
+
+def _setup(cfg: dict | None, parts: list[str], is_reference: bool) -> dict:
+    """What makes a run the experiment it is, to tell runs pooled in one group apart: our config's settings that
+    change what a run learns (pomdp_ffm.config.learning_settings) but its seed, or the reference's run name (its
+    folders between the algorithm's and the timestamp encode the discount, sequence length, batch size, update
+    ratio and inputs)."""
+    if is_reference:
+        at = next((i for i, p in enumerate(parts) if _ALGO_MODEL_RE.match(p) or _MARKOVIAN_RE.match(p)), None)
+        return {"run name": "/".join(parts[at + 1:-1])} if at is not None and len(parts) > at + 2 else {}
+    if cfg is None:
+        return {}
+    settings = learning_settings(with_current_key_names(cfg))
+    settings.pop("seed", None)
+    return settings
+
+
+
 # --------------------------------------------------------------------------- table
 
-def _load_one(root: Path, run_dir: Path, report: LoadReport) -> pd.DataFrame | None:
+def _load_one(root: Path, run_dir: Path, report: LoadReport) -> tuple[pd.DataFrame, dict] | None:
+    """The run's evaluation rows, and its setup (``_setup``); None where the run is skipped."""
     progress = run_dir / PROGRESS
 
     def record(problems):
@@ -427,13 +485,14 @@ def _load_one(root: Path, run_dir: Path, report: LoadReport) -> pd.DataFrame | N
     parsed = C.parse_task(meta["task"])
     if parsed is None:
         report.add(progress, "warning", f"task id {meta['task']!r} is not of the form <Family>-<F|P|V>-v<k>")
-    for key in ("run_id", "source", "task", "algo", "model", "trial", "finished"):
+    for key in ("run_id", "source", "task", "algo", "model", "trial", "finished", "status"):
         ev[key] = meta[key]
     ev["family"], ev["obs"] = parsed if parsed else (meta["task"], "")
     ev["model_label"] = C.model_label(meta["model"])
     ev["seed"] = pd.array([meta["seed"]] * len(ev), dtype="Int64")
-    ev["run_dir"] = run_dir.as_posix()
-    return ev[TABLE_COLUMNS]
+    # Absolute (not resolved, as run_id): the table and its cache mean the same folder from any working directory.
+    ev["run_dir"] = Path(os.path.abspath(run_dir)).as_posix()
+    return ev[TABLE_COLUMNS], meta["setup"]
 
 
 def _warn_duplicates(table: pd.DataFrame, report: LoadReport) -> None:
@@ -444,12 +503,35 @@ def _warn_duplicates(table: pd.DataFrame, report: LoadReport) -> None:
                    f"seed {seed} appears in {n} runs; each is kept as a separate trial")
 
 
+def _warn_mixed_setups(table: pd.DataFrame, setups: dict[str, dict], report: LoadReport) -> None:
+    """A group (source, task, algo, model) whose runs differ in more than their seed and run-local settings pools
+    several experiments (a sweep over a hyperparameter, another config of the same agent): say which settings
+    differ and how many runs have each value, since the group's statistics mix them."""
+    runs = table.drop_duplicates("run_id")
+    for (source, task, algo, model), g in runs.groupby(["source", "task", "algo", "model"], sort=True):
+        cfgs = [setups.get(r, {}) for r in g["run_id"]]
+        keys = sorted({k for c in cfgs for k in c})
+        differ = []
+        for k in keys:
+            values = [json.dumps(c.get(k, "<absent>"), default=str) for c in cfgs]
+            if len(set(values)) > 1:
+                counts = pd.Series(values).value_counts(sort=False)
+                differ.append(f"{k}: " + ", ".join(f"{v} ({n} run{'s' if n > 1 else ''})" for v, n in counts.items()))
+        if differ:
+            more = f"; and {len(differ) - 3} more setting(s)" if len(differ) > 3 else ""
+            report.add(f"{task}/{algo}_{model} ({source})", "warning",
+                       f"its runs differ in more than the seed, yet are pooled as one group: {'; '.join(differ[:3])}"
+                       f"{more}. Analyse the experiments' folders apart to compare them")
+
+
 def build_table(roots: Iterable[str | Path]) -> tuple[pd.DataFrame, LoadReport]:
     """Read every run below ``roots`` into one tidy table (one row per evaluation)."""
     report = LoadReport()
     pairs = find_run_dirs(roots)
     report.n_runs_found = len(pairs)
-    frames = [f for root, run in pairs if (f := _load_one(root, run, report)) is not None]
+    loaded = [x for root, run in pairs if (x := _load_one(root, run, report)) is not None]
+    frames = [f for f, _ in loaded]
+    setups = {f["run_id"].iloc[0]: setup for f, setup in loaded}
     report.n_runs_loaded = len(frames)
     if not pairs:
         report.add(", ".join(str(r) for r in roots), "warning", f"no {PROGRESS} found")
@@ -457,6 +539,7 @@ def build_table(roots: Iterable[str | Path]) -> tuple[pd.DataFrame, LoadReport]:
     table["finished"] = table["finished"].astype("boolean")
     table["seed"] = table["seed"].astype("Int64")
     _warn_duplicates(table, report)
+    _warn_mixed_setups(table, setups, report)
     return table, report
 
 
@@ -467,8 +550,10 @@ def _empty_table() -> pd.DataFrame:
 def _fingerprint(pairs: list[tuple[Path, Path]]) -> str:
     h = hashlib.sha256(f"v{CACHE_VERSION}".encode())
     for root, run in pairs:
-        h.update(f"|{root.resolve()}|{run.resolve()}".encode())
-        for rel in (PROGRESS, DONE_MARKER, *CONFIG_CANDIDATES):
+        # The paths as given too: the report's paths are written as they were found (relative ones from the
+        # working directory), so another working directory reads the runs again rather than another's report.
+        h.update(f"|{root.resolve()}|{run.resolve()}|{root}|{run}".encode())
+        for rel in (PROGRESS, DONE_MARKER, RunDir.ERROR, RunDir.DIVERGED, *CONFIG_CANDIDATES):
             p = run / rel
             if p.exists():
                 st = p.stat()

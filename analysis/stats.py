@@ -87,7 +87,7 @@ def run_scores(table: pd.DataFrame, metric: str = C.METRIC_RUNMAX, max_steps: fl
         raise ValueError(f"unknown metric {metric!r}; choose one of {sorted(C.METRIC_DESCRIPTIONS)}")
     if not 0 < last_fraction <= 1:
         raise ValueError(f"last_fraction must be in (0, 1], got {last_fraction}")
-    keys = ["run_id", "source", *GROUP, "model_label", "seed", "trial", "finished"]
+    keys = ["run_id", "source", *GROUP, "model_label", "seed", "trial", "finished", "status"]
     rows = []
     for run, steps, ret in _each_run(table, max_steps):
         if metric == C.METRIC_RUNMAX:
@@ -184,10 +184,19 @@ def horizons(table: pd.DataFrame, max_steps: float | None = None) -> tuple[pd.Da
     jitter of episode-based env-step counters.  The warning names each group's
     horizons and the shortest run, and suggests ``--max-steps``.
 
+    A run with no evaluation up to ``max_steps`` has no score and no curve: a
+    warning names it.
+
     Returns one row per group (task, algo, model, n_runs, env_steps_min,
     env_steps_max, shortest_run) and ``(path, kind, reason)`` warnings.
     """
     per_run = []
+    problems = []
+    if max_steps is not None:
+        first = table.groupby("run_id", sort=True)["env_steps"].min()
+        for run_id, at in first[first > max_steps].items():
+            problems.append((run_id, "warning", f"no evaluation up to --max-steps {_steps(max_steps)} (its first is "
+                                                f"at {_steps(at)}): left out of scores and curves"))
     for run, steps, _ in _each_run(table, max_steps):
         first = run.iloc[0]
         per_run.append({"task": first["task"], "algo": first["algo"], "model": first["model"],
@@ -201,7 +210,6 @@ def horizons(table: pd.DataFrame, max_steps: float | None = None) -> tuple[pd.Da
                      "env_steps_min": g["end"].min(), "env_steps_max": g["end"].max(),
                      "shortest_run": g.loc[g["end"].idxmin(), "run_id"]})
     groups = pd.DataFrame(rows, columns=cols)
-    problems = []
     for task, g in runs.groupby("task", sort=True):
         lo, hi = g["end"].min(), g["end"].max()
         if hi - lo <= g["spacing"].max():

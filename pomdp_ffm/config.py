@@ -428,6 +428,52 @@ def with_current_key_names(stored: dict) -> dict:
     return out
 
 
+# Keys (or key prefixes) that may change between the starts of one run directory: where and how it runs, not
+# what it learns.
+MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint", "eval.episodes_together", "eval.workers",
+              "eval.during_updates", "train.cuda_graph", "train.tf32", "train.env_worker", "train.seed_axis_update",
+              "seeds")
+
+
+def flat_keys(d: dict, prefix: str = "") -> dict:
+    """A nested config as ``{"a.b.c": value}``, the form MAY_DIFFER's keys are written in."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat_keys(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _with_defaults(cfg: dict) -> dict:
+    """A stored config with the keys it lacks at their defaults: a run started before a key existed ran as its
+    default says (a new key's default keeps the old behaviour), so the key's absence is no difference."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
+    except Exception:  # keys this version does not know: compared as they are
+        return cfg
+
+
+def learning_settings(cfg: dict, like: dict | None = None) -> dict:
+    """The settings of a config (a nested dict: a run directory's config.yaml, a checkpoint's copy) that change
+    what a run learns, flat (``flat_keys``): at their defaults where it lacks them, without MAY_DIFFER's keys,
+    and without the options of an algorithm or memory that ``like`` (default: the config itself) does not use (a
+    GRU run ignores policy.ffm). Two starts of one run directory must agree on these; two runs of one experiment
+    differ in their seed alone."""
+    full = _with_defaults(cfg)
+    policy = (full if like is None else _with_defaults(like)).get("policy", {}) or {}
+    unused = {f"policy.{k}." for k in ("sac", "td3") if k != policy.get("algo_name")}
+    if policy.get("seq_model") != "ffm":
+        unused.add("policy.ffm.")
+    return {k: v for k, v in flat_keys(full).items()
+            if not any(k == m or k.startswith(m + ".") for m in MAY_DIFFER)
+            and not any(k.startswith(u) for u in unused)}
+
+
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 

@@ -33,7 +33,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config import RunConfig, check_known_keys, check_renamed_overrides, register_configs, with_current_key_names
+from .config import (RunConfig, check_known_keys, check_renamed_overrides, learning_settings, register_configs,
+                     with_current_key_names)
 from . import rundir as rundir_module
 from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
 from .signals import StopSignals
@@ -43,57 +44,17 @@ register_configs()
 log = logging.getLogger("pomdp_ffm")
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_DIVERGED, EXIT_STOPPED = 0, 1, 2, 3, 75
-# Keys (or key prefixes) that may change between the starts of one run directory: where and how it runs, not
-# what it learns.
-MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint", "eval.episodes_together", "eval.workers",
-              "eval.during_updates", "train.cuda_graph", "train.tf32", "train.env_worker", "train.seed_axis_update",
-              "seeds")
 
 
 class Refused(Exception):
     """The run was not started: a bad setting or an unusable run directory. Nothing was written."""
 
 
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _with_defaults(cfg: dict) -> dict:
-    """A stored config with the keys it lacks at their defaults: a run started before a key existed ran as its
-    default says (a new key's default keeps the old behaviour), so the key's absence is no difference."""
-    try:
-        return OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RunConfig), cfg))
-    except Exception:  # keys this version does not know: compared as they are
-        return cfg
-
-
-def _may_differ(key: str) -> bool:
-    return any(key == m or key.startswith(m + ".") for m in MAY_DIFFER)
-
-
 def config_differences(stored: dict, current: dict) -> list[str]:
     """Training-relevant keys whose values differ, as 'key: stored -> current' lines."""
-    stored, current = _with_defaults(stored), _with_defaults(current)
-    a, b = _flat(stored), _flat(current)
-    # Options of the algorithm and memory a run does not use cannot change it (a GRU run ignores policy.ffm).
-    policy = stored.get("policy", {})
-    unused = {f"policy.{k}." for k in ("sac", "td3") if k != policy.get("algo_name")}
-    if policy.get("seq_model") != "ffm":
-        unused.add("policy.ffm.")
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        if _may_differ(key) or any(key.startswith(u) for u in unused):
-            continue
-        if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            diffs.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
-    return diffs
+    a, b = learning_settings(stored), learning_settings(current, like=stored)
+    return [f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
+            for key in sorted(set(a) | set(b)) if a.get(key, "<absent>") != b.get(key, "<absent>")]
 
 
 def validate(cfg: DictConfig) -> RunConfig:

@@ -183,3 +183,91 @@ def test_runs_behind_symlinks_are_found_once(tmp_path):
     assert [r for _, r in found] == [gathered / "td3_ffm" / "seed-0" / run.name]
     table, _ = load.build_table([gathered])
     assert set(table["model"]) == {"ffm"} and set(table["algo"]) == {"td3"} and set(table["seed"]) == {0}
+
+
+def _reference_run(root, name, returns, stamp, seq_model="gru", seed=0, after=("gamma-0.99", "len-64", "bs-64")):
+    """A reference run in the algorithm folder ``name`` (the reference's run name, e.g. oracle_sac_gru)."""
+    run = root / "logs" / "pomdp" / "HopperBLT" / "P" / name
+    for part in (*after, stamp):
+        run = run / part
+    run.mkdir(parents=True)
+    (run / "progress.csv").write_text(progress_text(steps_grid(len(returns)), returns))
+    (run / "variant_1.yml").write_text(f"seed: {seed}\nenv:\n  env_name: HopperBLT-P-v0\npolicy:\n"
+                                       f"  seq_model: {seq_model}\n  algo_name: sac\n")
+    return run
+
+
+def test_reference_runs_of_other_agents_are_their_own_groups(tmp_path):
+    # Oracle, two-layer, shared-memory and Markovian runs are other agents than sac_gru: pooling them with it
+    # would count them as more GRU seeds (an oracle run's returns are several times higher).
+    for i, name in enumerate(["sac_gru", "sac_gru", "oracle_sac_gru", "sac_2gru", "sac_gru_shared"]):
+        _reference_run(tmp_path, name, [1.0, 500.0], f"05-09:12-00:0{i}.00", seed=i)
+    _reference_run(tmp_path, "Markovian_sac", [1.0, 450.0], "05-09:12-00:09.00", seq_model="mlp",
+                   after=("gamma-0.99",))
+    _reference_run(tmp_path, "oracle_sac", [1.0, 2400.0], "05-09:12-00:08.00", seq_model="mlp", after=("gamma-0.99",))
+    table, report = load.build_table([tmp_path])
+    runs = table.drop_duplicates("run_id")
+    assert sorted(runs["model"].value_counts().items()) == [
+        ("gru", 2), ("gru+2layer", 1), ("gru+oracle", 1), ("gru+shared", 1), ("markovian", 1), ("oracle", 1)]
+    labels = set(load.separate_sources(table)["model_label"])
+    assert labels == {"GRU (ref)", "GRU (ref, oracle)", "GRU (ref, 2 layers)", "GRU (ref, shared memory)",
+                      "Markovian (ref)", "Oracle (ref)"}
+    assert not report.warnings, _reasons(report)
+
+
+def test_a_failed_and_a_diverged_run_are_named_with_their_status(tmp_path):
+    runs = {}
+    for seed, status in enumerate(["done", "failed", "diverged", "unfinished"]):
+        runs[status] = write_our_run(tmp_path, "HopperBLT-P-v0", "sac", "ffm", seed, steps_grid(3), [1.0, 2.0, 3.0],
+                                     done=status == "done")
+    (runs["failed"] / "ERROR.txt").write_text("Traceback ...\nRuntimeError: CUDA out of memory\n")
+    (runs["diverged"] / "ERROR.txt").write_text("Traceback ...\nTrainingDiverged: non-finite critic loss\n")
+    (runs["diverged"] / "checkpoints").mkdir()
+    (runs["diverged"] / "checkpoints" / "diverged.pt").write_bytes(b"")
+    table, report = load.build_table([tmp_path])
+    status = table.drop_duplicates("run_id").set_index("seed")["status"].to_dict()
+    assert status == {0: "done", 1: "failed", 2: "diverged", 3: "unfinished"}
+    assert any("failed (RuntimeError: CUDA out of memory)" in r for r in _only(report, "seed-1", "warning"))
+    assert any("diverged (TrainingDiverged: non-finite critic loss)" in r for r in _only(report, "seed-2", "warning"))
+    assert not [r for p, r in _reasons(report, "warning") if "seed-3" in p or "seed-0" in p]
+
+
+def test_runs_pooled_in_one_group_that_differ_in_a_setting_are_warned_about(tmp_path):
+    def ours(seed, lr, device="cpu"):
+        run = write_our_run(tmp_path, "HopperBLT-P-v0", "sac", "ffm", seed, steps_grid(3), [1.0, 2.0, 3.0])
+        (run / "config.yaml").write_text(
+            f"seed: {seed}\ndevice: {device}\nenv:\n  env_name: HopperBLT-P-v0\n"
+            f"policy:\n  algo_name: sac\n  seq_model: ffm\n  lr: {lr}\n")
+    ours(0, 0.0003), ours(1, 0.0003, device="cuda"), ours(2, 0.001)
+    _, report = load.build_table([tmp_path])
+    hits = _only(report, "HopperBLT-P-v0/sac_ffm (ours)", "warning")
+    assert len(hits) == 1 and "policy.lr: 0.0003 (2 runs), 0.001 (1 run)" in hits[0], hits
+    assert "device:" not in hits[0] and "seed:" not in hits[0]
+
+    # The seeds of one experiment (the seed and where it ran apart) are one group without a word.
+    (tmp_path / "HopperBLT-P-v0" / "sac_ffm" / "seed-2").rename(tmp_path / "elsewhere")
+    _, report = load.build_table([tmp_path / "HopperBLT-P-v0"])
+    assert not report.warnings, _reasons(report)
+
+    # The reference's run name holds its settings: the fork's long-sequence configs are another experiment.
+    ref = tmp_path / "ref"
+    _reference_run(ref, "sac_ffm", [1.0, 2.0], "05-09:12-00:00.00", seq_model="ffm")
+    _reference_run(ref, "sac_ffm", [1.0, 2.0], "05-09:12-00:01.00", seq_model="ffm", seed=1,
+                   after=("gamma-0.99", "len-1024", "bs-4"))
+    _, report = load.build_table([ref])
+    hits = _only(report, "(reference)", "warning")
+    assert "gamma-0.99/len-1024/bs-4" in hits[0] and "gamma-0.99/len-64/bs-64" in hits[0]
+
+
+def test_the_cache_answers_alike_from_another_working_directory(tmp_path, monkeypatch):
+    root = tmp_path / "a" / "runs"
+    write_our_run(root, "HopperBLT-P-v0", "sac", "ffm", 0, steps_grid(3), [1.0, 2.0, 3.0])
+    (tmp_path / "b").mkdir()
+    cache = tmp_path / "cache"
+    monkeypatch.chdir(tmp_path / "a")
+    first, rep1 = load.load_runs(["runs"], cache_dir=cache)
+    monkeypatch.chdir(tmp_path / "b")
+    second, rep2 = load.load_runs(["../a/runs"], cache_dir=cache)
+    assert first["run_dir"].tolist() == second["run_dir"].tolist()
+    assert all(os.path.isabs(d) and os.path.isdir(d) for d in second["run_dir"])
+    assert [i.path for i in rep2.issues] == [i.path for i in load.build_table(["../a/runs"])[1].issues]

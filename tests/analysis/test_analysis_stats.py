@@ -81,7 +81,7 @@ def test_summarize_groups_and_counts():
 def _run_table(returns, steps=None, run_id="r0", task="HopperBLT-P-v0"):
     steps = np.arange(len(returns)) * 4000 + 12000 if steps is None else np.asarray(steps)
     return pd.DataFrame({"run_id": run_id, "source": "ours", "task": task, "algo": "sac", "model": "ffm",
-                         "model_label": "FFM", "seed": 0, "trial": "seed-0", "finished": True,
+                         "model_label": "FFM", "seed": 0, "trial": "seed-0", "finished": True, "status": "done",
                          "env_steps": steps.astype(float), "eval_return": np.asarray(returns, float)})
 
 

@@ -129,7 +129,7 @@ def test_different_horizons_warn_and_the_report_says_which(cli_all):
 def _table(runs):
     """A tidy table from {run_id: (task, model, trial, steps, returns)}."""
     frames = [pd.DataFrame({"run_id": rid, "source": "ours", "task": task, "algo": "sac", "model": model,
-                            "model_label": model.upper(), "seed": 0, "trial": trial, "finished": True,
+                            "model_label": model.upper(), "seed": 0, "trial": trial, "finished": True, "status": "done",
                             "env_steps": np.asarray(steps, float), "eval_return": np.asarray(ret, float)})
               for rid, (task, model, trial, steps, ret) in runs.items()]
     return pd.concat(frames, ignore_index=True)
@@ -150,6 +150,15 @@ def test_horizons_tolerate_one_eval_interval_and_respect_max_steps():
     assert groups.set_index("model")["shortest_run"].to_dict() == {"ffm": "a", "gru": "b"}
     cut, problems = stats.horizons(apart, max_steps=44000)
     assert problems == [] and set(cut["env_steps_max"]) == {44000.0}
+
+
+def test_a_run_with_no_evaluation_up_to_max_steps_is_named():
+    late = _table({"a": ("HopperBLT-P-v0", "gru", "s0", steps_grid(5), np.ones(5)),
+                   "b": ("HopperBLT-P-v0", "gru", "s1", 48000 + steps_grid(5), np.ones(5))})
+    groups, problems = stats.horizons(late, max_steps=40000)
+    assert groups["n_runs"].tolist() == [1]
+    assert problems == [("b", "warning", "no evaluation up to --max-steps 40000 (its first is at 60000): left out of "
+                                         "scores and curves")]
 
 
 # --------------------------------------------------------------------------- the learning-curve rule
@@ -318,3 +327,31 @@ def test_efficiency_panels_say_which_way_is_better(tmp_path, monkeypatch):
     texts = [t.get_text() for legend in fig.legends for t in [legend.get_title(), *legend.get_texts()]]
     assert not any("lower is better" in t.lower() for t in texts)
     figures.plt.close(fig)
+
+
+# --------------------------------------------------------------------------- what the console and labels say
+
+def test_last_fraction_and_curve_settings_are_what_the_labels_and_report_say(trust_tree, tmp_path, capsys):
+    from analysis import cli
+
+    root, _, _ = trust_tree
+    assert cli.main(["table", str(root), "--out", str(tmp_path), "--metric", "last20", "--last-frac", "0.5",
+                     "--window", "4", "--resamples", "50"]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "mean of the last 50% of the smoothed" in report and "20%" not in report
+    assert "smoothing window 4 grid points" in report and "start the task's default" in report
+    assert "last 50%" in (tmp_path / "tables" / "summary_last20.md").read_text()
+
+
+def test_tasks_the_aggregate_leaves_out_are_a_warning_on_the_console(tmp_path, capsys):
+    from analysis import cli
+
+    for seed in range(2):
+        for task in ("HopperBLT-P-v0", "WalkerBLT-V-v0"):
+            write_our_run(tmp_path / "runs", task, "sac", "ffm", seed, steps_grid(3), [1.0, 100.0 + seed, 2.0])
+        write_our_run(tmp_path / "runs", "HopperBLT-P-v0", "td3", "ffm", seed, steps_grid(3), [1.0, 90.0 + seed, 2.0])
+    assert cli.main(["aggregate", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--resamples", "50",
+                     "--formats", "png"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: sac_ffm: aggregate (runmax): task(s) WalkerBLT-V-v0 left out" in err
+    assert "td3_ffm" not in err
