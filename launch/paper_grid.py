@@ -17,7 +17,9 @@ import subprocess
 import sys
 from collections import Counter
 
+from pomdp_ffm.config import Refused
 from pomdp_ffm.grid import STATUSES, sweep_jobs
+from pomdp_ffm.train import precheck
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
 # The seed sweep becomes a seed axis: the job named by seed 0 trains seeds 0-4 and writes their sibling directories.
@@ -41,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     preset = "experiment=paper" if args.algo == "both" else f"experiment=paper_{args.algo}"
     overrides = [preset, f"hydra.sweep.dir={args.root}", *(SEED_AXIS if args.seed_axis else []), *args.overrides]
     try:
+        # Every job's settings checked, as `python -m pomdp_ffm.train` checks them, before any is listed or started.
+        precheck(["--multirun", *overrides])
         jobs = sweep_jobs(overrides)
-    except ValueError as e:
+    except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:

@@ -33,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from .rundir import CURRENT_RUN, RunDir, RunDirError
 from .signals import StopSignals
-from .train import Attempt, Refused, check_and_lock, check_untouched, validate
+from .config import Refused
+from .train import Attempt, check_and_lock, check_untouched, validate
 from .graph import ActingRunner, UpdateRunner
 from .rollout import ActRequest, EnvsStepping
 from .trainer import Burst, Trainer, _StopRequested, close_each

@@ -5,11 +5,18 @@ checkpoints/last.pt and exits with EXIT_STOPPED. Inside a submitit job the sched
 unless SUBMITIT_PREEMPT_SIGNAL says otherwise) does the same first, and submitit's own handler, which
 requeues the job with its timeout accounting and exits the process, runs only after the checkpoint is on disk
 (``hand_over``). Outside the ``with`` block, submitit's handler acts alone: there is nothing new to save then.
+
+In a sweep whose jobs run in the launching process (Hydra's basic launcher) or in its worker processes
+(joblib's, ``hydra/launcher=local``), a stop signal stops the sweep: the launching process forwards it to its
+workers (``SweepSignals``), the jobs in hand checkpoint and stop, the jobs after them do not start
+(``sweep_stopped``), and the launcher exits with EXIT_STOPPED. Rerunning the command resumes the stopped runs
+and starts the others. Under submitit every job is its own process and gets its own signals.
 """
 from __future__ import annotations
 
 import os
 import signal
+import sys
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -60,3 +67,58 @@ class StopSignals:
         """After the checkpoint: let submitit requeue the job (it exits the process) if its warning stopped us."""
         if self._warning_caught is not None and callable(self._requeue):
             self._requeue(*self._warning_caught)
+
+
+# The stop signal this process received during a sweep, by a job or between two jobs: no later job of the sweep
+# starts in this process.
+_sweep_stop: int | None = None
+
+
+def sweep_stopped() -> int | None:
+    return _sweep_stop
+
+
+def stop_sweep(signum: int) -> None:
+    global _sweep_stop
+    _sweep_stop = signum
+
+
+def _job_processes() -> list[int]:
+    """The worker processes of joblib's loky executor, where Hydra's joblib launcher runs a sweep's jobs."""
+    module = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(module, "_executor", None)
+    processes = getattr(executor, "_processes", None) or {}
+    return [p.pid for p in list(processes.values()) if getattr(p, "pid", None)]
+
+
+class SweepSignals:
+    """Around a sweep launched in this process: a stop signal is remembered (``stop_sweep``) and forwarded to the
+    processes running the sweep's jobs. Installed in each job process too, between its jobs (where a job's
+    StopSignals is not), so that a signal there is remembered instead of killing the worker."""
+
+    def __init__(self, forward: bool = True):
+        self.forward = forward
+        self._old: dict[int, object] = {}
+
+    def _on_stop(self, signum, frame) -> None:
+        stop_sweep(signum)
+        if self.forward:
+            for pid in _job_processes():
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:  # it ended meanwhile
+                    pass
+
+    def __enter__(self) -> "SweepSignals":
+        try:
+            for sig in STOP_SIGNALS:
+                self._old[sig] = signal.signal(sig, self._on_stop)
+        except ValueError:  # not the main thread
+            self.__exit__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        self._old.clear()
+        return False

@@ -21,6 +21,7 @@ Exit codes of a single run (a multirun reports each job's failure through Hydra 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import sys
@@ -33,21 +34,18 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config import (RunConfig, check_known_keys, check_renamed_overrides, learning_settings, register_configs,
-                     with_current_key_names)
+from .config import (Refused, RunConfig, check_known_keys, check_renamed_overrides, learning_settings,
+                     register_configs, with_current_key_names)
 from . import rundir as rundir_module
 from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
-from .signals import StopSignals
+from . import signals
+from .signals import StopSignals, SweepSignals
 from .trainer import Outcome, Trainer, TrainingDiverged, resolve_device
 
 register_configs()
 log = logging.getLogger("pomdp_ffm")
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_DIVERGED, EXIT_STOPPED = 0, 1, 2, 3, 75
-
-
-class Refused(Exception):
-    """The run was not started: a bad setting or an unusable run directory. Nothing was written."""
 
 
 def config_differences(stored: dict, current: dict) -> list[str]:
@@ -288,11 +286,27 @@ def _remove_empty_dirs(path: Path, stop_at: Path) -> None:
         path = path.parent
 
 
+_between_jobs: SweepSignals | None = None  # in a joblib worker, from its first job on
+
+# The launchers whose jobs run in the launching process or in its worker processes: a stop signal sent to the
+# launching process stops their sweep (signals.SweepSignals). Under submitit every job has its own signals.
+_IN_PROCESS_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    if multirun and signals.sweep_stopped() is not None:
+        # A stop signal stopped the sweep (during a job of this process or between two): this job does not start.
+        _remove_empty_dirs(run_dir, stop_at=Path(hc.sweep.dir))
+        log.info("not started: the sweep was stopped by signal %d", signals.sweep_stopped())
+        return {"stopped": True, "started": False, "signal": signals.sweep_stopped()}
+    global _between_jobs
+    if multirun and _between_jobs is None and "joblib" in str(hc.launcher.get("_target_", "")).lower():
+        # A worker of joblib's launcher: a stop signal between two of its jobs stops the sweep, not the worker.
+        _between_jobs = SweepSignals(forward=False).__enter__()
     try:
         result = run(cfg, run_dir)
     except Refused as e:
@@ -310,6 +324,7 @@ def main(cfg: DictConfig) -> dict:
         result["stop"].hand_over()  # inside submitit: requeue now that the checkpoint is on disk (exits)
         if not multirun:
             sys.exit(EXIT_STOPPED)
+        signals.stop_sweep(result["signal"])
     result.pop("stop", None)
     return result
 
@@ -330,46 +345,65 @@ def _one_line(e: Exception) -> str:
     return "; ".join([*lines[:1], *([why] if why else [])])
 
 
-def precheck(argv: list[str]) -> None:
+def precheck(argv: list[str]) -> DictConfig | None:
     """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
     key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
-    launched. A sweep is checked one value at a time (each value with the other keys' first values).
-    Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left to Hydra."""
+    launched. A sweep (the command line's, and a preset's ``hydra.sweeper.params`` in a multirun) is checked on
+    jobs that between them give every swept key each of its values (not the whole product), with the jobs'
+    own overrides, as the sweep will start them. Commands with Hydra flags other than --multirun (--cfg,
+    --help, -cn, ...) are left to Hydra. Returns the config composed from the fixed overrides, with Hydra's
+    (None where the command is left to Hydra)."""
     from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from .grid import CONF_DIR
+    from .grid import CONF_DIR, job_overrides
 
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return
+        return None
     check_renamed_overrides(argv)  # Hydra's own error would name only the old key
     args = [a for a in argv if not a.startswith("-")]
     try:
-        parsed = OverridesParser.create().parse_overrides(args)
-        first = [o.input_line if not o.is_sweep_override() else f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}"
-                 for o in parsed]
-        jobs = [first]
-        for i, o in enumerate(parsed):
-            if o.is_sweep_override():
-                for value in list(o.sweep_string_iterator())[1:]:
-                    jobs.append(first[:i] + [f"{o.get_key_element()}={value}"] + first[i + 1:])
+        every, composed = job_overrides(args, multirun=any(a in ("-m", "--multirun") for a in argv))
+        seen: set[str] = set()
+        jobs = []
+        for job in every:  # the first job, then each job that brings a value not seen yet
+            if not seen.issuperset(job):
+                jobs.append(job)
+                seen.update(job)
         for job in jobs:
             with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
                 cfg = compose("config", overrides=job)
             try:
                 validate(cfg)
             except Refused as e:
-                raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(jobs) > 1 else "")) from None
+                raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
     except Refused:
         raise
     except Exception as e:  # Hydra's and OmegaConf's composition errors
         raise Refused(_one_line(e)) from None
+    return composed
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m pomdp_ffm.train``: the command line checked (``precheck``), then Hydra's main. A sweep that
+    a stop signal stopped (``signals.SweepSignals``) exits with EXIT_STOPPED once its jobs in hand have saved
+    their checkpoints."""
+    argv = sys.argv[1:]
     try:
-        precheck(sys.argv[1:])
+        composed = precheck(argv)
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
-    main()
+    multirun = composed is not None and (any(a in ("-m", "--multirun") for a in argv)
+                                         or composed.hydra.mode == RunMode.MULTIRUN)
+    launcher = str(composed.hydra.launcher.get("_target_", "")) if composed is not None else ""
+    in_process = multirun and launcher.rsplit(".", 1)[-1] in _IN_PROCESS_LAUNCHERS
+    with SweepSignals() if in_process else contextlib.nullcontext():
+        main()
+    if in_process and signals.sweep_stopped() is not None:
+        print(f"stopped by signal {signals.sweep_stopped()}: the jobs in hand saved their checkpoints and the "
+              "sweep's later jobs did not start; rerun the same command to resume", file=sys.stderr)
+        sys.exit(EXIT_STOPPED)
+
+
+if __name__ == "__main__":
+    cli()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pomdp_ffm.grid import sweep_jobs
+from pomdp_ffm.rundir import RunDir
 from pomdp_ffm.train import config_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +108,7 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
     proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
                  "policy.ffm.context_size=5", check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
-    assert "FFM cannot split hidden_size=32" in proc.stderr and "seq_model=ffm policy.ffm.context_size=5)" in proc.stderr
+    assert "FFM cannot split hidden_size=32" in proc.stderr and "(in the job seq_model=ffm " in proc.stderr
     assert not root.exists()
     # Fixed, both run; rerun, both are skipped.
     train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
@@ -131,6 +132,81 @@ def test_composition_errors_are_one_line_and_exit_2(tmp_path, override, needle):
     proc = train(tmp_path, override, f"hydra.run.dir={tmp_path / 'run'}", check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and needle in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and not (tmp_path / "run").exists()
+
+
+def test_a_presets_sweep_is_checked_before_anything_runs(tmp_path):
+    # experiment=smoke sweeps seq_model=ffm,gru in its hydra.sweeper.params: its GRU jobs cannot stack their
+    # seeds' updates, and they are refused before the FFM jobs run, not after.
+    root = tmp_path / "sweep"
+    proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "train.seed_axis_update=stacked", check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
+    assert "needs policy.seq_model in ['ffm', 'mlp']" in proc.stderr and "seq_model=gru" in proc.stderr
+    assert not root.exists()
+
+
+def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
+    # The seed axis refuses in pomdp_ffm/seeds.py, a module of the package, while `python -m pomdp_ffm.train`
+    # runs train.py as __main__: the refusal is still caught as one (one line, exit 2, its folder removed).
+    proc = train(tmp_path, "experiment=smoke", "seq_model=ffm", "seed=0", "seeds=[0,1]", "hydra.mode=RUN",
+                 f"hydra.run.dir={tmp_path / 'job' / 'x'}", check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
+    assert "needs a run directory with a path component seed-0" in proc.stderr
+    assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["env=Foo-V-v0"], "Could not find 'env/Foo-V-v0'"),
+    (["polcy.lr=1"], "Could not override 'polcy.lr'"),
+    (["seq_model=ffm,tcn"], "Could not find 'seq_model/tcn'"),
+    (["policy.lr=-1"], "policy.lr=-1.0 must be > 0"),
+    (["--seed-axis", "seeds=[0,0]"], "must be null or a list of distinct seeds"),
+    (["--seed-axis", "seed=0,1"], "needs seed=0 (the first seed names the job's run directory), not seed=1"),
+])
+def test_the_paper_grid_checks_every_job_before_listing_or_launching(tmp_path, capsys, extra, needle):
+    grid = _paper_grid()
+    assert grid.main(["--dry-run", "--root", str(tmp_path / "grid"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and err.strip().count("\n") == 0
+    assert not (tmp_path / "grid").exists()
+
+
+def _wait_for_evaluations(proc, runs, n=1, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if all((r / "progress.csv").exists() and len(eval_steps(r)) >= n for r in runs):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the runs did not start: {proc.communicate(timeout=60)[0][-3000:]}")
+
+
+@pytest.mark.parametrize("launcher", ["basic", "local"])
+def test_a_stop_signal_to_a_sweep_stops_it(tmp_path, launcher):
+    # SIGTERM to the launching process: the runs in hand (in this process, or in joblib's workers, to which it
+    # is forwarded) save their checkpoints, the later jobs do not start, and the sweep exits 75, leaving no
+    # process behind (a rerun resumes a checkpointed run: test_scheduler_warning_checkpoints_requeues_and_resumes).
+    root = tmp_path / "sweep"
+    cmd = ["experiment=smoke", f"hydra.sweep.dir={root}", f"hydra/launcher={launcher}", "train.num_iters=60"]
+    first = [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"]
+    if launcher == "local":
+        cmd.append("hydra.launcher.n_jobs=2")
+        first.append(root / "Pendulum-V-v0" / "sac_ffm" / "seed-1")
+    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", *cmd], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_evaluations(proc, first)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, out[-3000:]
+    assert "later jobs did not start; rerun the same command to resume" in out
+    runs = sorted(p.parent for p in root.glob("*/*/seed-*/config.yaml"))
+    assert runs == first  # the jobs after them did not start, and left no folder
+    for run in runs:
+        assert RunDir(run).status() == "resumable"  # checkpointed, and no process holds its lock any more
+        last = (run / "attempts.log").read_text().splitlines()[-1]
+        assert last.split(maxsplit=4)[-1].startswith("stopped by signal 15")
 
 
 def _check_smoke_grid(root: Path) -> None:
