@@ -27,6 +27,24 @@ from pomdp_ffm.rundir import RunDir, RunDirError, load_checkpoint
 from . import constants as C
 
 FFM_KEY_RE = re.compile(r"^(?P<module>actor|critic)\..*memory\.(?P<param>alpha|omega)$")
+# The reference's FFM (the FFM fork's FFA module, an attribute named ffm at the paper's commit and ffa later) keeps
+# the log-decay a = -alpha (clamped to [-limit, -1e-8]) and the frequencies b = omega: actor.rnn.ffa.a, ...
+REFERENCE_FFM_KEY_RE = re.compile(r"^(?P<module>actor|critic)\..*\.ff[am]\.(?P<param>a|b)$")
+_REFERENCE_PARAMS = {"a": ("alpha", -1.0), "b": ("omega", 1.0)}
+
+
+def _ffm_key(key) -> tuple[str, str, float] | None:
+    """(module, alpha|omega, sign) of an FFM parameter's key, ours or the reference's; None for other keys
+    (target networks' included)."""
+    if not isinstance(key, str):
+        return None
+    m = FFM_KEY_RE.match(key)
+    if m is not None:
+        return m.group("module"), m.group("param"), 1.0
+    m = REFERENCE_FFM_KEY_RE.match(key)
+    if m is not None:
+        return (m.group("module"), *_REFERENCE_PARAMS[m.group("param")])
+    return None
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 NO_CHECKPOINT = (f"FFM run has no checkpoint (*.pt under {Path(RunDir.CHECKPOINT).parent.as_posix()}/ "
                  f"or {RunDir.SNAPSHOTS}/)")
@@ -70,10 +88,11 @@ def _refusal(path: Path, exc: Exception) -> str:
 def _state_dict(obj, depth: int = 3) -> dict | None:
     """The dict holding the FFM parameters: ``state["agent"]["modules"]`` in ``checkpoints/last.pt``,
     ``state["agent"]`` in ``save/agent_*.pt`` snapshots, the bare state dict in the reference's snapshots;
-    whichever (nested) dict has ``actor.|critic. ... memory.alpha|omega`` keys."""
+    whichever (nested) dict has FFM parameters (``actor.|critic. ... memory.alpha|omega``, or the reference's
+    ``.ffa.a|b``)."""
     if not isinstance(obj, dict):
         return None
-    if any(isinstance(k, str) and FFM_KEY_RE.match(k) for k in obj):
+    if any(_ffm_key(k) is not None for k in obj):
         return obj
     if depth > 0:
         for key in ("agent", "modules", *[k for k in obj if k not in ("agent", "modules")]):
@@ -84,14 +103,16 @@ def _state_dict(obj, depth: int = 3) -> dict | None:
 
 
 def ffm_parameters(state: dict) -> dict[tuple[str, str], list[tuple[str, np.ndarray]]]:
-    """``{(module, param): [(key, values), ...]}`` for actor/critic FFM alpha/omega (targets excluded)."""
+    """``{(module, param): [(key, values), ...]}`` for actor/critic FFM alpha/omega (targets excluded; the
+    reference's a and b as alpha = -a and omega = b)."""
     out: dict[tuple[str, str], list[tuple[str, np.ndarray]]] = {}
     for key, value in state.items():
-        m = FFM_KEY_RE.match(key)
-        if m is None:
+        found = _ffm_key(key)
+        if found is None:
             continue
+        module, param, sign = found
         arr = value.detach().cpu().double().numpy() if hasattr(value, "detach") else np.asarray(value, float)
-        out.setdefault((m.group("module"), m.group("param")), []).append((key, arr.reshape(-1)))
+        out.setdefault((module, param), []).append((key, sign * arr.reshape(-1)))
     return out
 
 

@@ -260,6 +260,26 @@ def test_decay_reads_both_checkpoint_layouts(tmp_path):
         assert sorted(v["steps"].round(6).tolist()) == [8.0, 20.0] and set(v["checkpoint"]) == {name}
 
 
+def test_decay_reads_the_reference_snapshots_parameters(tmp_path):
+    # The reference's FFM keeps the log-decay a = -alpha and the frequencies b = omega (an FFA module named ffm at
+    # the paper's commit, ffa later); its snapshots are the agent's bare state dict, target networks included.
+    import pandas as pd
+    import torch
+    a, b = -math.log(100) / torch.tensor([[[20.0, 50.0]]]), 2 * math.pi / torch.tensor([[[8.0]]])
+    run = tmp_path / "logs" / "pomdp" / "HopperBLT" / "P" / "sac_ffm" / "05-09:12-34:56.78"
+    (run / "save").mkdir(parents=True)
+    torch.save({"actor.rnn.ffa.a": a, "actor.rnn.ffa.b": b, "critic.rnn.ffm.a": a, "critic.rnn.ffm.b": b,
+                "critic_target.rnn.ffa.a": 5 * a, "actor.rnn.pre.weight": torch.ones(2, 2)},
+               run / "save" / "agent_10_perf100.000.pt")
+    runs = pd.DataFrame([{"run_id": "r", "run_dir": str(run), "task": "HopperBLT-P-v0", "algo": "sac",
+                          "model": "ffm@ref"}])
+    values, problems = decay.load_decay(runs, beta=0.01)
+    assert problems == []
+    got = values.groupby(["module", "param"])["steps"].apply(lambda s: sorted(s.round(3)))  # float32 weights
+    assert got.to_dict() == {("actor", "alpha"): [20.0, 50.0], ("actor", "omega"): [8.0],
+                             ("critic", "alpha"): [20.0, 50.0], ("critic", "omega"): [8.0]}
+
+
 def test_decay_skips_checkpoints_the_safe_loader_refuses(tmp_path):
     # An old-format resume checkpoint holding numpy RNG states is refused (never unpickled in full), named in a
     # warning, and the run's snapshot is used instead.
