@@ -374,7 +374,7 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
             # The reference's run name says which agent it is (Markovian, oracle, layers, shared memory); its
             # config's seq_model names only the memory (mlp for the Markovian agent).
             said, named = meta["model"], from_path["model"]
-            if said is not None and str(said).lower() not in (C.memory_of(named), "mlp"):
+            if said is not None and str(said).lower().removesuffix("-mlp") not in (C.memory_of(named), "mlp"):
                 problems.append(("warning", f"config {cfg_file.name} says seq_model {said!r} but the run's folder "
                                             f"says {named!r}; the folder's is used"))
             meta["model"] = named
@@ -423,11 +423,15 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
 
 
 def _status(run_dir: Path) -> tuple[str, str | None]:
-    """One of our runs: done, diverged, failed or unfinished (RunDir's files; a reference run's is unknown), and a
-    warning for the two that ended in an error, which are analysed as far as they got (a diverged run's evaluations
-    are its own result)."""
-    if (run_dir / DONE_MARKER).exists():
-        return "done", None
+    """One of our runs: done, running, diverged, failed or unfinished (RunDir.status, a reference run's is
+    unknown), and a warning for the two that ended in an error, which are analysed as far as they got (a diverged
+    run's evaluations are its own result)."""
+    try:
+        status = RunDir(run_dir).status()
+    except OSError:  # a lock file that cannot be read: its files alone say the rest
+        status = "done" if (run_dir / DONE_MARKER).exists() else None
+    if status in ("done", "running"):
+        return status, None
     error = run_dir / RunDir.ERROR
     last = ""
     if error.is_file():

@@ -278,9 +278,9 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
     IQM pools every (task, run) score, as rliable does; the mean weights tasks
     equally (mean of per-task means), which differs from pooling only when
     tasks have different numbers of runs.  With ``common_tasks`` only tasks that
-    every (algo, model) group of this project has are used, so the groups are
-    comparable; groups of reference-implementation runs (model ending in
-    ``@ref``) are then restricted to that set too but may cover fewer tasks.
+    every (algo, model) group with runs of this project has are used, so the
+    groups are comparable; groups of reference-implementation runs only are
+    then restricted to that set too but may cover fewer tasks.
 
     A task with a single run of a group adds no variance to the stratified
     bootstrap (every resample repeats that run), so the interval understates the
@@ -295,14 +295,20 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
             ["no task has normalisation constants"]
     if common_tasks:
         sets = df.groupby(["algo", "model"])["task"].apply(set)
-        ours = [s for (_, model), s in sets.items() if not model.endswith(C.REF_SUFFIX)]
+        # A group of ours has runs of ours (with --pool-sources a group may hold both; the reference's other
+        # agents, e.g. gru+oracle, have none and do not narrow the common tasks).
+        if "source" in df.columns:
+            has_ours = df.groupby(["algo", "model"])["source"].apply(lambda s: bool((s == "ours").any()))
+        else:
+            has_ours = pd.Series({k: not k[1].endswith(C.REF_SUFFIX) for k in sets.index})
+        ours = [s for key, s in sets.items() if has_ours[key]]
         common = set.intersection(*(ours or sets.tolist()))
         for (algo, model), s in sets.items():
             if s - common:
                 notes.append(f"{algo}/{model}: tasks {sorted(s - common)} not shared by all groups; left out")
         df = df[df["task"].isin(common)]
         for (algo, model), s in sets.items():
-            if model.endswith(C.REF_SUFFIX) and not common <= s:
+            if not has_ours[(algo, model)] and not common <= s:
                 notes.append(f"{algo}/{model}: covers only {len(s & common)} of the {len(common)} common tasks")
     alpha = (1 - confidence) / 2
     rows = []

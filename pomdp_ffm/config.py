@@ -437,8 +437,8 @@ def with_current_key_names(stored: dict) -> dict:
 # Keys (or key prefixes) that may change between the starts of one run directory: where and how it runs, not
 # what it learns.
 MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint", "eval.episodes_together", "eval.workers",
-              "eval.during_updates", "train.cuda_graph", "train.tf32", "train.env_worker", "train.seed_axis_update",
-              "seeds")
+              "eval.during_updates", "eval.save_interval", "eval.log_tensorboard", "train.cuda_graph", "train.tf32",
+              "train.env_worker", "train.seed_axis_update", "seeds")
 
 
 def flat_keys(d: dict, prefix: str = "") -> dict:

@@ -42,6 +42,8 @@ class StopSignals:
         self.request(signum)
 
     def __enter__(self) -> "StopSignals":
+        if _sweep_stop is not None:  # a sweep's stop that came while this job was being set up
+            self.request(_sweep_stop)
         try:
             for sig in STOP_SIGNALS:
                 self._old[sig] = signal.signal(sig, self._on_stop)

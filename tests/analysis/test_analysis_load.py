@@ -215,6 +215,13 @@ def test_reference_runs_of_other_agents_are_their_own_groups(tmp_path):
     assert not report.warnings, _reasons(report)
 
 
+def test_the_references_gru_mlp_runs_are_its_gru_without_a_word(tmp_path):
+    # The reference's configs name the memory "gru-mlp" (a GRU and an MLP head) where its run folder says sac_gru.
+    _reference_run(tmp_path, "sac_gru", [1.0, 2.0], "05-09:12-00:00.00", seq_model="gru-mlp")
+    table, report = load.build_table([tmp_path])
+    assert table["model"].unique().tolist() == ["gru"] and not report.warnings, _reasons(report)
+
+
 def test_a_failed_and_a_diverged_run_are_named_with_their_status(tmp_path):
     runs = {}
     for seed, status in enumerate(["done", "failed", "diverged", "unfinished"]):
@@ -227,22 +234,35 @@ def test_a_failed_and_a_diverged_run_are_named_with_their_status(tmp_path):
     table, report = load.build_table([tmp_path])
     status = table.drop_duplicates("run_id").set_index("seed")["status"].to_dict()
     assert status == {0: "done", 1: "failed", 2: "diverged", 3: "unfinished"}
+    # A failed run being continued by a process that holds its lock is running, whatever its last attempt left.
+    from pomdp_ffm.rundir import RunDir
+    import subprocess, sys
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
+                               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+                               "print('held', flush=True); time.sleep(60)", str(runs["failed"] / RunDir.LOCK)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        table, _ = load.build_table([tmp_path])
+        assert table.drop_duplicates("run_id").set_index("seed")["status"][1] == "running"
+    finally:
+        holder.kill()
     assert any("failed (RuntimeError: CUDA out of memory)" in r for r in _only(report, "seed-1", "warning"))
     assert any("diverged (TrainingDiverged: non-finite critic loss)" in r for r in _only(report, "seed-2", "warning"))
     assert not [r for p, r in _reasons(report, "warning") if "seed-3" in p or "seed-0" in p]
 
 
 def test_runs_pooled_in_one_group_that_differ_in_a_setting_are_warned_about(tmp_path):
-    def ours(seed, lr, device="cpu"):
+    def ours(seed, lr, device="cpu", snapshots=-1):
         run = write_our_run(tmp_path, "HopperBLT-P-v0", "sac", "ffm", seed, steps_grid(3), [1.0, 2.0, 3.0])
         (run / "config.yaml").write_text(
             f"seed: {seed}\ndevice: {device}\nenv:\n  env_name: HopperBLT-P-v0\n"
-            f"policy:\n  algo_name: sac\n  seq_model: ffm\n  lr: {lr}\n")
-    ours(0, 0.0003), ours(1, 0.0003, device="cuda"), ours(2, 0.001)
+            f"policy:\n  algo_name: sac\n  seq_model: ffm\n  lr: {lr}\neval:\n  save_interval: {snapshots}\n")
+    ours(0, 0.0003), ours(1, 0.0003, device="cuda", snapshots=1), ours(2, 0.001)
     _, report = load.build_table([tmp_path])
     hits = _only(report, "HopperBLT-P-v0/sac_ffm (ours)", "warning")
     assert len(hits) == 1 and "policy.lr: 0.0003 (2 runs), 0.001 (1 run)" in hits[0], hits
-    assert "device:" not in hits[0] and "seed:" not in hits[0]
+    assert "device:" not in hits[0] and "seed:" not in hits[0] and "save_interval" not in hits[0]
 
     # The seeds of one experiment (the seed and where it ran apart) are one group without a word.
     (tmp_path / "HopperBLT-P-v0" / "sac_ffm" / "seed-2").rename(tmp_path / "elsewhere")

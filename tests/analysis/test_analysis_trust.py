@@ -355,3 +355,23 @@ def test_tasks_the_aggregate_leaves_out_are_a_warning_on_the_console(tmp_path, c
     err = capsys.readouterr().err
     assert "warning: sac_ffm: aggregate (runmax): task(s) WalkerBLT-V-v0 left out" in err
     assert "td3_ffm" not in err
+
+
+def test_with_pool_sources_the_references_other_agents_do_not_narrow_the_aggregate(tmp_path, capsys):
+    from analysis import cli
+
+    for seed in range(2):
+        for task in ("HopperBLT-P-v0", "WalkerBLT-V-v0"):
+            for model in ("ffm", "gru"):
+                write_our_run(tmp_path / "ours", task, "sac", model, seed, steps_grid(3), [1.0, 100.0 + seed, 2.0])
+    oracle = tmp_path / "ref" / "logs" / "pomdp" / "HopperBLT" / "P" / "oracle_sac_gru" / "gamma-0.99" / "x"
+    oracle.mkdir(parents=True)
+    (oracle / "progress.csv").write_text(progress_text(steps_grid(3), [1.0, 2000.0, 2.0]))
+    (oracle / "variant_1.yml").write_text("seed: 0\nenv:\n  env_name: HopperBLT-P-v0\npolicy:\n  seq_model: gru\n"
+                                          "  algo_name: sac\n")
+    out = tmp_path / "out"
+    assert cli.main(["aggregate", str(tmp_path / "ours"), str(tmp_path / "ref"), "--out", str(out), "--pool-sources",
+                     "--resamples", "50", "--formats", "png", "--no-cache"]) == 0
+    agg = pd.read_csv(out / "tables" / "aggregate_runmax.csv")
+    assert agg.set_index(["model", "metric"]).loc[("ffm", "IQM"), "n_tasks"] == 2
+    assert agg.set_index(["model", "metric"]).loc[("gru+oracle", "IQM"), "n_tasks"] == 1
