@@ -13,12 +13,14 @@ ones; the summary at the end says how many runs are done, failed or still to do.
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 from collections import Counter
 
 from pomdp_ffm.config import Refused
 from pomdp_ffm.grid import STATUSES, sweep_jobs
+from pomdp_ffm.signals import STOP_SIGNALS
 from pomdp_ffm.train import precheck
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
@@ -41,9 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     preset = "experiment=paper" if args.algo == "both" else f"experiment=paper_{args.algo}"
-    overrides = [preset, f"hydra.sweep.dir={args.root}", *(SEED_AXIS if args.seed_axis else []), *args.overrides]
+    overrides = [preset, f"hydra/launcher={args.launcher}", f"hydra.sweep.dir={args.root}",
+                 *(SEED_AXIS if args.seed_axis else []), *args.overrides]
     try:
-        # Every job's settings checked, as `python -m pomdp_ffm.train` checks them, before any is listed or started.
+        # Every job's settings checked, as `python -m pomdp_ffm.train` checks them, before any is listed or started
+        # (with the launcher's, so that its options, e.g. hydra.launcher.partition=gpu, are known keys).
         precheck(["--multirun", *overrides])
         jobs = sweep_jobs(overrides)
     except (Refused, ValueError) as e:
@@ -59,9 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
 
-    cmd = [sys.executable, "-m", "pomdp_ffm.train", "--multirun", f"hydra/launcher={args.launcher}", *overrides]
+    cmd = [sys.executable, "-m", "pomdp_ffm.train", "--multirun", *overrides]
     print("+", " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd)
+    sweep = subprocess.Popen(cmd)
+    # A stop signal to this script is the sweep's: passed on, it stops the sweep as it would stop it directly
+    # (launch/README.md), and this script reports where the runs stand once the sweep has exited.
+    old = {sig: signal.signal(sig, lambda signum, frame: sweep.send_signal(signum)) for sig in STOP_SIGNALS}
+    try:
+        rc = sweep.wait()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     after = Counter(job.status for job in sweep_jobs(overrides))
     print(f"after the launch: {after['done']} done, {after['failed']} failed (ERROR.txt in their run "
           f"directories), {after['running']} still running, {after['resumable'] + after['new']} not finished")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -96,13 +97,22 @@ def _job_processes() -> list[int]:
 class SweepSignals:
     """Around a sweep launched in this process: a stop signal is remembered (``stop_sweep``) and forwarded to the
     processes running the sweep's jobs. Installed in each job process too, between its jobs (where a job's
-    StopSignals is not), so that a signal there is remembered instead of killing the worker."""
+    StopSignals is not), so that a signal there is remembered instead of killing the worker.
 
-    def __init__(self, forward: bool = True):
+    ``workers``: the jobs run in worker processes that this one starts (joblib's). Until a worker has installed
+    its own handler, at its first job, a forwarded signal would kill it; so the stop signals are blocked here,
+    which the workers inherit (a blocked signal waits for its process to unblock it: ``unblock_in_worker``), and
+    a thread of this process takes them with ``sigwait`` instead of a handler."""
+
+    def __init__(self, forward: bool = True, workers: bool = False):
         self.forward = forward
+        self.workers = workers and hasattr(signal, "pthread_sigmask")
         self._old: dict[int, object] = {}
+        self._watching = False
+        self._watcher: threading.Thread | None = None
+        self._mask: set | None = None
 
-    def _on_stop(self, signum, frame) -> None:
+    def _on_stop(self, signum, frame=None) -> None:
         stop_sweep(signum)
         if self.forward:
             for pid in _job_processes():
@@ -111,16 +121,42 @@ class SweepSignals:
                 except ProcessLookupError:  # it ended meanwhile
                     pass
 
+    def _watch(self) -> None:
+        while self._watching:
+            got = signal.sigtimedwait(STOP_SIGNALS, 0.2)
+            if got is not None:
+                self._on_stop(got.si_signo)
+
     def __enter__(self) -> "SweepSignals":
         try:
             for sig in STOP_SIGNALS:
                 self._old[sig] = signal.signal(sig, self._on_stop)
         except ValueError:  # not the main thread
             self.__exit__()
+            return self
+        if self.workers:
+            self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            self._watching = True
+            self._watcher = threading.Thread(target=self._watch, name="sweep-signals", daemon=True)
+            self._watcher.start()
         return self
 
     def __exit__(self, *exc) -> bool:
+        if self._watcher is not None:
+            self._watching = False
+            self._watcher.join()
+            self._watcher = None
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
         self._old.clear()
+        if self._mask is not None:  # a signal that came after the watcher stopped goes to the handler restored
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+            self._mask = None
         return False
+
+
+def unblock_in_worker() -> None:
+    """In a job's worker process, once its handler is installed: the stop signals its launcher blocked
+    (``SweepSignals(workers=True)``) are let in, and one that came meanwhile is delivered now."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -298,15 +298,17 @@ def main(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    global _between_jobs
+    if multirun and _between_jobs is None and "joblib" in str(hc.launcher.get("_target_", "")).lower():
+        # A worker of joblib's launcher: a stop signal between two of its jobs stops the sweep, not the worker; one
+        # that came before this first job waited, blocked (SweepSignals), and is taken now.
+        _between_jobs = SweepSignals(forward=False).__enter__()
+        signals.unblock_in_worker()
     if multirun and signals.sweep_stopped() is not None:
         # A stop signal stopped the sweep (during a job of this process or between two): this job does not start.
         _remove_empty_dirs(run_dir, stop_at=Path(hc.sweep.dir))
         log.info("not started: the sweep was stopped by signal %d", signals.sweep_stopped())
         return {"stopped": True, "started": False, "signal": signals.sweep_stopped()}
-    global _between_jobs
-    if multirun and _between_jobs is None and "joblib" in str(hc.launcher.get("_target_", "")).lower():
-        # A worker of joblib's launcher: a stop signal between two of its jobs stops the sweep, not the worker.
-        _between_jobs = SweepSignals(forward=False).__enter__()
     try:
         result = run(cfg, run_dir)
     except Refused as e:
@@ -348,12 +350,12 @@ def _one_line(e: Exception) -> str:
 def precheck(argv: list[str]) -> DictConfig | None:
     """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
     key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
-    launched. A sweep (the command line's, and a preset's ``hydra.sweeper.params`` in a multirun) is checked on
-    jobs that between them give every swept key each of its values (not the whole product), with the jobs'
-    own overrides, as the sweep will start them. Commands with Hydra flags other than --multirun (--cfg,
-    --help, -cn, ...) are left to Hydra. Returns the config composed from the fixed overrides, with Hydra's
-    (None where the command is left to Hydra)."""
+    launched. Every job of a sweep (the command line's, and a preset's ``hydra.sweeper.params`` in a multirun)
+    is checked, with its own overrides as the sweep will start it; jobs that differ only in their seed are composed
+    once. Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left to Hydra. Returns the
+    config composed from the fixed overrides, with Hydra's (None where the command is left to Hydra)."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from .grid import CONF_DIR, job_overrides
 
@@ -363,19 +365,28 @@ def precheck(argv: list[str]) -> DictConfig | None:
     args = [a for a in argv if not a.startswith("-")]
     try:
         every, composed = job_overrides(args, multirun=any(a in ("-m", "--multirun") for a in argv))
-        seen: set[str] = set()
-        jobs = []
-        for job in every:  # the first job, then each job that brings a value not seen yet
-            if not seen.issuperset(job):
-                jobs.append(job)
-                seen.update(job)
-        for job in jobs:
-            with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-                cfg = compose("config", overrides=job)
-            try:
-                validate(cfg)
-            except Refused as e:
-                raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
+        parser = OverridesParser.create()
+        by_rest: dict[tuple[str, ...], list[tuple[list[str], object]]] = {}
+        for job in every:
+            seed = [o for o in parser.parse_overrides(job) if o.input_line.startswith("seed=")]
+            rest = tuple(x for x in job if not x.startswith("seed="))
+            by_rest.setdefault(rest, []).append((job, seed[0].value() if seed else None))
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            for (first, _), *others in by_rest.values():
+                cfg = compose("config", overrides=first)
+                for job, seed in [(first, None), *others]:
+                    try:
+                        if seed is not None:
+                            job_cfg = cfg.copy()
+                            OmegaConf.update(job_cfg, "seed", seed)
+                        else:
+                            job_cfg = cfg
+                    except Exception:  # a seed the schema refuses: Hydra's own message, from composing the job
+                        job_cfg = compose("config", overrides=job)
+                    try:
+                        validate(job_cfg)
+                    except Refused as e:
+                        raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
     except Refused:
         raise
     except Exception as e:  # Hydra's and OmegaConf's composition errors
@@ -397,7 +408,8 @@ def cli() -> None:
                                          or composed.hydra.mode == RunMode.MULTIRUN)
     launcher = str(composed.hydra.launcher.get("_target_", "")) if composed is not None else ""
     in_process = multirun and launcher.rsplit(".", 1)[-1] in _IN_PROCESS_LAUNCHERS
-    with SweepSignals() if in_process else contextlib.nullcontext():
+    workers = launcher.rsplit(".", 1)[-1] == "JoblibLauncher"
+    with SweepSignals(workers=workers) if in_process else contextlib.nullcontext():
         main()
     if in_process and signals.sweep_stopped() is not None:
         print(f"stopped by signal {signals.sweep_stopped()}: the jobs in hand saved their checkpoints and the "

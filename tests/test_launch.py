@@ -209,6 +209,31 @@ def test_a_stop_signal_to_a_sweep_stops_it(tmp_path, launcher):
         assert last.split(maxsplit=4)[-1].startswith("stopped by signal 15")
 
 
+def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
+    # The signal comes while the first job builds its trainer, before the job's own handler is installed: the
+    # job still stops (with its checkpoint) instead of training to its end, and the sweep stops after it.
+    root = tmp_path / "sweep"
+    code = ("import os, runpy, signal, sys\n"
+            "from pomdp_ffm import trainer\n"
+            "init = trainer.Trainer.__init__\n"
+            "def once(self, *a, **k):\n"
+            "    if not getattr(trainer, '_signalled', False):\n"
+            "        trainer._signalled = True\n"
+            "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "    init(self, *a, **k)\n"
+            "trainer.Trainer.__init__ = once\n"
+            "sys.argv = ['train', *sys.argv[1:]]\n"
+            "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code, "experiment=smoke", f"hydra.sweep.dir={root}",
+                           "train.num_iters=30"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    runs = sorted(p.parent for p in root.glob("*/*/seed-*/config.yaml"))
+    assert runs == [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"]
+    assert RunDir(runs[0]).status() == "resumable"
+    assert "stopped by signal 10" in (runs[0] / "attempts.log").read_text()
+
+
 def _check_smoke_grid(root: Path) -> None:
     runs = sorted(root.glob("Pendulum-V-v0/sac_*/seed-*"))
     assert [str(r.relative_to(root)) for r in runs] == [
@@ -332,3 +357,32 @@ def test_scheduler_warning_defers_submitit_until_checkpoint():
             assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGUSR2, old2)
+
+
+def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
+    # A joblib sweep's launcher blocks the stop signals (SweepSignals(workers=True)), so a worker it starts keeps a
+    # signal forwarded before its first job installed a handler pending instead of dying of it; the worker's
+    # handler then receives it (signals.unblock_in_worker). The launcher's own thread takes the signals sent to it.
+    child = ("import os, signal, sys, time\n"
+             "from pomdp_ffm import signals\n"
+             "print('up', flush=True)\n"
+             "while signal.SIGUSR1 not in signal.sigpending(): time.sleep(0.01)\n"
+             "got = []\n"
+             "signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))\n"
+             "signals.unblock_in_worker()\n"
+             "print('handled', got, flush=True)\n")
+    parent = ("import os, signal, subprocess, sys, time\n"
+              "from pomdp_ffm import signals\n"
+              "with signals.SweepSignals(workers=True):\n"
+              "    worker = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True)\n"
+              "    assert worker.stdout.readline().strip() == 'up'\n"
+              "    os.kill(worker.pid, signal.SIGUSR1)\n"
+              "    print(worker.stdout.readline().strip(), worker.wait(), flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    deadline = time.time() + 10\n"
+              "    while signals.sweep_stopped() is None and time.time() < deadline: time.sleep(0.01)\n"
+              "print('launcher', signals.sweep_stopped(), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", parent, child], env=_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == [f"handled [{int(signal.SIGUSR1)}] 0", f"launcher {int(signal.SIGTERM)}"]
