@@ -143,7 +143,7 @@ def joint_with(monkeypatch, make):
     (("algo=sac", "seq_model=ffm"), False), (("algo=td3", "seq_model=lstm"), False),
     (("algo=sac", "seq_model=ffm"), True), (("algo=td3", "seq_model=mlp"), True),
     (("env=HopperMJ-V-v0", "algo=td3", "policy.td3.policy_delay=2", "seq_model=mlp",
-      "train.num_updates_per_iter=0.1", "train.num_iters=2"), True)],
+      "train.num_updates_per_iter=0.1", "train.num_iters=1"), True)],
     ids=["sac-ffm", "td3-lstm", "sac-ffm-stacked", "td3-mlp-stacked", "td3-mlp-stacked-falls"])
 def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(composed, tmp_path, monkeypatch,
                                                                             overrides, stacked):
@@ -281,7 +281,7 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
     from pomdp_ffm.rundir import load_checkpoint
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
-    overrides = ("env=HopperMJ-V-v0", "algo=sac", "seq_model=gru", "train.num_updates_per_iter=0.25",
+    overrides = ("env=HopperMJ-V-v0", "algo=sac", "seq_model=gru", "train.num_updates_per_iter=0.1",
                  "train.num_iters=1", "device=cpu", "seeds=[0,1,2]")
     run(composed(*overrides), tmp_path / "full" / "seed-0")
 
