@@ -124,6 +124,7 @@ def test_yaml_numbers(hydra_ctx):
     with pytest.raises(ValueError, match=r"train.buffer_size=0.5 must be a positive whole number"):
         make(["train.buffer_size=0.5"])
     assert isinstance(make(["train.num_updates_per_iter=1"]).train.num_updates_per_iter, int)
+    assert isinstance(make(["train.num_updates_per_iter=1.0"]).train.num_updates_per_iter, float)
 
 
 def test_misspelt_key_fails_clearly(hydra_ctx):
