@@ -565,6 +565,11 @@ def _fingerprint(pairs: list[tuple[Path, Path]]) -> str:
         for p in sorted(run.glob("variant_*.yml")):
             st = p.stat()
             h.update(f"|{p.name}:{st.st_mtime_ns}:{st.st_size}".encode())
+        if (run / RunDir.LOCK).exists():  # a run's status says whether a process holds its lock
+            try:
+                h.update(f"|held:{RunDir(run).holder() is not None}".encode())
+            except OSError:
+                h.update(b"|held:?")
     return h.hexdigest()[:20]
 
 

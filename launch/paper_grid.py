@@ -71,9 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     old = {sig: signal.signal(sig, lambda signum, frame: sweep.send_signal(signum)) for sig in STOP_SIGNALS}
     try:
         rc = sweep.wait()
+    except KeyboardInterrupt:  # interrupted alone (kill -INT): the sweep is interrupted too, not left running
+        sweep.send_signal(signal.SIGINT)
+        sweep.wait()
+        raise
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+    if rc < 0:  # ended by a signal (one that came before it could stop its runs): the shell's 128 + N
+        rc = 128 - rc
     after = Counter(job.status for job in sweep_jobs(overrides))
     print(f"after the launch: {after['done']} done, {after['failed']} failed (ERROR.txt in their run "
           f"directories), {after['running']} still running, {after['resumable'] + after['new']} not finished")

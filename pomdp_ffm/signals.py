@@ -106,7 +106,9 @@ class SweepSignals:
 
     def __init__(self, forward: bool = True, workers: bool = False):
         self.forward = forward
-        self.workers = workers and hasattr(signal, "pthread_sigmask")
+        # sigwait needs both (macOS has pthread_sigmask, not sigtimedwait): elsewhere a worker stays exposed
+        # until its first job, as without this.
+        self.workers = workers and hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
         self._old: dict[int, object] = {}
         self._watching = False
         self._watcher: threading.Thread | None = None
@@ -135,6 +137,9 @@ class SweepSignals:
             self.__exit__()
             return self
         if self.workers:
+            # The resource trackers, which multiprocessing and loky start with the first worker, unblock SIGINT and
+            # SIGTERM in the thread that starts them once they are up: started now, before the block, they do not.
+            _start_resource_trackers()
             self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             self._watching = True
             self._watcher = threading.Thread(target=self._watch, name="sweep-signals", daemon=True)
@@ -146,13 +151,24 @@ class SweepSignals:
             self._watching = False
             self._watcher.join()
             self._watcher = None
+        if self._mask is not None:  # a signal that came after the watcher stopped reaches this one's handler
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+            self._mask = None
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
         self._old.clear()
-        if self._mask is not None:  # a signal that came after the watcher stopped goes to the handler restored
-            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
-            self._mask = None
         return False
+
+
+def _start_resource_trackers() -> None:
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    try:
+        from joblib.externals.loky.backend import resource_tracker as loky_tracker
+    except ImportError:  # no joblib: no joblib launcher either
+        return
+    loky_tracker.ensure_running()
 
 
 def unblock_in_worker() -> None:

@@ -368,21 +368,18 @@ def precheck(argv: list[str]) -> DictConfig | None:
         parser = OverridesParser.create()
         by_rest: dict[tuple[str, ...], list[tuple[list[str], object]]] = {}
         for job in every:
-            seed = [o for o in parser.parse_overrides(job) if o.input_line.startswith("seed=")]
-            rest = tuple(x for x in job if not x.startswith("seed="))
-            by_rest.setdefault(rest, []).append((job, seed[0].value() if seed else None))
+            seed = [o.value() for o in parser.parse_overrides(job) if o.input_line.startswith("seed=")]
+            plain = len(seed) == 1 and isinstance(seed[0], int) and not isinstance(seed[0], bool)
+            rest = tuple(x for x in job if not (plain and x.startswith("seed=")))
+            by_rest.setdefault(rest, []).append((job, seed[0] if plain else None))
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
             for (first, _), *others in by_rest.values():
                 cfg = compose("config", overrides=first)
                 for job, seed in [(first, None), *others]:
-                    try:
-                        if seed is not None:
-                            job_cfg = cfg.copy()
-                            OmegaConf.update(job_cfg, "seed", seed)
-                        else:
-                            job_cfg = cfg
-                    except Exception:  # a seed the schema refuses: Hydra's own message, from composing the job
-                        job_cfg = compose("config", overrides=job)
+                    job_cfg = cfg
+                    if seed is not None:  # the same job with another (integer) seed
+                        job_cfg = cfg.copy()
+                        OmegaConf.update(job_cfg, "seed", seed)
                     try:
                         validate(job_cfg)
                     except Refused as e:

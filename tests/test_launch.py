@@ -372,8 +372,12 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
              "signals.unblock_in_worker()\n"
              "print('handled', got, flush=True)\n")
     parent = ("import os, signal, subprocess, sys, time\n"
+              "from joblib import Parallel, delayed\n"
               "from pomdp_ffm import signals\n"
+              "def blocked():\n"
+              "    return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))\n"
               "with signals.SweepSignals(workers=True):\n"
+              "    print('joblib workers', Parallel(n_jobs=2)(delayed(blocked)() for _ in range(2)), flush=True)\n"
               "    worker = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True)\n"
               "    assert worker.stdout.readline().strip() == 'up'\n"
               "    os.kill(worker.pid, signal.SIGUSR1)\n"
@@ -385,4 +389,23 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
     proc = subprocess.run([sys.executable, "-c", parent, child], env=_env(), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:2] == [f"handled [{int(signal.SIGUSR1)}] 0", f"launcher {int(signal.SIGTERM)}"]
+    stops = sorted(int(s) for s in (signal.SIGUSR1, signal.SIGTERM))
+    # joblib's workers start with both blocked (the resource trackers it starts unblock SIGTERM where they start)
+    assert proc.stdout.split("\n")[:3] == [f"joblib workers {[stops, stops]}", f"handled [{int(signal.SIGUSR1)}] 0",
+                                          f"launcher {int(signal.SIGTERM)}"]
+
+
+def test_the_paper_grid_exits_as_its_sweep_did(tmp_path, monkeypatch, capsys):
+    # A sweep ended by a signal (one that came before it could stop its runs) reports the shell's 128 + N, not
+    # Python's sys.exit of a negative number (241 for SIGTERM).
+    grid = _paper_grid()
+
+    class EndedBySigterm:
+        def __init__(self, cmd):
+            self.cmd = cmd
+
+        def wait(self):
+            return -signal.SIGTERM
+
+    monkeypatch.setattr(grid.subprocess, "Popen", EndedBySigterm)
+    assert grid.main(["--algo", "sac", "--root", str(tmp_path / "grid")]) == 128 + signal.SIGTERM

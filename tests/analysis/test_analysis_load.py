@@ -291,3 +291,28 @@ def test_the_cache_answers_alike_from_another_working_directory(tmp_path, monkey
     assert first["run_dir"].tolist() == second["run_dir"].tolist()
     assert all(os.path.isabs(d) and os.path.isdir(d) for d in second["run_dir"])
     assert [i.path for i in rep2.issues] == [i.path for i in load.build_table(["../a/runs"])[1].issues]
+
+
+def test_a_cached_status_follows_the_runs_lock(tmp_path):
+    # "running" depends on whether a process holds the run's lock, not on any file's contents: the cache must not
+    # go on answering "running" once the holder is gone.
+    import subprocess
+    import sys
+
+    from pomdp_ffm.rundir import RunDir
+
+    run = write_our_run(tmp_path / "runs", "HopperBLT-P-v0", "sac", "ffm", 0, steps_grid(3), [1.0, 2.0, 3.0],
+                        done=False)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
+                               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+                               "print('held', flush=True); time.sleep(60)", str(run / RunDir.LOCK)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        table, _ = load.load_runs([tmp_path / "runs"], cache_dir=tmp_path / "cache")
+        assert table["status"].unique().tolist() == ["running"]
+    finally:
+        holder.kill()
+        holder.wait()
+    table, _ = load.load_runs([tmp_path / "runs"], cache_dir=tmp_path / "cache")
+    assert table["status"].unique().tolist() == ["unfinished"]
