@@ -110,16 +110,24 @@ class SweepSignals:
         # until its first job, as without this.
         self.workers = workers and hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
         self._old: dict[int, object] = {}
+        self._signalled: set[int] = set()
         self._watching = False
         self._watcher: threading.Thread | None = None
         self._mask: set | None = None
 
     def _on_stop(self, signum, frame=None) -> None:
         stop_sweep(signum)
-        if self.forward:
-            for pid in _job_processes():
+        self._forward(again=True)
+
+    def _forward(self, again: bool = False) -> None:
+        """The sweep's stop signal to its job processes: all of them (``again``), or those that started since."""
+        if not self.forward or _sweep_stop is None:
+            return
+        for pid in _job_processes():
+            if again or pid not in self._signalled:
+                self._signalled.add(pid)
                 try:
-                    os.kill(pid, signum)
+                    os.kill(pid, _sweep_stop)
                 except ProcessLookupError:  # it ended meanwhile
                     pass
 
@@ -128,6 +136,10 @@ class SweepSignals:
             got = signal.sigtimedwait(STOP_SIGNALS, 0.2)
             if got is not None:
                 self._on_stop(got.si_signo)
+            else:
+                # Workers started after the stop get it too (blocked until their first job, they take it there and
+                # do not start it); a stop that came before any worker existed would otherwise reach no job.
+                self._forward()
 
     def __enter__(self) -> "SweepSignals":
         try:

@@ -359,6 +359,26 @@ def test_scheduler_warning_defers_submitit_until_checkpoint():
         signal.signal(signal.SIGUSR2, old2)
 
 
+def test_a_stop_before_a_joblib_sweeps_workers_exist_starts_no_job(tmp_path):
+    # The launcher takes the signal before joblib has started a worker: the workers it starts afterwards are sent
+    # it too (blocked until their first job, they take it there), so no job starts and the sweep exits 75.
+    root = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", "experiment=smoke", f"hydra.sweep.dir={root}",
+                             "hydra/launcher=local", "hydra.launcher.n_jobs=2"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (root / "multirun.yaml").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.01)  # Hydra writes it as the sweep starts, before it hands the jobs to joblib
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, out[-3000:]
+    assert not list(root.glob("*/*/seed-*/config.yaml")), out[-3000:]
+
+
 def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
     # A joblib sweep's launcher blocks the stop signals (SweepSignals(workers=True)), so a worker it starts keeps a
     # signal forwarded before its first job installed a handler pending instead of dying of it; the worker's
