@@ -21,8 +21,8 @@ Exit codes of a single run (a multirun reports each job's failure through Hydra 
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
+import signal
 import logging
 import sys
 import traceback
@@ -39,7 +39,7 @@ from .config import (Refused, RunConfig, check_known_keys, check_renamed_overrid
 from . import rundir as rundir_module
 from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
 from . import signals
-from .signals import StopSignals, SweepSignals
+from .signals import STOP_SIGNALS, StopSignals, SweepSignals
 from .trainer import Outcome, Trainer, TrainingDiverged, resolve_device
 
 register_configs()
@@ -327,6 +327,10 @@ def main(cfg: DictConfig) -> dict:
         if not multirun:
             sys.exit(EXIT_STOPPED)
         signals.stop_sweep(result["signal"])
+    elif multirun and result.get("stop") is not None and result["stop"].requested is not None:
+        # The signal came after the run's last look at it (its final evaluation, checkpoint, DONE): the run is
+        # done, and the sweep stops all the same.
+        signals.stop_sweep(result["stop"].requested)
     result.pop("stop", None)
     return result
 
@@ -396,18 +400,29 @@ def cli() -> None:
     a stop signal stopped (``signals.SweepSignals``) exits with EXIT_STOPPED once its jobs in hand have saved
     their checkpoints."""
     argv = sys.argv[1:]
+    early: list[int] = []  # a stop while the command is checked: nothing has started, nothing starts
+    before = {sig: signal.signal(sig, lambda signum, frame: early.append(signum)) for sig in STOP_SIGNALS}
     try:
         composed = precheck(argv)
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if early:
+        print(f"stopped by signal {early[0]} before anything started; rerun the same command", file=sys.stderr)
+        sys.exit(EXIT_STOPPED)
     multirun = composed is not None and (any(a in ("-m", "--multirun") for a in argv)
                                          or composed.hydra.mode == RunMode.MULTIRUN)
     launcher = str(composed.hydra.launcher.get("_target_", "")) if composed is not None else ""
     in_process = multirun and launcher.rsplit(".", 1)[-1] in _IN_PROCESS_LAUNCHERS
     workers = launcher.rsplit(".", 1)[-1] == "JoblibLauncher"
-    with SweepSignals(workers=workers) if in_process else contextlib.nullcontext():
-        main()
+    if in_process:
+        # Kept to the end of the process, not only of the sweep: a signal while joblib's workers shut down, after
+        # the last job, is then taken (or left blocked) instead of ending the process by the signal.
+        SweepSignals(workers=workers).__enter__()
+    main()
     if in_process and signals.sweep_stopped() is not None:
         print(f"stopped by signal {signals.sweep_stopped()}: the jobs in hand saved their checkpoints and the "
               "sweep's later jobs did not start; rerun the same command to resume", file=sys.stderr)

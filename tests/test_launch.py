@@ -359,6 +359,45 @@ def test_scheduler_warning_defers_submitit_until_checkpoint():
         signal.signal(signal.SIGUSR2, old2)
 
 
+def _signalling(patch: str) -> str:
+    """A script that runs `python -m pomdp_ffm.train` with ``patch`` applied first (it sends a signal somewhere)."""
+    return ("import os, runpy, signal, sys\n" + patch +
+            "sys.argv = ['train', *sys.argv[1:]]\n"
+            "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
+
+
+def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
+    # The signal comes once the first job has trained (its final evaluation, checkpoint and DONE being written),
+    # when nothing in the job looks at it any more: that job is done, and the sweep still stops after it.
+    root = tmp_path / "sweep"
+    patch = ("from pomdp_ffm import trainer\n"
+             "train = trainer.Trainer.train\n"
+             "def then_signal(self, *a, **k):\n"
+             "    out = train(self, *a, **k)\n"
+             "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+             "    return out\n"
+             "trainer.Trainer.train = then_signal\n")
+    proc = subprocess.run([sys.executable, "-c", _signalling(patch), "experiment=smoke", f"hydra.sweep.dir={root}"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    runs = sorted(p.parent for p in root.glob("*/*/seed-*/config.yaml"))
+    assert runs == [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"] and RunDir(runs[0]).status() == "done"
+
+
+def test_a_stop_while_the_command_is_checked_starts_nothing(tmp_path):
+    root = tmp_path / "sweep"
+    patch = ("from pomdp_ffm.grid import job_overrides\n"
+             "import pomdp_ffm.grid as grid\n"
+             "def then_signal(*a, **k):\n"
+             "    os.kill(os.getpid(), signal.SIGTERM)\n"
+             "    return job_overrides(*a, **k)\n"
+             "grid.job_overrides = then_signal\n")
+    proc = subprocess.run([sys.executable, "-c", _signalling(patch), "experiment=smoke", f"hydra.sweep.dir={root}"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 75 and "before anything started" in proc.stderr, proc.stderr[-3000:]
+    assert not root.exists()
+
+
 def test_a_stop_before_a_joblib_sweeps_workers_exist_starts_no_job(tmp_path):
     # The launcher takes the signal before joblib has started a worker: the workers it starts afterwards are sent
     # it too (blocked until their first job, they take it there), so no job starts and the sweep exits 75.
