@@ -159,10 +159,16 @@ class Trainer:
         t = cfg.train
         self.max_len = get_task(cfg.env.env_name).max_episode_steps  # an unknown task fails here, with the list
         self.iter_len, self.budget = env_step_budget(t, self.max_len)
+        # Evaluations come at the ends of the iterations after the initial pool whose count (the env-step clock)
+        # is a multiple of eval.log_interval: one must fall in this budget, or the run would train to its end and
+        # fail there (with episodes of full length; the pool's shorter episodes can only make it earlier).
         last_iters = self.budget // self.iter_len
-        if last_iters < cfg.eval.log_interval:
-            raise ValueError(f"eval.log_interval={cfg.eval.log_interval} is more than the {last_iters} iterations "
-                             f"of this budget on {cfg.env.env_name}: no evaluation would ever be logged")
+        pool_iters = self.max_len * t.num_init_rollouts_pool // self.iter_len
+        if last_iters // cfg.eval.log_interval == pool_iters // cfg.eval.log_interval:
+            raise ValueError(f"eval.log_interval={cfg.eval.log_interval} divides none of the iterations "
+                             f"{pool_iters + 1}-{last_iters} that follow the initial pool on {cfg.env.env_name} "
+                             f"(train.num_iters={t.num_iters}, train.num_init_rollouts_pool={t.num_init_rollouts_pool})"
+                             ": no evaluation would ever be logged")
         # A deferred evaluation (eval.during_updates) plays on copies of the env even for one episode.
         eval_workers = cfg.eval.workers and cfg.eval.episodes_together and (
             cfg.env.num_eval_tasks > 1 or cfg.eval.during_updates)

@@ -179,6 +179,16 @@ def test_bad_settings_exit_2_with_one_line_and_write_nothing(tmp_path, override,
     assert not run_dir.exists()
 
 
+def test_a_budget_whose_evaluations_all_fall_in_the_initial_pool_is_refused(tmp_path):
+    # Pendulum's pool of 5 episodes is iterations 1-5 of the eval clock; 3 more iterations (6-8) hold no multiple
+    # of a log_interval of 5: the run would train to its end and only then fail, so it is refused at the start.
+    run_dir = tmp_path / "bad"
+    proc = cli(run_dir, "train.num_init_rollouts_pool=5", "train.num_iters=3", "eval.log_interval=5")
+    assert proc.returncode == EXIT_REFUSED and proc.stderr.startswith("error: "), proc.stderr[-2000:]
+    assert "divides none of the iterations 6-8" in proc.stderr and proc.stderr.strip().count("\n") == 0
+    assert not run_dir.exists()
+
+
 # --- resume verifies before it continues ------------------------------------------------------------------
 def test_resume_reproduces_the_uninterrupted_run(cut_run, full_run):
     run_dir, cfg = cut_run
