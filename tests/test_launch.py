@@ -170,6 +170,20 @@ def test_the_paper_grid_checks_every_job_before_listing_or_launching(tmp_path, c
     assert not (tmp_path / "grid").exists()
 
 
+def _sigterm_when(cwd: Path, overrides: list[str], wait) -> tuple[int, str]:
+    """``python -m pomdp_ffm.train OVERRIDES``, sent SIGTERM once ``wait(proc)`` returns: its exit code and output."""
+    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", *overrides], cwd=cwd, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait(proc)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out
+
+
 def _wait_for_evaluations(proc, runs, n=1, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
@@ -190,16 +204,8 @@ def test_a_stop_signal_to_a_sweep_stops_it(tmp_path, launcher):
     if launcher == "local":
         cmd.append("hydra.launcher.n_jobs=2")
         first.append(root / "Pendulum-V-v0" / "sac_ffm" / "seed-1")
-    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", *cmd], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for_evaluations(proc, first)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 75, out[-3000:]
+    rc, out = _sigterm_when(tmp_path, cmd, lambda proc: _wait_for_evaluations(proc, first))
+    assert rc == 75, out[-3000:]
     assert "later jobs did not start; rerun the same command to resume" in out
     runs = sorted(p.parent for p in root.glob("*/*/seed-*/config.yaml"))
     assert runs == first  # the jobs after them did not start, and left no folder
@@ -209,24 +215,38 @@ def test_a_stop_signal_to_a_sweep_stops_it(tmp_path, launcher):
         assert last.split(maxsplit=4)[-1].startswith("stopped by signal 15")
 
 
+def _train_signalled(cwd: Path, target: str, signum: int, after: bool, *overrides: str):
+    """``python -m pomdp_ffm.train OVERRIDES`` in a process whose ``target`` ("module:Owner.attr") sends it
+    ``signum`` once, before (or ``after``) its first call: a signal at a chosen moment, without timing."""
+    module, attr = target.split(":")
+    code = ("import importlib, os, runpy, sys\n"
+            f"owner = importlib.import_module({module!r})\n"
+            f"*path, name = {attr!r}.split('.')\n"
+            "for part in path:\n"
+            "    owner = getattr(owner, part)\n"
+            "real, sent = getattr(owner, name), []\n"
+            "def send():\n"
+            "    if not sent:\n"
+            "        sent.append(1)\n"
+            f"        os.kill(os.getpid(), {int(signum)})\n"
+            "def wrapped(*a, **k):\n"
+            f"    {'pass' if after else 'send()'}\n"
+            "    out = real(*a, **k)\n"
+            f"    {'send()' if after else 'pass'}\n"
+            "    return out\n"
+            "setattr(owner, name, wrapped)\n"
+            "sys.argv = ['train', *sys.argv[1:]]\n"
+            "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
+    return subprocess.run([sys.executable, "-c", code, *overrides], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
 def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
     # The signal comes while the first job builds its trainer, before the job's own handler is installed: the
     # job still stops (with its checkpoint) instead of training to its end, and the sweep stops after it.
     root = tmp_path / "sweep"
-    code = ("import os, runpy, signal, sys\n"
-            "from pomdp_ffm import trainer\n"
-            "init = trainer.Trainer.__init__\n"
-            "def once(self, *a, **k):\n"
-            "    if not getattr(trainer, '_signalled', False):\n"
-            "        trainer._signalled = True\n"
-            "        os.kill(os.getpid(), signal.SIGUSR1)\n"
-            "    init(self, *a, **k)\n"
-            "trainer.Trainer.__init__ = once\n"
-            "sys.argv = ['train', *sys.argv[1:]]\n"
-            "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
-    proc = subprocess.run([sys.executable, "-c", code, "experiment=smoke", f"hydra.sweep.dir={root}",
-                           "train.num_iters=30"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = _train_signalled(tmp_path, "pomdp_ffm.trainer:Trainer.__init__", signal.SIGUSR1, False,
+                            "experiment=smoke", f"hydra.sweep.dir={root}", "train.num_iters=30")
     assert proc.returncode == 75, proc.stderr[-3000:]
     runs = sorted(p.parent for p in root.glob("*/*/seed-*/config.yaml"))
     assert runs == [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"]
@@ -359,26 +379,12 @@ def test_scheduler_warning_defers_submitit_until_checkpoint():
         signal.signal(signal.SIGUSR2, old2)
 
 
-def _signalling(patch: str) -> str:
-    """A script that runs `python -m pomdp_ffm.train` with ``patch`` applied first (it sends a signal somewhere)."""
-    return ("import os, runpy, signal, sys\n" + patch +
-            "sys.argv = ['train', *sys.argv[1:]]\n"
-            "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
-
-
 def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
     # The signal comes once the first job has trained (its final evaluation, checkpoint and DONE being written),
     # when nothing in the job looks at it any more: that job is done, and the sweep still stops after it.
     root = tmp_path / "sweep"
-    patch = ("from pomdp_ffm import trainer\n"
-             "train = trainer.Trainer.train\n"
-             "def then_signal(self, *a, **k):\n"
-             "    out = train(self, *a, **k)\n"
-             "    os.kill(os.getpid(), signal.SIGUSR1)\n"
-             "    return out\n"
-             "trainer.Trainer.train = then_signal\n")
-    proc = subprocess.run([sys.executable, "-c", _signalling(patch), "experiment=smoke", f"hydra.sweep.dir={root}"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = _train_signalled(tmp_path, "pomdp_ffm.trainer:Trainer.train", signal.SIGUSR1, True,
+                            "experiment=smoke", f"hydra.sweep.dir={root}")
     assert proc.returncode == 75, proc.stderr[-3000:]
     runs = sorted(p.parent for p in root.glob("*/*/seed-*/config.yaml"))
     assert runs == [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"] and RunDir(runs[0]).status() == "done"
@@ -386,14 +392,8 @@ def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
 
 def test_a_stop_while_the_command_is_checked_starts_nothing(tmp_path):
     root = tmp_path / "sweep"
-    patch = ("from pomdp_ffm.grid import job_overrides\n"
-             "import pomdp_ffm.grid as grid\n"
-             "def then_signal(*a, **k):\n"
-             "    os.kill(os.getpid(), signal.SIGTERM)\n"
-             "    return job_overrides(*a, **k)\n"
-             "grid.job_overrides = then_signal\n")
-    proc = subprocess.run([sys.executable, "-c", _signalling(patch), "experiment=smoke", f"hydra.sweep.dir={root}"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = _train_signalled(tmp_path, "pomdp_ffm.grid:job_overrides", signal.SIGTERM, False,
+                            "experiment=smoke", f"hydra.sweep.dir={root}")
     assert proc.returncode == 75 and "before anything started" in proc.stderr, proc.stderr[-3000:]
     assert not root.exists()
 
@@ -402,19 +402,14 @@ def test_a_stop_before_a_joblib_sweeps_workers_exist_starts_no_job(tmp_path):
     # The launcher takes the signal before joblib has started a worker: the workers it starts afterwards are sent
     # it too (blocked until their first job, they take it there), so no job starts and the sweep exits 75.
     root = tmp_path / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", "experiment=smoke", f"hydra.sweep.dir={root}",
-                             "hydra/launcher=local", "hydra.launcher.n_jobs=2"], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    def sweep_started(proc):
         deadline = time.time() + 120
         while not (root / "multirun.yaml").exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.01)  # Hydra writes it as the sweep starts, before it hands the jobs to joblib
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 75, out[-3000:]
+
+    rc, out = _sigterm_when(tmp_path, ["experiment=smoke", f"hydra.sweep.dir={root}", "hydra/launcher=local",
+                                       "hydra.launcher.n_jobs=2"], sweep_started)
+    assert rc == 75, out[-3000:]
     assert not list(root.glob("*/*/seed-*/config.yaml")), out[-3000:]
 
 
