@@ -31,6 +31,9 @@ FFM_KEY_RE = re.compile(r"^(?P<module>actor|critic)\..*memory\.(?P<param>alpha|o
 # the log-decay a = -alpha (clamped to [-limit, -1e-8]) and the frequencies b = omega: actor.rnn.ffa.a, ...
 REFERENCE_FFM_KEY_RE = re.compile(r"^(?P<module>actor|critic)\..*\.ff[am]\.(?P<param>a|b)$")
 _REFERENCE_PARAMS = {"a": ("alpha", -1.0), "b": ("omega", 1.0)}
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+NO_CHECKPOINT = (f"FFM run has no checkpoint (*.pt under {Path(RunDir.CHECKPOINT).parent.as_posix()}/ "
+                 f"or {RunDir.SNAPSHOTS}/)")
 
 
 def _ffm_key(key) -> tuple[str, str, float] | None:
@@ -45,9 +48,6 @@ def _ffm_key(key) -> tuple[str, str, float] | None:
     if m is not None:
         return (m.group("module"), *_REFERENCE_PARAMS[m.group("param")])
     return None
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-NO_CHECKPOINT = (f"FFM run has no checkpoint (*.pt under {Path(RunDir.CHECKPOINT).parent.as_posix()}/ "
-                 f"or {RunDir.SNAPSHOTS}/)")
 
 
 def checkpoint_candidates(run_dir: str | Path) -> list[Path]:

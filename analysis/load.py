@@ -413,8 +413,8 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
         meta["trial"] = f"seed-{seed}"
 
     # Only our engine writes DONE; for the reference layout completion is unknown.
-    meta["finished"] = (run_dir / DONE_MARKER).exists() if meta["source"] == "ours" else pd.NA
     meta["status"], problem = _status(run_dir) if meta["source"] == "ours" else ("unknown", None)
+    meta["finished"] = meta["status"] == "done" if meta["source"] == "ours" else pd.NA
     if problem:
         problems.append(("warning", problem))
     meta["setup"] = _setup(cfg, parts, is_reference)
@@ -459,7 +459,6 @@ def _setup(cfg: dict | None, parts: list[str], is_reference: bool) -> dict:
     settings = learning_settings(with_current_key_names(cfg))
     settings.pop("seed", None)
     return settings
-
 
 
 # --------------------------------------------------------------------------- table

@@ -17,14 +17,15 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
-# Keys of earlier versions -> their current names (patches/104-ffm-option-names.md). check_known_keys and
-# check_renamed_overrides refuse an old name with a message naming the new one.
+
 class Refused(Exception):
     """The run was not started: a bad setting or an unusable run directory. Nothing was written. Defined here,
     not in train.py, so that ``python -m pomdp_ffm.train`` (train.py run as ``__main__``, beside the
     ``pomdp_ffm.train`` that seeds.py imports) catches the one class every module raises."""
 
 
+# Keys of earlier versions -> their current names (patches/104-ffm-option-names.md). check_known_keys and
+# check_renamed_overrides refuse an old name with a message naming the new one.
 RENAMED_KEYS = {
     "policy.ffm.gamma": "policy.ffm.decay_context_product",
     "policy.ffm.max_len": "policy.ffm.decay_horizon",

@@ -22,8 +22,8 @@ Exit codes of a single run (a multirun reports each job's failure through Hydra 
 from __future__ import annotations
 
 import datetime
-import signal
 import logging
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -293,13 +293,18 @@ _between_jobs: SweepSignals | None = None  # in a joblib worker, from its first 
 _IN_PROCESS_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")
 
 
+def _launcher(hydra_cfg) -> str:
+    """The class name of a composed Hydra config's launcher ("BasicLauncher", "JoblibLauncher", ...)."""
+    return str(hydra_cfg.launcher.get("_target_", "")).rsplit(".", 1)[-1]
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     global _between_jobs
-    if multirun and _between_jobs is None and "joblib" in str(hc.launcher.get("_target_", "")).lower():
+    if multirun and _between_jobs is None and _launcher(hc) == "JoblibLauncher":
         # A worker of joblib's launcher: a stop signal between two of its jobs stops the sweep, not the worker; one
         # that came before this first job waited, blocked (SweepSignals), and is taken now.
         _between_jobs = SweepSignals(forward=False).__enter__()
@@ -415,9 +420,9 @@ def cli() -> None:
         sys.exit(EXIT_STOPPED)
     multirun = composed is not None and (any(a in ("-m", "--multirun") for a in argv)
                                          or composed.hydra.mode == RunMode.MULTIRUN)
-    launcher = str(composed.hydra.launcher.get("_target_", "")) if composed is not None else ""
-    in_process = multirun and launcher.rsplit(".", 1)[-1] in _IN_PROCESS_LAUNCHERS
-    workers = launcher.rsplit(".", 1)[-1] == "JoblibLauncher"
+    launcher = _launcher(composed.hydra) if composed is not None else ""
+    in_process = multirun and launcher in _IN_PROCESS_LAUNCHERS
+    workers = launcher == "JoblibLauncher"
     if in_process:
         # Kept to the end of the process, not only of the sweep: a signal while joblib's workers shut down, after
         # the last job, is then taken (or left blocked) instead of ending the process by the signal.
