@@ -388,6 +388,16 @@ class RunConfig:
                 raise ValueError(f"train.buffer_size={t.buffer_size} must be >= {length}, the episode length of "
                                  f"{self.env.env_name} that train.sampled_seq_len=-1 samples")
 
+    def eval_in_workers(self) -> bool:
+        """Whether the evaluation plays in worker processes: ``eval.workers`` asks for it, and it applies where the
+        evaluation plays on copies of the env (several episodes together, or one deferred by eval.during_updates)."""
+        e = self.eval
+        return bool(e.workers and e.episodes_together and (self.env.num_eval_tasks > 1 or e.during_updates))
+
+    def env_workers(self) -> bool:
+        """Whether this run starts env worker processes (train.env_worker, or an evaluation in workers)."""
+        return bool(self.train.env_worker or self.eval_in_workers())
+
 
 def check_known_keys(cfg, schema=RunConfig, prefix: str = "") -> None:
     """Hydra lets ``+key=value`` append keys that no schema field reads (OmegaConf.to_object then drops them

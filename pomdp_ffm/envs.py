@@ -354,17 +354,22 @@ def _close_open_workers() -> None:
 WORKER_START_METHODS = ("forkserver", "spawn")
 
 
+def check_worker_start_method(current: str | None, whose: str = "this process uses") -> None:
+    """Refuse to start env workers from a process whose start method is none of Python's: a child of forkserver
+    or spawn takes its parent's start method with it, and joblib's loky (the local launcher's workers) sets its
+    own, from which a worker cannot start."""
+    if current not in (None, "fork", *WORKER_START_METHODS):
+        raise ValueError(f"envs in worker processes (train.env_worker, eval.workers) need one of Python's start "
+                         f"methods, but {whose} {current!r} (joblib's local launcher runs its jobs in loky's "
+                         "workers); run them with hydra/launcher=slurm_local or basic, or set both to false")
+
+
 def worker_start_method() -> str:
     """How ``EnvInWorker`` starts its process: forkserver where there is one, else spawn; never fork, since this
     process may hold CUDA and OpenMP threads, which a forked child must not inherit. The forkserver preloads
     this module and, when the entry point is one of the project's (``python -m pomdp_ffm.train``), that one: a
     worker starts with what it would otherwise import again (torch among it), shared with the others."""
-    current = multiprocessing.get_start_method(allow_none=True)
-    if current not in (None, "fork", *WORKER_START_METHODS):
-        # A child of forkserver or spawn takes its parent's start method with it (joblib's loky sets its own).
-        raise ValueError(f"envs in worker processes (train.env_worker, eval.workers) need one of Python's start "
-                         f"methods, but this process uses {current!r} (e.g. under joblib's local launcher); run "
-                         "them with hydra/launcher=slurm_local or basic, or set both to false")
+    check_worker_start_method(multiprocessing.get_start_method(allow_none=True))
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
     main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) or ""

@@ -40,6 +40,7 @@ from . import rundir as rundir_module
 from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
 from . import signals
 from .signals import STOP_SIGNALS, StopSignals, SweepSignals
+from .envs import check_worker_start_method
 from .trainer import Outcome, Trainer, TrainingDiverged, resolve_device
 
 register_configs()
@@ -356,6 +357,18 @@ def _one_line(e: Exception) -> str:
     return "; ".join([*lines[:1], *([why] if why else [])])
 
 
+def _job_start_method(hydra_cfg) -> str | None:
+    """The multiprocessing start method a sweep's jobs run under: joblib's launcher runs them in loky's workers
+    (unless it runs one job at a time, in this process, or in threads); the others run them in processes of
+    Python's own."""
+    if _launcher(hydra_cfg) != "JoblibLauncher":
+        return None
+    launcher = hydra_cfg.launcher
+    if launcher.get("n_jobs") == 1 or launcher.get("backend") not in (None, "loky"):
+        return None
+    return "loky"
+
+
 def precheck(argv: list[str]) -> DictConfig | None:
     """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
     key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
@@ -375,6 +388,8 @@ def precheck(argv: list[str]) -> DictConfig | None:
     try:
         every, composed = job_overrides(args, multirun=any(a in ("-m", "--multirun") for a in argv))
         parser = OverridesParser.create()
+        worker_method = _job_start_method(composed.hydra) if any(a in ("-m", "--multirun") for a in argv) or \
+            composed.hydra.mode == RunMode.MULTIRUN else None
         by_rest: dict[tuple[str, ...], list[tuple[list[str], object]]] = {}
         for job in every:
             seed = [o.value() for o in parser.parse_overrides(job) if o.input_line.startswith("seed=")]
@@ -390,7 +405,11 @@ def precheck(argv: list[str]) -> DictConfig | None:
                         job_cfg = cfg.copy()
                         OmegaConf.update(job_cfg, "seed", seed)
                     try:
-                        validate(job_cfg)
+                        if validate(job_cfg).env_workers():
+                            try:
+                                check_worker_start_method(worker_method, "this sweep's jobs use")
+                            except ValueError as e:
+                                raise Refused(str(e)) from None
                     except Refused as e:
                         raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
     except Refused:
@@ -412,12 +431,6 @@ def cli() -> None:
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-    if early:
-        print(f"stopped by signal {early[0]} before anything started; rerun the same command", file=sys.stderr)
-        sys.exit(EXIT_STOPPED)
     multirun = composed is not None and (any(a in ("-m", "--multirun") for a in argv)
                                          or composed.hydra.mode == RunMode.MULTIRUN)
     launcher = _launcher(composed.hydra) if composed is not None else ""
@@ -427,6 +440,20 @@ def cli() -> None:
         # Kept to the end of the process, not only of the sweep: a signal while joblib's workers shut down, after
         # the last job, is then taken (or left blocked) instead of ending the process by the signal.
         SweepSignals(workers=workers).__enter__()
+    elif composed is not None and not multirun:
+        # One run (or one seed axis) in this process: a stop signal before the trainer's own handler is in (Hydra
+        # starting, the trainer being built, the lock being taken) is remembered, and that handler takes it
+        # (StopSignals), so that the run stops with its checkpoint and EXIT_STOPPED instead of dying by the
+        # signal; one after the run's end changes nothing. (Not around a submitit launcher, which must stay
+        # stoppable while it waits for its jobs.)
+        SweepSignals(forward=False).__enter__()
+    else:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    # (Checked once the handlers above replaced the one that fills it, so that no signal falls between the two.)
+    if early:
+        print(f"stopped by signal {early[0]} before anything started; rerun the same command", file=sys.stderr)
+        sys.exit(EXIT_STOPPED)
     main()
     if in_process and signals.sweep_stopped() is not None:
         print(f"stopped by signal {signals.sweep_stopped()}: the jobs in hand saved their checkpoints and the "

@@ -169,13 +169,10 @@ class Trainer:
                              f"{pool_iters + 1}-{last_iters} that follow the initial pool on {cfg.env.env_name} "
                              f"(train.num_iters={t.num_iters}, train.num_init_rollouts_pool={t.num_init_rollouts_pool})"
                              ": no evaluation would ever be logged")
-        # A deferred evaluation (eval.during_updates) plays on copies of the env even for one episode.
-        eval_workers = cfg.eval.workers and cfg.eval.episodes_together and (
-            cfg.env.num_eval_tasks > 1 or cfg.eval.during_updates)
-        if cfg.eval.workers and not eval_workers:
+        if cfg.eval.workers and not cfg.eval_in_workers():
             log.warning("eval.workers=true changes nothing here: with eval.episodes_together=false or one "
                         "evaluation episode, the evaluation plays on the training env")
-        if t.env_worker or eval_workers:
+        if cfg.env_workers():
             worker_start_method()  # one the workers cannot use is refused before any starts
         # One env instance for training and evaluation, as in the reference.
         self.env = (EnvInWorker if t.env_worker else make_env)(cfg.env.env_name, seed=cfg.seed)

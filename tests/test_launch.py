@@ -15,7 +15,8 @@ import pytest
 
 from pomdp_ffm.grid import sweep_jobs
 from pomdp_ffm.rundir import RunDir
-from pomdp_ffm.train import config_differences
+from pomdp_ffm.config import Refused
+from pomdp_ffm.train import config_differences, precheck
 
 ROOT = Path(__file__).resolve().parent.parent
 BLT_PAPER = {f"{n}BLT-{v}-v0" for n in ("Ant", "HalfCheetah", "Hopper", "Walker") for v in "PV"}
@@ -144,6 +145,25 @@ def test_a_presets_sweep_is_checked_before_anything_runs(tmp_path):
     assert not root.exists()
 
 
+def test_env_workers_under_joblibs_workers_are_refused_before_the_sweep_starts(tmp_path):
+    # loky's workers cannot start env workers: the sweep is refused up front (one line, exit 2, nothing written)
+    # instead of its first job failing inside a worker. Where joblib runs one job at a time, in the launching
+    # process, they can start, and the check lets them.
+
+    root = tmp_path / "sweep"
+    proc = train(tmp_path, "experiment=smoke", "hydra/launcher=local", f"hydra.sweep.dir={root}",
+                 "train.env_worker=true", check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
+    assert "this sweep's jobs use 'loky'" in proc.stderr and "(in the job " in proc.stderr
+    assert not root.exists()
+    common = ["-m", "experiment=smoke", "hydra/launcher=local", f"hydra.sweep.dir={root}", "env.num_eval_tasks=2"]
+    with pytest.raises(Refused, match="this sweep's jobs use 'loky'"):
+        precheck([*common, "eval.workers=true"])
+    assert precheck([*common, "eval.workers=true", "hydra.launcher.n_jobs=1"]) is not None
+    assert precheck([*common, "eval.workers=true", "hydra/launcher=basic"]) is not None
+    assert precheck([*common, "eval.workers=true", "eval.episodes_together=false"]) is not None  # no workers then
+
+
 def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
     # The seed axis refuses in pomdp_ffm/seeds.py, a module of the package, while `python -m pomdp_ffm.train`
     # runs train.py as __main__: the refusal is still caught as one (one line, exit 2, its folder removed).
@@ -252,6 +272,20 @@ def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
     assert runs == [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"]
     assert RunDir(runs[0]).status() == "resumable"
     assert "stopped by signal 10" in (runs[0] / "attempts.log").read_text()
+
+
+@pytest.mark.parametrize("target,after", [("pomdp_ffm.trainer:Trainer.__init__", False),
+                                          ("pomdp_ffm.rundir:RunDir.acquire", True)])
+def test_a_stop_signal_while_a_single_run_starts_stops_it_with_a_checkpoint(tmp_path, target, after):
+    # Before the trainer's own handler is in (the trainer being built; the lock just taken), a stop signal is
+    # remembered and taken by that handler: exit 75 and a checkpoint to resume from, not death by the signal
+    # (143), which left a lock file, or an empty directory, and no line in attempts.log.
+    run = tmp_path / "run"
+    proc = _train_signalled(tmp_path, target, signal.SIGTERM, after, "experiment=smoke", "hydra.mode=RUN",
+                            "seq_model=ffm", "seed=0", "train.num_iters=30", f"hydra.run.dir={run}")
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert RunDir(run).status() == "resumable"
+    assert "stopped by signal 15" in (run / "attempts.log").read_text()
 
 
 def _check_smoke_grid(root: Path) -> None:
