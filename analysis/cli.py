@@ -1,8 +1,9 @@
 """``python -m analysis [COMMAND] RUNS... --out DIR``: tables and figures from a folder of runs.
 
-Every problem met on the way (skipped input, warnings, notes) goes into one list:
-it is printed at the end with its counts, and report.md and issues.csv hold the
-same list and the same counts.
+Every problem met on the way (skipped input, warnings) goes into one list: it is
+printed at the end with its counts, and report.md and issues.csv hold the same
+list and the same counts. Notes (what a step left out by design, e.g. a task
+without normalisation constants) are listed in report.md.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ class Context:
     args: argparse.Namespace
     out: Path
     written: list[Path] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    # The one list of skipped input, warnings and notes: loading's, then every step's (see summary()).
+    notes: list[str] = field(default_factory=list)  # report.md's "Notes"
+    # The one list of skipped input and warnings: loading's, then every step's (see summary()).
     report: load.LoadReport = field(default_factory=load.LoadReport)
     table: pd.DataFrame | None = None
     horizons: pd.DataFrame | None = None

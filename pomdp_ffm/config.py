@@ -72,6 +72,10 @@ def _real(key: str, value, ok, rule: str) -> None:
 
 
 SEED_AXIS_UPDATES = ("branches", "stacked")
+# Bounds well past any use, that stop a typo from starting a run that cannot work: tens of thousands of torch
+# threads crash the process, and every evaluation episode builds an env of its own (the reference plays 10-20).
+MAX_THREADS = 256
+MAX_EVAL_TASKS = 1000
 
 
 def _one_of(name: str, value, allowed) -> None:
@@ -138,7 +142,8 @@ class FFMConfig:
     init_period_range: Optional[List[float]] = None
 
     def __post_init__(self):
-        from .seq_models.ffm import AGGREGATORS, DECAY_CONTEXT_PRODUCTS, MAX_DECAY_HORIZON, PARAM_MODES
+        from .seq_models.ffm import (AGGREGATORS, DECAY_CONTEXT_PRODUCTS, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON,
+                                     PARAM_MODES)
 
         for name in ("context_size", "memory_size"):
             if getattr(self, name) is not None:
@@ -154,11 +159,16 @@ class FFMConfig:
         _one_of("policy.ffm.decay", self.decay, PARAM_MODES)
         _one_of("policy.ffm.decay_context_product", self.decay_context_product, DECAY_CONTEXT_PRODUCTS)
         _one_of("policy.ffm.aggregator", self.aggregator, AGGREGATORS)
+        if self.aggregator == "closed" and self.decay_horizon < MIN_CLOSED_DECAY_HORIZON:
+            raise ValueError(f"policy.ffm.decay_horizon={self.decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} "
+                             "with policy.ffm.aggregator=closed (a shorter one lets the decay underflow gamma, whose "
+                             "log the closed form takes); the other aggregators take any")
         for name in ("init_trace_range", "init_period_range"):
             r = getattr(self, name)
-            if r is not None and not (len(r) == 2 and 0 < r[0] <= r[1]):
+            if r is not None and not (len(r) == 2 and all(_is_number(v) for v in r)
+                                      and 0 < r[0] <= r[1]):
                 raise ValueError(f"policy.ffm.{name}={list(r)} must be null or [low, high] in steps with "
-                                 "0 < low <= high, e.g. [32,104]")
+                                 "0 < low <= high, both finite, e.g. [32,104]")
 
 
 @dataclass
@@ -242,7 +252,8 @@ class EnvConfig:
                 get_task(self.env_name)
             except ValueError as e:
                 raise ValueError(f"env.env_name={self.env_name!r}: {e}") from None
-        _int_at_least("env.num_eval_tasks", self.num_eval_tasks, 1)
+        _require("env.num_eval_tasks", self.num_eval_tasks, lambda v: _is_int(v) and 1 <= v <= MAX_EVAL_TASKS,
+                 f"in [1, {MAX_EVAL_TASKS}] (evaluation episodes, each with an env of its own)")
 
 
 @dataclass
@@ -371,7 +382,8 @@ class RunConfig:
                                  f"directory), not seed={self.seed}")
         _require("device", self.device, lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
                  "one of auto, cpu, cuda, cuda:N")  # whether CUDA is there is checked when the run starts
-        _int_at_least("num_threads", self.num_threads, 1)
+        _require("num_threads", self.num_threads, lambda v: _is_int(v) and 1 <= v <= MAX_THREADS,
+                 f"in [1, {MAX_THREADS}] (torch's threads for this run)")
         t = self.train
         if t.seed_axis_update == "stacked":
             from .stacked import STACKABLE_MEMORIES
@@ -380,13 +392,13 @@ class RunConfig:
                 raise ValueError(f"train.seed_axis_update=stacked needs policy.seq_model in "
                                  f"{list(STACKABLE_MEMORIES)} (torch.func.vmap has no rule for nn.GRU and nn.LSTM), "
                                  f"not {self.policy.seq_model!r}; train.seed_axis_update=branches runs any memory")
-        if t.sampled_seq_len == -1 and _given(self.env.env_name) and _is_int(t.buffer_size):
+        if _given(self.env.env_name) and _is_int(t.buffer_size):
             from .envs import get_task
 
             length = get_task(self.env.env_name).max_episode_steps
             if t.buffer_size < length:
                 raise ValueError(f"train.buffer_size={t.buffer_size} must be >= {length}, the episode length of "
-                                 f"{self.env.env_name} that train.sampled_seq_len=-1 samples")
+                                 f"{self.env.env_name} (the buffer stores whole episodes)")
 
     def eval_in_workers(self) -> bool:
         """Whether the evaluation plays in worker processes: ``eval.workers`` asks for it, and it applies where the

@@ -11,12 +11,13 @@ to it and a resumed run can check progress.csv against them and repair it (see `
 from __future__ import annotations
 
 import csv
-import datetime
 import logging
 import math
 import os
 from pathlib import Path
 from typing import Sequence
+
+from .rundir import set_aside
 
 log = logging.getLogger("pomdp_ffm")
 
@@ -92,9 +93,7 @@ class MetricsWriter:
                             self.path, len(rows) - n)
             self._rewrite(expected)
             return
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
-        os.replace(self.path, aside)
+        aside = set_aside(self.path, "damaged")
         why = ("its header differs from this algorithm's columns" if header != self.columns else
                f"it holds {len(rows)} row(s) where the checkpoint has {n}" if len(rows) < n else
                "its rows differ from the checkpoint's copy")

@@ -71,6 +71,7 @@ class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._lock_fd: int | None = None
+        self._made: list[Path] = []
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -113,6 +114,19 @@ class RunDir:
     def tmp_path(self, target: Path) -> Path:
         """A temporary file beside ``target``, unique to this process: two writers never share one."""
         return target.with_name(f".{target.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+
+    def remove_stale_temps(self) -> list[tuple[str, int]]:
+        """Remove the temporary files of writes that never finished (a process killed while saving a checkpoint
+        or rewriting progress.csv), which nothing else would ever remove; only the lock holder may, since no other
+        process writes here then. Returns each file's name (relative to the run) and size, for the caller to say."""
+        self._require_lock("temporary files")
+        removed = []
+        for folder in (self.path, self.path / "checkpoints", self.path / self.SNAPSHOTS):
+            for p in sorted(folder.glob(".*.tmp")):
+                if p.is_file():
+                    removed.append((str(p.relative_to(self.path)), p.stat().st_size))
+                    p.unlink()
+        return removed
 
     # --- status ----------------------------------------------------------------------------------------
     def status(self) -> str:
@@ -167,8 +181,12 @@ class RunDir:
         the dead holder in that case, else None."""
         if self._lock_fd is not None:
             return None
+        # What this start creates, for release(untouched=True) to take back.
+        self._made = [p for p in (self.path, *self.path.parents) if not p.exists()]
         self.path.mkdir(parents=True, exist_ok=True)
         path = self.path / self.LOCK
+        if not path.exists():
+            self._made.insert(0, path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -186,15 +204,26 @@ class RunDir:
             return f"took over the lock of {_describe(previous)}, which ended without releasing it"
         return None
 
-    def release(self) -> None:
+    def release(self, untouched: bool = False) -> None:
+        """Release the lock. ``untouched``: this start wrote nothing but the lock (it was refused under it), so
+        the lock file and the folders that acquire() created are removed again, where nothing else is in them."""
         if self._lock_fd is None:
             return
         try:
-            os.ftruncate(self._lock_fd, 0)  # an empty lock file means "released cleanly"
+            if untouched and self.path / self.LOCK in self._made:
+                (self.path / self.LOCK).unlink(missing_ok=True)  # before the unlock: no other start holds it
+            else:
+                os.ftruncate(self._lock_fd, 0)  # an empty lock file means "released cleanly"
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         finally:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if untouched:
+            for folder in (p for p in self._made if p != self.path / self.LOCK):
+                try:
+                    folder.rmdir()  # only an empty one
+                except OSError:
+                    break
 
     def __enter__(self) -> "RunDir":
         self.acquire()
@@ -207,6 +236,16 @@ class RunDir:
     def _require_lock(self, what: str) -> None:
         if self._lock_fd is None:
             raise RunDirError(f"refusing to write {what} in {self.path} without holding its lock")
+        # The flock belongs to the file this process opened: a .lock removed (or replaced) meanwhile, by hand, lets
+        # another process lock a new file and train here too. Checked at every write through this class.
+        held = os.fstat(self._lock_fd)
+        try:
+            now = os.stat(self.path / self.LOCK)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise RunDirError(f"refusing to write {what} in {self.path}: its lock file was removed or replaced "
+                              "while this process held it, so another process may be training here too")
 
     # --- writing ---------------------------------------------------------------------------------------
     def write_text(self, target: Path, text: str) -> None:
@@ -243,6 +282,18 @@ class RunDir:
     def record_error(self, text: str) -> None:
         """ERROR.txt, only from the attempt that owns the directory (holds its lock)."""
         self.write_text(self.error, text)
+
+
+def set_aside(path: Path, label: str) -> Path:
+    """Move ``path`` to ``<name>.<label>-<time>`` beside it, under a name no earlier file has (two set-asides
+    within a second keep both), and return the new path."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    aside, n = path.with_name(f"{path.name}.{label}-{stamp}"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.{label}-{stamp}-{n}")
+    path.replace(aside)
+    return aside
 
 
 # --- checkpoints -----------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import random
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -120,6 +121,12 @@ def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer] = Train
         for k, c, d in zip(seeds, cfgs, dirs):
             attempts.append(check_and_lock(c, d, trainer_cls))
             streams[k] = RNGStreams()  # right after the seed's trainer seeded and built everything
+    except BaseException:
+        # A seed refused under its lock (another process took its directory since the checks above): the seeds
+        # locked before it leave nothing either.
+        close_each([types.SimpleNamespace(close=a.abandon) for a in attempts], quiet_as="a seed's start")
+        raise
+    try:
         result = _train_together(seeds, attempts, streams)
     except BaseException:
         close_each(attempts, quiet_as="a seed's run")

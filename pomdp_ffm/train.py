@@ -21,8 +21,8 @@ Exit codes of a single run (a multirun reports each job's failure through Hydra 
 """
 from __future__ import annotations
 
-import datetime
 import logging
+import re
 import signal
 import sys
 import traceback
@@ -34,10 +34,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config import (Refused, RunConfig, check_known_keys, check_renamed_overrides, learning_settings,
+from .config import (Refused, RunConfig, check_known_keys, check_renamed_overrides, flat_keys, learning_settings,
                      register_configs, with_current_key_names)
 from . import rundir as rundir_module
-from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
+from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint, set_aside
 from . import signals
 from .signals import STOP_SIGNALS, StopSignals, SweepSignals
 from .envs import check_worker_start_method
@@ -92,9 +92,61 @@ def _refuse_other_experiment(run: RunDir, stored: dict, composed: dict, what: st
                           "hydra.sweep.dir=...). Differences:  " + ";  ".join(diffs))
 
 
-def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | None]:
+def _load_resume_checkpoint(run: RunDir) -> dict:
+    try:
+        state = load_checkpoint(run.checkpoint, mmap=True)  # tensors are read when used, not all up front
+    except CheckpointError as e:
+        raise RunDirError(f"{e}: it cannot be resumed. Delete it to start this run again from scratch, or "
+                          "choose another run directory") from None
+    if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
+        raise RunDirError(f"{run.checkpoint} was written by another version of pomdp-ffm (format "
+                          f"{state.get('format')!r}, this one reads {CHECKPOINT_FORMAT}); resume it with that "
+                          "version, or delete it to start again")
+    return state
+
+
+def _check_config_file(run: RunDir, state: dict) -> None:
+    """config.yaml against the checkpoint's own copy, which was written from the same config: a setting that
+    differs, or a key the file lacks (a file cut short at a line would otherwise read as an older version's,
+    its missing keys at their defaults), means the file was damaged or edited."""
+    if not run.config.exists():
+        raise RunDirError(f"{run.config} is missing, so the checkpoint cannot be checked against it; "
+                          f"{_restore_hint(run)}")
+    stored = _stored_config(run)
+    missing = sorted(set(flat_keys(with_current_key_names(state["config"]))) - set(flat_keys(stored)))
+    diffs = config_differences(state["config"], stored)
+    if missing or diffs:
+        what = [f"it lacks {len(missing)} key(s) that the copy has ({', '.join(missing[:4])}"
+                f"{', ...' if len(missing) > 4 else ''})"] if missing else []
+        raise RunDirError(f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(what + diffs)}); "
+                          f"restore it with `python -m pomdp_ffm.rundir restore-config {run.path}`")
+
+
+def _check_finished(run: RunDir, state: dict | None, budget: int | None) -> None:
+    """DONE says where the run finished (``env_steps=N``, written after the final checkpoint ``state``): it must
+    say so, agree with that checkpoint, and reach the run's budget (where the caller knows it), or it is not this
+    run's."""
+    text = run.done.read_text(errors="replace").strip()
+    m = re.fullmatch(r"env_steps=(\d+)", text)
+    fix = f"delete {RunDir.DONE} to resume the run from its checkpoint, or start it again in another directory"
+    if m is None:
+        raise RunDirError(f"{run.done} does not say where the run finished ({text[:40]!r}, where a finished run's "
+                          f"says env_steps=<N>), so it may not be this run's; {fix}")
+    steps = int(m.group(1))
+    if state is not None:
+        counters = state.get("counters") or {}
+        if counters.get("env_steps") != steps:
+            raise RunDirError(f"{run.done} says the run finished at {steps} env steps, but {run.checkpoint} is at "
+                              f"{counters.get('env_steps')}; {fix}")
+    if budget is not None and steps < budget:
+        raise RunDirError(f"{run.done} says the run finished at {steps} env steps, short of its budget of {budget}; "
+                          f"{fix}")
+
+
+def plan(run: RunDir, run_cfg: RunConfig, composed: dict, budget: int | None = None) -> tuple[str, dict | None]:
     """Decide, reading only, what this start does: ('skip', None), ('resume', checkpoint) or ('fresh', None).
-    Raises RunDirError, naming the file and the fix, for anything it cannot continue faithfully."""
+    Raises RunDirError, naming the file and the fix, for anything it cannot continue faithfully. ``budget``: the
+    run's env-step budget, checked against a DONE file where given."""
     holds_run = any(p.exists() for p in (run.done, run.checkpoint, run.progress, run.config))
     if not run_cfg.resume:
         if holds_run:
@@ -105,30 +157,27 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | N
         if not run.config.exists():
             raise RunDirError(f"{run.path} is finished but {RunDir.CONFIG} is missing, so it cannot be checked "
                               f"against this config; {_restore_hint(run)}")
+        try:  # the final checkpoint, where this version can read it (a finished run does not need it)
+            state = _load_resume_checkpoint(run) if run.checkpoint.exists() else None
+        except RunDirError:
+            state = None
+        if state is not None:
+            _check_config_file(run, state)
         _refuse_other_experiment(run, _stored_config(run), composed, "was finished with")
+        _check_finished(run, state, budget)
         return "skip", None
     if run.checkpoint.exists():
-        try:
-            state = load_checkpoint(run.checkpoint, mmap=True)  # tensors are read when used, not all up front
-        except CheckpointError as e:
-            raise RunDirError(f"{e}: it cannot be resumed. Delete it to start this run again from scratch, or "
-                              "choose another run directory") from None
-        if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
-            raise RunDirError(f"{run.checkpoint} was written by another version of pomdp-ffm (format "
-                              f"{state.get('format')!r}, this one reads {CHECKPOINT_FORMAT}); resume it with that "
-                              "version, or delete it to start again")
+        state = _load_resume_checkpoint(run)
         if state.get("buffer") is None:
             raise RunDirError(f"{run.checkpoint} was saved without its replay buffer (checkpoint.save_buffer=false), "
                               "so the run cannot be resumed faithfully; delete it to start this run again, or "
                               "choose another run directory")
-        if not run.config.exists():
-            raise RunDirError(f"{run.config} is missing, so the checkpoint cannot be checked against it; "
-                              f"{_restore_hint(run)}")
-        diffs = config_differences(state["config"], _stored_config(run))
-        if diffs:
-            raise RunDirError(f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(diffs)}); "
-                              f"restore it with `python -m pomdp_ffm.rundir restore-config {run.path}`")
+        _check_config_file(run, state)
         _refuse_other_experiment(run, state["config"], composed, "was started with")
+        if not run_cfg.checkpoint.save_buffer:
+            raise RunDirError(f"checkpoint.save_buffer=false would replace {run.checkpoint}, which holds the replay "
+                              "buffer this run resumes from, with checkpoints that cannot be resumed; resume it "
+                              "with checkpoint.save_buffer=true")
         return "resume", state
     if run.config.exists():
         _refuse_other_experiment(run, _stored_config(run), composed, "was started with")
@@ -140,9 +189,7 @@ def _set_aside_orphans(run: RunDir) -> None:
     if run.progress.exists():
         with open(run.progress) as f:
             n = max(sum(1 for _ in f) - 1, 0)
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        aside = run.progress.with_name(f"{RunDir.PROGRESS}.no-checkpoint-{stamp}")
-        run.progress.replace(aside)
+        aside = set_aside(run.progress, "no-checkpoint")
         log.warning("%s held %d row(s) of an attempt that stopped before its first checkpoint; they cannot be "
                     "continued, so the run starts again (the rows are kept in %s)", run.progress, n, aside.name)
 
@@ -174,21 +221,41 @@ def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Train
         trainer = trainer_cls(run_cfg, run)  # also checks what only the task can tell (e.g. the eval clock)
     except ValueError as e:
         raise Refused(str(e)) from None
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        t, p = run_cfg.train, run_cfg.policy
+        raise Refused(f"the run does not fit in memory as configured (train.buffer_size={t.buffer_size}, "
+                      f"policy.rnn_hidden_size={p.rnn_hidden_size}, policy.dqn_layers={list(p.dqn_layers)}, "
+                      f"policy.policy_layers={list(p.policy_layers)}): {_first_line(e)}") from None
     try:
         # Refuse before touching the directory (a refused start writes nothing, not even the lock file); then
         # plan again under the lock, which no other process can change any more.
         check_untouched(run, run_cfg, composed)
         stale = run.acquire()
-        action, state = plan(run, run_cfg, composed)
+        action, state = plan(run, run_cfg, composed, budget=trainer.budget)
     except RunDirError as e:
         trainer.close()
-        run.release()
+        run.release(untouched=True)
         raise Refused(str(e)) from None
     except BaseException:
         trainer.close()
-        run.release()
+        run.release(untouched=True)
         raise
     return Attempt(trainer, run, action, state, composed, stale)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """numpy's and Python's MemoryError, torch's CUDA OutOfMemoryError, and its CPU allocator's RuntimeError."""
+    import torch
+
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or \
+        re.search(r"(can't|cannot) allocate memory|not enough memory|out of memory", str(e)) is not None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 @dataclass
@@ -214,6 +281,13 @@ class Attempt:
         self.handler = _file_log(run)
         if self.stale:  # said here, once the run's own log is open (and only by a start that goes ahead)
             log.warning("%s: %s", run.path, self.stale)
+        temps = run.remove_stale_temps()
+        if temps:
+            log.warning("%s: removed %d half-written file(s) of an attempt that was killed while saving: %s",
+                        run.path, len(temps), ", ".join(f"{name} ({size} bytes)" for name, size in temps))
+        if not self.trainer.cfg.checkpoint.save_buffer:
+            log.warning("%s: checkpoint.save_buffer=false: %s will hold no replay buffer, so this run cannot be "
+                        "resumed after a stop or a crash", run.path, RunDir.CHECKPOINT)
         run.error.unlink(missing_ok=True)
         if self.action == "fresh":
             _set_aside_orphans(run)
@@ -224,14 +298,23 @@ class Attempt:
     def end(self, outcome: Outcome) -> dict:
         c = outcome.counters
         if outcome.stopped:
-            self.run.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps "
-                                    "(checkpoint saved)")
+            saved = "checkpoint saved" if self.trainer.cfg.checkpoint.save_buffer else \
+                "checkpoint saved without its replay buffer: it cannot be resumed"
+            self.run.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps ({saved})")
         else:
             if self.trainer.metrics.num_eval_rows == 0:
                 raise RuntimeError("the budget was reached without a single evaluation logged")
             self.run.write_text(self.run.done, f"env_steps={c.env_steps}\n")
             self.run.record_attempt(f"finished at {c.env_steps} env steps")
         return {"skipped": False, "stopped": outcome.stopped, "signal": outcome.signal, **vars(c)}
+
+    def abandon(self) -> None:
+        """Undo a start that will not begin (another seed's start was refused): what it holds is released, and the
+        lock file and folders it created are removed, so that it leaves nothing."""
+        try:
+            self.trainer.close()
+        finally:
+            self.run.release(untouched=True)
 
     def fail(self, e: BaseException) -> None:
         if isinstance(e, KeyboardInterrupt):
@@ -357,6 +440,23 @@ def _one_line(e: Exception) -> str:
     return "; ".join([*lines[:1], *([why] if why else [])])
 
 
+def _check_can_make(path: Path, key: str) -> None:
+    """Refuse a run or sweep directory that cannot be made (a file in its way, no permission, a read-only or
+    special file system) before Hydra tries, which would end in a traceback. The folders made to find out are
+    removed again."""
+    made = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Refused(f"{key}={path} cannot be made a directory ({e.strerror}: {e.filename})") from None
+    finally:
+        for p in made:
+            try:
+                p.rmdir()
+            except OSError:
+                break
+
+
 def _job_start_method(hydra_cfg) -> str | None:
     """The multiprocessing start method a sweep's jobs run under: joblib's launcher runs them in loky's workers
     (unless it runs one job at a time, in this process, or in threads); the others run them in processes of
@@ -388,8 +488,10 @@ def precheck(argv: list[str]) -> DictConfig | None:
     try:
         every, composed = job_overrides(args, multirun=any(a in ("-m", "--multirun") for a in argv))
         parser = OverridesParser.create()
-        worker_method = _job_start_method(composed.hydra) if any(a in ("-m", "--multirun") for a in argv) or \
-            composed.hydra.mode == RunMode.MULTIRUN else None
+        multirun = any(a in ("-m", "--multirun") for a in argv) or composed.hydra.mode == RunMode.MULTIRUN
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        _check_can_make(Path(str(OmegaConf.select(composed, key))), key)
+        worker_method = _job_start_method(composed.hydra) if multirun else None
         by_rest: dict[tuple[str, ...], list[tuple[list[str], object]]] = {}
         for job in every:
             seed = [o.value() for o in parser.parse_overrides(job) if o.input_line.startswith("seed=")]

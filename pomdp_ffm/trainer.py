@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import random
+import re
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -38,10 +39,14 @@ log = logging.getLogger("pomdp_ffm")
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    m = re.fullmatch(r"cpu|cuda(?::(\d+))?", name)
+    if m is None:
+        raise ValueError(f"device={name!r} is not one of ['auto', 'cpu', 'cuda', 'cuda:N']")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} but CUDA is not available here; use device=cpu or device=auto")
-    if not (name == "cpu" or name.startswith("cuda")):
-        raise ValueError(f"device={name!r} is not one of ['auto', 'cpu', 'cuda', 'cuda:N']")
+    if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+        raise ValueError(f"device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return torch.device(name)
 
 
@@ -285,8 +290,10 @@ class Trainer:
     def stopped(self) -> Outcome:
         c = self.counters
         self.save_checkpoint()
-        log.info("stopped by signal %d at %d env steps, %d updates; checkpoint saved", self.stop.requested,
-                 c.env_steps, c.rl_steps)
+        saved = "checkpoint saved" if self.cfg.checkpoint.save_buffer else \
+            "checkpoint saved without its replay buffer (checkpoint.save_buffer=false): the run cannot be resumed"
+        log.info("stopped by signal %d at %d env steps, %d updates; %s", self.stop.requested, c.env_steps,
+                 c.rl_steps, saved)
         return Outcome(stopped=True, signal=self.stop.requested, counters=c)
 
     def finished(self) -> Outcome:

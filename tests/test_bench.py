@@ -104,6 +104,33 @@ def test_bench_refuses_overrides_it_does_not_take():
     assert proc.returncode == 2 and "only `loop`, `eval` and `overlap` take key=value overrides" in proc.stderr
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["memory", "--repeats", "0"], "argument --repeats: 0 must be >= 1"),
+    (["memory", "--threads", "-1"], "argument --threads: -1 must be >= 1"),
+    (["memory", "--device", "tpu"], "--device tpu: device='tpu' is not one of"),
+    (["memory", "--shapes", "foo"], "argument --shapes: invalid choice: 'foo'"),
+    (["memory", "--variants", "nope"], "--variants: unknown ['nope']; on cpu they are"),
+    (["act", "--seeds", "0"], "argument --seeds: 0 must be >= 1"),
+    (["loop", "--steps", "-5"], "argument --steps: -5 must be >= 1"),
+    (["overlap", "--updates", "0"], "argument --updates: 0 must be >= 1"),
+    (["loop", "env=Nope-v0"], "Could not find 'env/Nope-v0'; the choices are"),
+    (["loop", "policy.lr=-1"], "policy.lr=-1.0 must be > 0"),
+    (["eval", "+foo=1"], "unknown config key 'foo'"),
+    (["loop", "--project", "Nope-v0", "--env-step-ms", "1"], "--project Nope-v0: Unknown task 'Nope-v0'"),
+    (["loop", "--project", "HopperBLT-V-v0", "--env-step-ms", "-1"], "argument --env-step-ms: -1.0 must be a finite"),
+    (["eval", "--csv", "/nonexistent-folder/x.csv"], "--csv /nonexistent-folder/x.csv: its folder does not exist"),
+    ([], "the following arguments are required: which"),
+])
+def test_bench_refuses_bad_input_in_one_line_before_any_work(capsys, argv, needle):
+    from pomdp_ffm.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert needle in err, err
+
+
 # --- the acting benchmark's CPU copy computes what the agent computes -------------------------------------------
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 @pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])

@@ -240,13 +240,21 @@ BAD_VALUES = [
     (["policy.ffm.init_period_range=[0,32]"], "policy.ffm.init_period_range=[0.0, 32.0] must be null"),
     (["env.env_type=meta"], "env.env_type='meta' is not one of ['pomdp']"),
     (["env.env_name=HopperBLT-X-v0"], "env.env_name='HopperBLT-X-v0': Unknown task 'HopperBLT-X-v0'"),
-    (["env.num_eval_tasks=0"], "env.num_eval_tasks=0 must be >= 1"),
+    (["env.num_eval_tasks=0"], "env.num_eval_tasks=0 must be in [1, 1000]"),
     (["train.num_iters=-5"], "train.num_iters=-5 must be >= 1"),
     (["train.num_iters=0"], "train.num_iters=0 must be >= 1"),
     (["train.num_init_rollouts_pool=-1"], "train.num_init_rollouts_pool=-1 must be >= 0"),
     (["train.num_rollouts_per_iter=0"], "train.num_rollouts_per_iter=0 must be >= 1"),
     (["train.buffer_size=0"], "train.buffer_size=0 must be a positive whole number"),
     (["train.buffer_size=100"], "train.buffer_size=100 must be >= 200, the episode length of Pendulum-V-v0"),
+    (["train.buffer_size=100", "train.sampled_seq_len=8"],
+     "train.buffer_size=100 must be >= 200, the episode length of Pendulum-V-v0 (the buffer stores whole episodes)"),
+    (["env.num_eval_tasks=100000"], "env.num_eval_tasks=100000 must be in [1, 1000]"),
+    (["num_threads=100000"], "num_threads=100000 must be in [1, 256]"),
+    (["policy.ffm.init_trace_range=[1,inf]"], "policy.ffm.init_trace_range=[1.0, inf] must be null or [low, high] in "
+                                               "steps with 0 < low <= high, both finite"),
+    (["policy.ffm.aggregator=closed", "policy.ffm.decay_horizon=8"],
+     "policy.ffm.decay_horizon=8 must be >= 9 with policy.ffm.aggregator=closed"),
     (["train.buffer_size=32", "train.sampled_seq_len=64"], "train.buffer_size=32 must be >= train.sampled_seq_len=64"),
     (["train.num_updates_per_iter=0"], "train.num_updates_per_iter=0 must be > 0"),
     (["train.num_updates_per_iter=-0.5"], "train.num_updates_per_iter=-0.5 must be > 0"),
@@ -262,7 +270,7 @@ BAD_VALUES = [
     (["seed=4294967296"], "seed=4294967296 must be in [0, 4294967295]"),
     (["device=gpu"], "device='gpu' must be one of auto, cpu, cuda, cuda:N"),
     (["device=cuda:x"], "device='cuda:x' must be one of auto, cpu, cuda, cuda:N"),
-    (["num_threads=0"], "num_threads=0 must be >= 1"),
+    (["num_threads=0"], "num_threads=0 must be in [1, 256]"),
 ]
 
 
@@ -278,7 +286,10 @@ def test_edge_values_are_accepted(hydra_ctx):
     c = make(["policy.gamma=0", "policy.gamma=1", "policy.tau=1", "train.num_init_rollouts_pool=0",
               "train.num_updates_per_iter=1", "train.sampled_seq_len=2", "eval.save_interval=1", "seed=4294967295",
               "device=cuda:3", "policy.action_embedding_size=0", "policy.reward_embedding_size=0",
-              "policy.sac.target_entropy=-2.5", "policy.ffm.decay_horizon=35489", "policy.ffm.beta=0.5"])
+              "policy.sac.target_entropy=-2.5", "policy.ffm.decay_horizon=35489", "policy.ffm.beta=0.5",
+              "num_threads=256", "env.num_eval_tasks=1000"])
+    make(["policy.ffm.aggregator=closed", "policy.ffm.decay_horizon=9"])
+    make(["policy.ffm.aggregator=scan", "policy.ffm.decay_horizon=1"])
     assert (c.policy.gamma, c.seed, c.device, c.train.num_init_rollouts_pool) == (1.0, 2**32 - 1, "cuda:3", 0)
     assert make(["seq_model=lstm", "policy.rnn_num_layers=2"]).policy.seq_model_options() == {"num_layers": 2}
     assert make(["seq_model=gru", "policy.rnn_hidden_size=100"]).policy.rnn_hidden_size == 100
@@ -337,3 +348,20 @@ def test_the_env_worker_switches_are_validated(hydra_ctx):
         TrainConfig(num_iters=1, num_init_rollouts_pool=1, batch_size=1, sampled_seq_len=2, env_worker="yes")
     with pytest.raises(ValueError, match=r"^eval.workers=1 must be true or false$"):
         EvalConfig(log_interval=1, workers=1)
+
+
+def test_a_device_is_one_this_machine_has(monkeypatch):
+    import torch
+
+    from pomdp_ffm.trainer import resolve_device
+
+    with pytest.raises(ValueError, match=r"device='tpu' is not one of \['auto', 'cpu', 'cuda', 'cuda:N'\]"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device='cuda:1' but CUDA is not available here"):
+        resolve_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"device='cuda:2' but this machine has 2 CUDA device\(s\), cuda:0 to cuda:1"):
+        resolve_device("cuda:2")

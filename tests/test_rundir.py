@@ -81,6 +81,25 @@ def test_lock_refuses_a_second_holder_and_names_it(tmp_path):
     b.release()
 
 
+def test_writes_stop_when_the_lock_file_was_removed(tmp_path):
+    # Removed by hand while a run holds it, .lock no longer excludes anyone: a second process can lock a new file.
+    # The holder's next write is refused instead of both writing here.
+    a = RunDir(tmp_path / "r")
+    a.acquire()
+    a.write_text(a.config, "x")
+    (tmp_path / "r" / ".lock").unlink()
+    b = RunDir(tmp_path / "r")
+    assert b.acquire() is None
+    with pytest.raises(RunDirError, match="its lock file was removed or replaced while this process held it"):
+        a.write_text(a.config, "y")
+    with pytest.raises(RunDirError, match="its lock file was removed or replaced"):
+        a.save({"x": 1}, a.checkpoint)
+    b.write_text(b.config, "z")  # the new holder writes
+    assert a.config.read_text() == "z"
+    a.release()
+    b.release()
+
+
 def test_writes_need_the_lock(tmp_path):
     r = RunDir(tmp_path / "r")
     r.path.mkdir()
@@ -90,6 +109,26 @@ def test_writes_need_the_lock(tmp_path):
         r.write_text(r.config, "x")
         assert r.config.read_text() == "x"
         assert not list(r.path.glob(".*.tmp"))  # the per-process temporary file was renamed into place
+
+
+def test_set_asides_in_one_second_keep_both(tmp_path, monkeypatch):
+    import datetime
+
+    from pomdp_ffm import rundir
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(rundir.datetime, "datetime", Frozen)
+    path = tmp_path / "progress.csv"
+    path.write_text("a")
+    a = rundir.set_aside(path, "damaged")
+    path.write_text("b")
+    b = rundir.set_aside(path, "damaged")
+    assert a.name == "progress.csv.damaged-20260102-030405" and b.name == a.name + "-2"
+    assert a.read_text() == "a" and b.read_text() == "b"
 
 
 def test_temporary_files_are_unique_to_the_process(tmp_path):
@@ -177,6 +216,34 @@ def test_bad_settings_exit_2_with_one_line_and_write_nothing(tmp_path, override,
     assert proc.stderr.startswith("error: ") and needle in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_run_directory_that_cannot_be_made_is_refused_in_one_line(tmp_path, where):
+    (tmp_path / "f").write_text("")
+    run_dir = tmp_path / "f" if where == "a file" else tmp_path / "f" / "run"
+    proc = cli(run_dir, "train.num_iters=2")
+    assert proc.returncode == EXIT_REFUSED and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: hydra.run.dir={run_dir} cannot be made a directory (")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_a_run_that_does_not_fit_in_memory_is_refused_naming_its_sizes(composed, tmp_path):
+    class Huge(Trainer):
+        def __init__(self, cfg, run):
+            raise MemoryError("Unable to allocate 3.64 TiB for an array with shape (1000000000000, 1)")
+
+    with pytest.raises(Refused, match=r"^the run does not fit in memory as configured \(train.buffer_size=\d+, "
+                                      r"policy.rnn_hidden_size=\d+, .*\): Unable to allocate 3.64 TiB"):
+        run(composed(), tmp_path / "r", trainer_cls=Huge)
+
+    class Broken(Trainer):
+        def __init__(self, cfg, run):
+            raise RuntimeError("a bug, not memory")
+
+    with pytest.raises(RuntimeError, match="a bug, not memory"):  # anything else is not a refusal
+        run(composed(), tmp_path / "r", trainer_cls=Broken)
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_budget_whose_evaluations_all_fall_in_the_initial_pool_is_refused(tmp_path):
@@ -380,14 +447,74 @@ def test_garbage_checkpoint_gets_a_reason_not_torch_advice(cut_run):
 
 
 def test_a_key_added_later_is_no_difference_at_its_default(cut_run, full_run, tmp_path):
-    # A run directory from before a key existed ran as the key's default says: it resumes and is skipped.
+    # A run directory from before a key existed ran as the key's default says: it resumes and is skipped. (Such a
+    # run's config.yaml and its checkpoint's copy both lack the key: they were written from one config.)
     for run_dir in (cut_run[0], full_run):
         text = (run_dir / "config.yaml").read_text()
         assert "  episodes_together: true\n" in text
         (run_dir / "config.yaml").write_text(text.replace("  episodes_together: true\n", ""))
+        state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+        del state["config"]["eval"]["episodes_together"]
+        torch.save(state, run_dir / "checkpoints" / "last.pt")
     assert run(cut_run[1], full_run)["skipped"]
     run(cut_run[1], cut_run[0])
     assert RunDir(cut_run[0]).status() == "done"
+
+
+@pytest.mark.parametrize("which", ["cut", "full"])
+def test_a_config_cut_short_at_a_line_is_refused(cut_run, full_run, which):
+    # Cut at a line boundary, config.yaml still parses, and its missing keys would read as an older version's at
+    # their defaults; the checkpoint's copy has them, so the file is known to be damaged: refused, with the fix.
+    run_dir = cut_run[0] if which == "cut" else full_run
+    lines = (run_dir / "config.yaml").read_text().splitlines(keepends=True)
+    (run_dir / "config.yaml").write_text("".join(lines[:len(lines) * 3 // 4]))
+    with pytest.raises(Refused, match=r"config.yaml differs from the copy in .*last.pt \(it lacks \d+ key\(s\) that "
+                                      r"the copy has \(.*restore-config"):
+        run(cut_run[1], run_dir)
+    assert rundir_main(["restore-config", str(run_dir)]) == 0
+    result = run(cut_run[1], run_dir)
+    assert result["skipped"] if which == "full" else not result["stopped"]
+
+
+@pytest.mark.parametrize("done", ["", "env_steps=600\n", "env_steps=1200\n", "finished\n"])
+def test_a_done_file_that_is_not_the_runs_is_refused(cut_run, full_run, done):
+    # DONE must say where the run finished, agree with its final checkpoint and reach its budget: a stray or
+    # forged one in an unfinished run (stopped at 600 of 1200 env steps) is refused, not taken as finished.
+    run_dir, cfg = cut_run
+    (run_dir / "DONE").write_text(done)
+    with pytest.raises(Refused, match=r"DONE (does not say where the run finished|says the run finished at 600 env "
+                                      r"steps, short of its budget of 1200|says the run finished at 1200 env steps, "
+                                      r"but .*last.pt is at 600).*; delete DONE to resume"):
+        run(cfg, run_dir)
+    (run_dir / "DONE").unlink()
+    run(cfg, run_dir)
+    assert (run_dir / "DONE").read_text() == "env_steps=1200\n" and read(run_dir).equals(read(full_run))
+    assert run(cfg, run_dir)["skipped"]
+
+
+def test_turning_off_the_buffer_at_resume_is_refused(cut_run):
+    # checkpoint.save_buffer=false at a resume would overwrite the checkpoint that holds the buffer with one that
+    # cannot be resumed: refused, the checkpoint left as it was.
+    run_dir, cfg = cut_run
+    before = (run_dir / "checkpoints" / "last.pt").read_bytes()
+    cfg.checkpoint.save_buffer = False
+    with pytest.raises(Refused, match=r"checkpoint.save_buffer=false would replace .*last.pt, which holds the "
+                                      r"replay buffer this run resumes from"):
+        run(cfg, run_dir)
+    assert (run_dir / "checkpoints" / "last.pt").read_bytes() == before
+
+
+def test_a_resume_removes_the_temporary_files_of_a_killed_save(cut_run, full_run, caplog):
+    # A process killed while saving leaves its temporary file (named by its host and pid); nothing else would
+    # remove it, and a checkpoint's holds the replay buffer. The next start removes it, and says so.
+    run_dir, cfg = cut_run
+    orphans = [run_dir / "checkpoints" / ".last.pt.somehost.12345.tmp", run_dir / ".progress.csv.12345.tmp"]
+    for p in orphans:
+        p.write_bytes(b"x" * 100)
+    run(cfg, run_dir)
+    assert not any(p.exists() for p in orphans) and read(run_dir).equals(read(full_run))
+    assert "removed 2 half-written file(s) of an attempt that was killed while saving: " \
+           ".progress.csv.12345.tmp (100 bytes), checkpoints/.last.pt.somehost.12345.tmp (100 bytes)" in caplog.text
 
 
 def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, tmp_path, capsys):

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from pomdp_ffm.seq_models import ABLATIONS, available, build
-from pomdp_ffm.seq_models.ffm import (DECAY_MIN, MAX_DECAY_HORIZON, aggregate_closed, aggregate_loop, aggregate_scan,
-                                      reference_decay_limit)
+from pomdp_ffm.seq_models.ffm import (DECAY_MIN, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON, aggregate_closed,
+                                      aggregate_loop, aggregate_scan, reference_decay_limit)
 
 MODELS = ["lstm", "gru", "ffm", "mlp"]
 
@@ -351,6 +351,25 @@ def test_decay_horizon_sets_the_bound_and_the_closed_form_chunks():
         with pytest.raises(ValueError, match=rf"decay_horizon={bad!r} must be an int in \[1, {MAX_DECAY_HORIZON}\]"):
             build("ffm", input_size=4, hidden_size=32, decay_horizon=bad)
     assert reference_decay_limit(MAX_DECAY_HORIZON) - 0.01 > DECAY_MIN  # the default init's top rate stays > 0
+
+
+def test_the_closed_form_takes_no_horizon_whose_bound_underflows_gamma():
+    # The closed form takes log(gamma), gamma complex64: at the shortest horizon it takes, the fastest decay the
+    # bound allows still gives finite outputs and gradients, equal to the loop's; one step shorter is refused
+    # (there the default initialisation alone gave a non-finite loss at the first update).
+    ok = build("ffm", input_size=4, hidden_size=32, decay_horizon=MIN_CLOSED_DECAY_HORIZON, aggregator="closed")
+    with torch.no_grad():
+        ok.alpha.fill_(ok.decay_limit)
+    x = torch.randn(20, 2, 4)
+    y_closed, _ = ok(x)
+    y_closed.sum().backward()
+    assert torch.isfinite(y_closed).all() and all(torch.isfinite(p.grad).all() for p in ok.parameters())
+    ok.aggregator = "loop"
+    torch.testing.assert_close(y_closed, ok(x)[0], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=rf"decay_horizon={MIN_CLOSED_DECAY_HORIZON - 1} must be >= "
+                                         rf"{MIN_CLOSED_DECAY_HORIZON} with aggregator='closed'"):
+        build("ffm", input_size=4, hidden_size=32, decay_horizon=MIN_CLOSED_DECAY_HORIZON - 1, aggregator="closed")
+    build("ffm", input_size=4, hidden_size=32, decay_horizon=1, aggregator="loop")
 
 
 def test_renamed_ffm_options_name_the_new_ones():

@@ -28,26 +28,66 @@ def _reexec_with_stable_malloc() -> None:
         os.execve(sys.executable, [sys.executable, "-m", "pomdp_ffm.bench", *sys.argv[1:]], env)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, exit 2 (argparse's own prints its usage block first)."""
+        self.refuse(f"{message} (`{self.prog} --help` lists the options)")
+
+    def refuse(self, message: str):
+        self.exit(2, f"error: {message}\n")
+
+
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
+        return value
+    return parse
+
+
+def _positive_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number of milliseconds > 0")
+    return value
+
+
+def _device(p: _Parser, text: str) -> torch.device:
+    from ..trainer import resolve_device
+
+    try:
+        return resolve_device(text)
+    except ValueError as e:
+        p.refuse(f"--device {text}: {e}")
+
+
 def main(argv=None) -> None:
     if argv is None:
         _reexec_with_stable_malloc()
-    p = argparse.ArgumentParser(prog="python -m pomdp_ffm.bench", description=__doc__)
+    p = _Parser(prog="python -m pomdp_ffm.bench", description=__doc__)
     p.add_argument("which", choices=["memory", "update", "act", "loop", "eval", "overlap"])
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds")
-    p.add_argument("--shapes", nargs="+", default=None, help="memory: rl paper (default both)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=_at_least(1), default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--repeats", type=_at_least(1), default=20, help="interleaved timing rounds")
+    p.add_argument("--shapes", nargs="+", default=None, choices=["rl", "paper"], help="memory: rl paper (default both)")
     p.add_argument("--variants", nargs="+", default=None,
                    help="memory: time only these (e.g. ffm gru gru-loop); default all")
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file")
-    p.add_argument("--steps", type=int, default=3000, help="loop: env steps to train for (default 3000)")
-    p.add_argument("--updates", type=int, default=200, help="overlap: updates in the burst (default 200)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None,
+    p.add_argument("--steps", type=_at_least(1), default=3000, help="loop: env steps to train for (default 3000)")
+    p.add_argument("--updates", type=_at_least(1), default=200, help="overlap: updates in the burst (default 200)")
+    p.add_argument("--seeds", type=_at_least(1), nargs="+", default=None,
                    help="update, act: also the seed axis for these seed counts (e.g. 1 5 10 20)")
     p.add_argument("--project", default=None, metavar="TASK",
                    help="loop: also project the full budget of TASK (e.g. HopperBLT-V-v0) from this run's acting, "
                         "update and evaluation costs, with --env-step-ms as its env step cost")
-    p.add_argument("--env-step-ms", type=float, default=None,
+    p.add_argument("--env-step-ms", type=_positive_ms, default=None,
                    help="loop: TASK's env step cost in ms, measured where its env runs (with --project)")
     p.add_argument("--joint-eager", action="store_true",
                    help="loop, with seeds=[...]: run the seed axis's joint rounds on this device even without CUDA "
@@ -61,22 +101,48 @@ def main(argv=None) -> None:
 
     if args.joint_eager and args.which != "loop":
         p.error(f"--joint-eager is an option of `loop` (a seed axis's joint rounds), not of `{args.which}`")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
+    if args.which == "loop":
+        if (args.project is None) != (args.env_step_ms is None):
+            p.error("--project and --env-step-ms go together")
+        if args.joint_eager and not any(o.startswith("seeds=") for o in overrides):
+            p.error("--joint-eager counts a seed axis's joint rounds: give seeds=[...]")
+        if args.project is not None:
+            from ..envs import get_task
+
+            try:
+                get_task(args.project)
+            except ValueError as e:
+                p.refuse(f"--project {args.project}: {e}")
+    if args.csv and not os.path.isdir(os.path.dirname(os.path.abspath(args.csv))):
+        p.refuse(f"--csv {args.csv}: its folder does not exist")
+    device = _device(p, args.device)
+    args.device = str(device)
+    if overrides:  # the settings a benchmark trains with, checked as `python -m pomdp_ffm.train` checks them
+        from ..config import Refused
+        from ..train import precheck
+
+        try:
+            precheck(overrides)
+        except (Refused, ValueError) as e:
+            p.refuse(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"device={device} ({name}), torch {torch.__version__}, threads={torch.get_num_threads()}")
 
+    from ..config import Refused
+
+    try:
+        _run(p, args, overrides, device)
+    except Refused as e:  # a setting only the benchmark's trainer could check (e.g. its evaluation clock)
+        p.refuse(str(e))
+
+
+def _run(p: _Parser, args, overrides: list[str], device: torch.device) -> None:
     if args.which == "loop":
         from . import loop
 
-        if (args.project is None) != (args.env_step_ms is None):
-            p.error("--project and --env-step-ms go together")
-        if args.joint_eager and not any(o.startswith("seeds=") for o in overrides):
-            p.error("--joint-eager counts a seed axis's joint rounds: give seeds=[...]")
         result = loop.run(overrides, args.steps, args.device, args.threads, joint_eager=args.joint_eager)
         loop.report(result)
         if args.project:
@@ -95,6 +161,11 @@ def main(argv=None) -> None:
     elif args.which == "memory":
         from . import memory
 
+        if args.variants:
+            known = memory.variants(4, 32, device)
+            unknown = sorted(set(args.variants) - set(known))
+            if unknown:
+                p.refuse(f"--variants: unknown {unknown}; on {device.type} they are {sorted(known)}")
         rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants)
         print_table(rows, baseline="gru")
     else:  # act, update: each with its seed-axis variant

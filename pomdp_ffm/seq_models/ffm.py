@@ -65,6 +65,10 @@ DECAY_MIN = 1e-8
 # The longest decay horizon whose bound still leaves room for the default initialisation's top decay rate
 # (reference_decay_limit(h) - 0.01 > 0); longer horizons would make every decay rate zero or negative.
 MAX_DECAY_HORIZON = int(_F64_MAX_LOG / 0.02)
+# The closed form takes log(gamma), and gamma = exp(-alpha + i omega) is complex64: a decay rate past float32's
+# smallest normal (exp(-87.3)) underflows it towards 0, whose log is -inf. Below this horizon the bound (and the
+# default initialisation's top rate) lets alpha get there.
+MIN_CLOSED_DECAY_HORIZON = math.ceil(_F64_MAX_LOG / (-math.log(torch.finfo(torch.float32).tiny) + 0.01))
 
 
 def reference_decay_limit(decay_horizon: int = 1024) -> float:
@@ -359,6 +363,10 @@ class FFM(SeqModel):
         if isinstance(decay_horizon, bool) or not isinstance(decay_horizon, int) \
                 or not 1 <= decay_horizon <= MAX_DECAY_HORIZON:
             raise ValueError(f"FFM option decay_horizon={decay_horizon!r} must be an int in [1, {MAX_DECAY_HORIZON}]")
+        if aggregator == "closed" and decay_horizon < MIN_CLOSED_DECAY_HORIZON:
+            raise ValueError(f"FFM option decay_horizon={decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} with "
+                             "aggregator='closed' (a shorter one lets the decay underflow gamma, whose log the "
+                             "closed form takes); the other aggregators take any")
         self.input_size, self.hidden_size = input_size, hidden_size
         self.memory_size, self.context_size = m, c = ffm_sizes(hidden_size, context_size, memory_size)
         self.input_gate, self.output_gate, self.aggregator = input_gate, output_gate, aggregator
