@@ -43,8 +43,6 @@ class StopSignals:
         self.request(signum)
 
     def __enter__(self) -> "StopSignals":
-        if _sweep_stop is not None:  # a sweep's stop that came while this job was being set up
-            self.request(_sweep_stop)
         try:
             for sig in STOP_SIGNALS:
                 self._old[sig] = signal.signal(sig, self._on_stop)
@@ -55,6 +53,10 @@ class StopSignals:
                 self._old[w] = signal.signal(w, self._on_warning)
         except ValueError:  # signals can only be handled in the main thread; a worker thread trains unguarded
             self._restore()
+        # A stop that came while this run was being set up (remembered by SweepSignals), looked for once this
+        # handler is in, so that none falls between the two.
+        if _sweep_stop is not None:
+            self.request(_sweep_stop)
         return self
 
     def __exit__(self, *exc) -> bool:

@@ -118,8 +118,10 @@ def _check_config_file(run: RunDir, state: dict) -> None:
     if missing or diffs:
         what = [f"it lacks {len(missing)} key(s) that the copy has ({', '.join(missing[:4])}"
                 f"{', ...' if len(missing) > 4 else ''})"] if missing else []
-        raise RunDirError(f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(what + diffs)}); "
-                          f"restore it with `python -m pomdp_ffm.rundir restore-config {run.path}`")
+        raise RunDirError(f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(what + diffs)}): one "
+                          "of them was damaged, edited or replaced. If config.yaml was, restore it with "
+                          f"`python -m pomdp_ffm.rundir restore-config {run.path}`; if the checkpoint was (another "
+                          "run's), put this run's back, or delete it to start this run again")
 
 
 def _check_finished(run: RunDir, state: dict | None, budget: int | None) -> None:
@@ -246,11 +248,10 @@ def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Train
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    """numpy's and Python's MemoryError, torch's CUDA OutOfMemoryError, and its CPU allocator's RuntimeError."""
-    import torch
-
-    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or \
-        re.search(r"(can't|cannot) allocate memory|not enough memory|out of memory", str(e)) is not None
+    """numpy's and Python's MemoryError, and torch's CPU allocator's RuntimeError."""
+    # Host memory only: a GPU's can be short for a while (another job on it), which is no reason to refuse.
+    return isinstance(e, MemoryError) or \
+        re.search(r"(can't|cannot) allocate memory|not enough memory", str(e)) is not None
 
 
 def _first_line(e: BaseException) -> str:
@@ -440,21 +441,40 @@ def _one_line(e: Exception) -> str:
     return "; ".join([*lines[:1], *([why] if why else [])])
 
 
-def _check_can_make(path: Path, key: str) -> None:
-    """Refuse a run or sweep directory that cannot be made (a file in its way, no permission, a read-only or
-    special file system) before Hydra tries, which would end in a traceback. The folders made to find out are
-    removed again."""
-    made = [p for p in (path, *path.parents) if not p.exists()]
+def _make_dir(composed: DictConfig, key: str) -> list[Path]:
+    """Make the run or sweep directory (``key``) now, as Hydra is about to, so that one that cannot be made (a
+    file in its way, no permission, a read-only or special file system) is one line and exit code 2 instead of
+    Hydra's traceback. Returns the folders made here, deepest first: only those are removed again, and only if the
+    start goes no further (a folder another process made meanwhile is never touched). A directory named through
+    Hydra's runtime values (``${hydra:...}``) cannot be resolved yet, and is left to Hydra."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise Refused(f"{key}={path} cannot be made a directory ({e.strerror}: {e.filename})") from None
-    finally:
-        for p in made:
-            try:
-                p.rmdir()
-            except OSError:
-                break
+        path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
+    except Exception:
+        return []
+    made: list[Path] = []
+    for p in reversed([path, *path.parents]):  # from the top down
+        try:
+            if p.is_dir():
+                continue
+            p.mkdir()
+            made.insert(0, p)
+        except OSError as e:  # is_dir() too raises some (a name too long)
+            if isinstance(e, FileExistsError) and p.is_dir():  # another process made it meanwhile
+                continue
+            _remove_made(made)
+            raise Refused(f"{key}={path} cannot be made a directory ({e.strerror}: {e.filename})") from None
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    for p in made:
+        try:
+            p.rmdir()  # only while empty: something put in it since is someone else's
+        except OSError:
+            pass
+
+
+_made_by_precheck: list[Path] = []
 
 
 def _job_start_method(hydra_cfg) -> str | None:
@@ -469,13 +489,14 @@ def _job_start_method(hydra_cfg) -> str | None:
     return "loky"
 
 
-def precheck(argv: list[str]) -> DictConfig | None:
+def precheck(argv: list[str], make_dirs: bool = True) -> DictConfig | None:
     """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
     key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
     launched. Every job of a sweep (the command line's, and a preset's ``hydra.sweeper.params`` in a multirun)
     is checked, with its own overrides as the sweep will start it; jobs that differ only in their seed are composed
     once. Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left to Hydra. Returns the
-    config composed from the fixed overrides, with Hydra's (None where the command is left to Hydra)."""
+    config composed from the fixed overrides, with Hydra's (None where the command is left to Hydra). With
+    ``make_dirs``, the run (or sweep) directory is then made (``_make_dir``)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -489,8 +510,6 @@ def precheck(argv: list[str]) -> DictConfig | None:
         every, composed = job_overrides(args, multirun=any(a in ("-m", "--multirun") for a in argv))
         parser = OverridesParser.create()
         multirun = any(a in ("-m", "--multirun") for a in argv) or composed.hydra.mode == RunMode.MULTIRUN
-        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        _check_can_make(Path(str(OmegaConf.select(composed, key))), key)
         worker_method = _job_start_method(composed.hydra) if multirun else None
         by_rest: dict[tuple[str, ...], list[tuple[list[str], object]]] = {}
         for job in every:
@@ -518,6 +537,8 @@ def precheck(argv: list[str]) -> DictConfig | None:
         raise
     except Exception as e:  # Hydra's and OmegaConf's composition errors
         raise Refused(_one_line(e)) from None
+    if make_dirs:
+        _made_by_precheck[:] = _make_dir(composed, "hydra.sweep.dir" if multirun else "hydra.run.dir")
     return composed
 
 
@@ -554,6 +575,7 @@ def cli() -> None:
             signal.signal(sig, handler)
     # (Checked once the handlers above replaced the one that fills it, so that no signal falls between the two.)
     if early:
+        _remove_made(_made_by_precheck)
         print(f"stopped by signal {early[0]} before anything started; rerun the same command", file=sys.stderr)
         sys.exit(EXIT_STOPPED)
     main()

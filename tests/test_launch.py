@@ -164,6 +164,19 @@ def test_env_workers_under_joblibs_workers_are_refused_before_the_sweep_starts(t
     assert precheck([*common, "eval.workers=true", "eval.episodes_together=false"]) is not None  # no workers then
 
 
+def test_the_run_directory_is_made_up_front_where_it_can_be_resolved(tmp_path):
+    # The working directory is tmp_path (conftest). A file named like the default run directory's first folder is
+    # in the way of a run, not of a benchmark (which trains in a folder of its own); a directory named through
+    # Hydra's runtime values cannot be resolved before Hydra starts, and is left to it.
+    (tmp_path / "runs").write_text("")
+    with pytest.raises(Refused, match=r"^hydra.run.dir=runs/Pendulum-V-v0/.* cannot be made a directory"):
+        precheck(["env=Pendulum-V-v0"])
+    assert precheck(["env=Pendulum-V-v0"], make_dirs=False) is not None
+    assert precheck(["env=Pendulum-V-v0", "hydra.run.dir=${hydra:runtime.cwd}/r"]) is not None
+    assert precheck(["env=Pendulum-V-v0", f"hydra.run.dir={tmp_path / 'x' / 'y'}"]) is not None
+    assert (tmp_path / "x" / "y").is_dir()  # as Hydra would make it next
+
+
 def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
     # The seed axis refuses in pomdp_ffm/seeds.py, a module of the package, while `python -m pomdp_ffm.train`
     # runs train.py as __main__: the refusal is still caught as one (one line, exit 2, its folder removed).
@@ -497,3 +510,28 @@ def test_the_paper_grid_exits_as_its_sweep_did(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(grid.subprocess, "Popen", EndedBySigterm)
     assert grid.main(["--algo", "sac", "--root", str(tmp_path / "grid")]) == 128 + signal.SIGTERM
+
+
+def test_a_stop_just_before_a_runs_handler_is_in_is_not_lost(monkeypatch):
+    # The signal lands while StopSignals installs its handlers, after the last look at what came before: it is
+    # remembered by the handler still in place (SweepSignals) and must still be taken.
+    from pomdp_ffm import signals
+
+    real, sent = signal.signal, []
+
+    def installing(sig, handler):
+        if not sent:
+            sent.append(sig)
+            os.kill(os.getpid(), signal.SIGUSR1)  # delivered to the handler in place, now
+        return real(sig, handler)
+
+    monkeypatch.setattr(signals, "_sweep_stop", None)
+    around = signals.SweepSignals(forward=False).__enter__()
+    try:
+        monkeypatch.setattr(signals.signal, "signal", installing)
+        with signals.StopSignals() as stop:
+            monkeypatch.setattr(signals.signal, "signal", real)
+            assert stop.requested == signal.SIGUSR1
+    finally:
+        monkeypatch.setattr(signals.signal, "signal", real)
+        around.__exit__()

@@ -218,10 +218,12 @@ def test_bad_settings_exit_2_with_one_line_and_write_nothing(tmp_path, override,
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("where", ["a file", "under a file"])
+@pytest.mark.parametrize("where", ["a file", "under a file", "a name too long"])
 def test_a_run_directory_that_cannot_be_made_is_refused_in_one_line(tmp_path, where):
+    # ... and leaves none of the folders it made on the way (the third case fails two levels down).
     (tmp_path / "f").write_text("")
-    run_dir = tmp_path / "f" if where == "a file" else tmp_path / "f" / "run"
+    run_dir = {"a file": tmp_path / "f", "under a file": tmp_path / "f" / "run",
+               "a name too long": tmp_path / "a" / "b" / ("z" * 300)}[where]
     proc = cli(run_dir, "train.num_iters=2")
     assert proc.returncode == EXIT_REFUSED and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: hydra.run.dir={run_dir} cannot be made a directory (")
@@ -280,7 +282,11 @@ def test_edited_config_is_refused(cut_run):
     run_dir, cfg = cut_run
     text = (run_dir / "config.yaml").read_text()
     (run_dir / "config.yaml").write_text(text.replace("seed: 0", "seed: 7"))
-    with pytest.raises(Refused, match=r"config.yaml differs from the copy in .*last.pt \(seed: 0 -> 7\)"):
+    # Which of the two was changed cannot be told (a checkpoint of another seed swapped in reads the same): the
+    # message gives the fix for each, not only restore-config, which would copy a foreign config over this one.
+    with pytest.raises(Refused, match=r"config.yaml differs from the copy in .*last.pt \(seed: 0 -> 7\): one of "
+                                      r"them was damaged, edited or replaced. If config.yaml was, restore it with "
+                                      r"`python -m pomdp_ffm.rundir restore-config .*`; if the checkpoint was"):
         run(cfg, run_dir)
 
 
