@@ -182,19 +182,30 @@ class RunDir:
         if self._lock_fd is not None:
             return None
         # What this start creates, for release(untouched=True) to take back.
-        self._made = [p for p in (self.path, *self.path.parents) if not p.exists()]
-        self.path.mkdir(parents=True, exist_ok=True)
+        self._made = make_folders(self.path)
         path = self.path / self.LOCK
-        if not path.exists():
+        for _ in range(10):
+            try:
+                fd, made = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                try:
+                    fd, made = os.open(path, os.O_RDWR), False
+                except FileNotFoundError:  # removed meanwhile (a refused start taking back its lock file)
+                    continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    raise self._in_use(_describe(_read_lock_text(path))) from None
+                raise
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # the file was removed after we opened it, and its lock excludes nobody: lock the new one
+        else:
+            raise RunDirError(f"{path} kept being removed while this process tried to lock it; try again")
+        if made:
             self._made.insert(0, path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise self._in_use(_describe(_read_lock_text(path))) from None
-            raise
         previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         stamp = datetime.datetime.now().isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
@@ -219,11 +230,7 @@ class RunDir:
             os.close(self._lock_fd)
             self._lock_fd = None
         if untouched:
-            for folder in (p for p in self._made if p != self.path / self.LOCK):
-                try:
-                    folder.rmdir()  # only an empty one
-                except OSError:
-                    break
+            remove_made([p for p in self._made if p != self.path / self.LOCK])
 
     def __enter__(self) -> "RunDir":
         self.acquire()
@@ -238,12 +245,7 @@ class RunDir:
             raise RunDirError(f"refusing to write {what} in {self.path} without holding its lock")
         # The flock belongs to the file this process opened: a .lock removed (or replaced) meanwhile, by hand, lets
         # another process lock a new file and train here too. Checked at every write through this class.
-        held = os.fstat(self._lock_fd)
-        try:
-            now = os.stat(self.path / self.LOCK)
-        except FileNotFoundError:
-            now = None
-        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        if not _same_file(self._lock_fd, self.path / self.LOCK):
             raise RunDirError(f"refusing to write {what} in {self.path}: its lock file was removed or replaced "
                               "while this process held it, so another process may be training here too")
 
@@ -282,6 +284,44 @@ class RunDir:
     def record_error(self, text: str) -> None:
         """ERROR.txt, only from the attempt that owns the directory (holds its lock)."""
         self.write_text(self.error, text)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    held = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def make_folders(path: Path) -> list[Path]:
+    """``mkdir -p``, one folder at a time from the top: returns those this call made, deepest first, so that
+    ``remove_made`` can take back exactly these (never one another process made meanwhile). Raises OSError
+    after taking back its own."""
+    made: list[Path] = []
+    for p in reversed([path, *path.parents]):
+        try:
+            if p.is_dir():
+                continue
+            p.mkdir()
+            made.insert(0, p)
+        except OSError as e:  # is_dir() too raises some (a name too long)
+            if isinstance(e, FileExistsError) and p.is_dir():  # another process made it meanwhile
+                continue
+            remove_made(made)
+            raise
+    return made
+
+
+def remove_made(made: list[Path]) -> None:
+    """Remove the folders ``make_folders`` made, each only while empty: something put in since is someone else's."""
+    for p in made:
+        try:
+            p.rmdir()
+        except OSError:
+            pass
 
 
 def set_aside(path: Path, label: str) -> Path:

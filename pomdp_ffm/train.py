@@ -37,7 +37,8 @@ from omegaconf import DictConfig, OmegaConf
 from .config import (Refused, RunConfig, check_known_keys, check_renamed_overrides, flat_keys, learning_settings,
                      register_configs, with_current_key_names)
 from . import rundir as rundir_module
-from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint, set_aside
+from .rundir import (CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint, make_folders,
+                     remove_made, set_aside)
 from . import signals
 from .signals import STOP_SIGNALS, StopSignals, SweepSignals
 from .envs import check_worker_start_method
@@ -444,34 +445,17 @@ def _one_line(e: Exception) -> str:
 def _make_dir(composed: DictConfig, key: str) -> list[Path]:
     """Make the run or sweep directory (``key``) now, as Hydra is about to, so that one that cannot be made (a
     file in its way, no permission, a read-only or special file system) is one line and exit code 2 instead of
-    Hydra's traceback. Returns the folders made here, deepest first: only those are removed again, and only if the
-    start goes no further (a folder another process made meanwhile is never touched). A directory named through
-    Hydra's runtime values (``${hydra:...}``) cannot be resolved yet, and is left to Hydra."""
+    Hydra's traceback. Returns the folders made here (``rundir.make_folders``), to be taken back only if the start
+    goes no further. A directory named through Hydra's runtime values (``${hydra:...}``) cannot be resolved yet,
+    and is left to Hydra."""
     try:
         path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
     except Exception:
         return []
-    made: list[Path] = []
-    for p in reversed([path, *path.parents]):  # from the top down
-        try:
-            if p.is_dir():
-                continue
-            p.mkdir()
-            made.insert(0, p)
-        except OSError as e:  # is_dir() too raises some (a name too long)
-            if isinstance(e, FileExistsError) and p.is_dir():  # another process made it meanwhile
-                continue
-            _remove_made(made)
-            raise Refused(f"{key}={path} cannot be made a directory ({e.strerror}: {e.filename})") from None
-    return made
-
-
-def _remove_made(made: list[Path]) -> None:
-    for p in made:
-        try:
-            p.rmdir()  # only while empty: something put in it since is someone else's
-        except OSError:
-            pass
+    try:
+        return make_folders(path)
+    except OSError as e:
+        raise Refused(f"{key}={path} cannot be made a directory ({e.strerror}: {e.filename})") from None
 
 
 _made_by_precheck: list[Path] = []
@@ -575,7 +559,7 @@ def cli() -> None:
             signal.signal(sig, handler)
     # (Checked once the handlers above replaced the one that fills it, so that no signal falls between the two.)
     if early:
-        _remove_made(_made_by_precheck)
+        remove_made(_made_by_precheck)
         print(f"stopped by signal {early[0]} before anything started; rerun the same command", file=sys.stderr)
         sys.exit(EXIT_STOPPED)
     main()

@@ -100,6 +100,32 @@ def test_writes_stop_when_the_lock_file_was_removed(tmp_path):
     b.release()
 
 
+def test_a_lock_file_removed_while_it_is_being_locked_is_not_the_one_held(tmp_path, monkeypatch):
+    # Another start, refused under its lock, takes back the .lock it made just after this one opened it: locking
+    # that removed file would exclude nobody, so the lock is taken on the file that .lock names now.
+    from pomdp_ffm import rundir
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / ".lock").write_text("")
+    real, done = os.open, []
+
+    def opening(path, flags, *args):
+        fd = real(path, flags, *args)
+        if not done and str(path).endswith(".lock"):
+            done.append(path)
+            os.unlink(path)
+        return fd
+
+    monkeypatch.setattr(rundir.os, "open", opening)
+    a = RunDir(tmp_path / "r")
+    a.acquire()
+    monkeypatch.setattr(rundir.os, "open", real)
+    assert done and (tmp_path / "r" / ".lock").exists()
+    with pytest.raises(RunDirError, match="is in use by pid"):
+        RunDir(tmp_path / "r").acquire()
+    a.release()
+
+
 def test_writes_need_the_lock(tmp_path):
     r = RunDir(tmp_path / "r")
     r.path.mkdir()
