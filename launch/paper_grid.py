@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Every job's settings checked, as `python -m pomdp_ffm.train` checks them, before any is listed or started
         # (with the launcher's, so that its options, e.g. hydra.launcher.partition=gpu, are known keys).
-        precheck(["--multirun", *overrides], make_dirs=False)  # the sweep makes (and checks) its own
+        precheck(["--multirun", *overrides], check_dirs=False)  # the sweep checks its own
         jobs = sweep_jobs(overrides)
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

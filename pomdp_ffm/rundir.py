@@ -31,6 +31,7 @@ import os
 import pickle
 import re
 import socket
+import stat
 import sys
 import warnings
 import zipfile
@@ -313,6 +314,29 @@ def make_folders(path: Path) -> list[Path]:
             remove_made(made)
             raise
     return made
+
+
+def why_not_makeable(path: Path) -> str | None:
+    """Why ``path`` cannot be made a directory (or written in), found without writing anything: a file in its way,
+    no permission (a read-only file system included), a name too long. None where nothing tells so."""
+    path = Path(os.path.abspath(path))
+    found, missing = path, []
+    while True:
+        try:
+            st = found.stat()  # through symlinks, as mkdir goes
+            break
+        except FileNotFoundError:
+            missing.append(found.name)
+            found = found.parent
+        except OSError as e:  # ENOTDIR (a file on the way), ENAMETOOLONG, ELOOP, EACCES
+            return f"{e.strerror}: {e.filename}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{found} is not a directory"
+    if not os.access(found, os.W_OK | os.X_OK):
+        return f"no permission to write in {found}"
+    limit = os.pathconf(found, "PC_NAME_MAX")
+    long = [n for n in missing if len(os.fsencode(n)) > limit]
+    return f"a name is longer than {limit} bytes: {long[0][:40]}..." if long else None
 
 
 def remove_made(made: list[Path]) -> None:

@@ -37,8 +37,8 @@ from omegaconf import DictConfig, OmegaConf
 from .config import (Refused, RunConfig, check_known_keys, check_renamed_overrides, flat_keys, learning_settings,
                      register_configs, with_current_key_names)
 from . import rundir as rundir_module
-from .rundir import (CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint, make_folders,
-                     remove_made, set_aside)
+from .rundir import (CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint, set_aside,
+                     why_not_makeable)
 from . import signals
 from .signals import STOP_SIGNALS, StopSignals, SweepSignals
 from .envs import check_worker_start_method
@@ -442,23 +442,18 @@ def _one_line(e: Exception) -> str:
     return "; ".join([*lines[:1], *([why] if why else [])])
 
 
-def _make_dir(composed: DictConfig, key: str) -> list[Path]:
-    """Make the run or sweep directory (``key``) now, as Hydra is about to, so that one that cannot be made (a
-    file in its way, no permission, a read-only or special file system) is one line and exit code 2 instead of
-    Hydra's traceback. Returns the folders made here (``rundir.make_folders``), to be taken back only if the start
-    goes no further. A directory named through Hydra's runtime values (``${hydra:...}``) cannot be resolved yet,
-    and is left to Hydra."""
+def _check_dir(composed: DictConfig, key: str) -> None:
+    """Refuse a run or sweep directory (``key``) that cannot be made (a file in its way, no permission, a
+    read-only file system, a name too long) in one line, instead of Hydra's traceback once it tries; found
+    without writing anything (``rundir.why_not_makeable``). A directory named through Hydra's runtime values
+    (``${hydra:...}``) cannot be resolved yet, and is left to Hydra."""
     try:
         path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
     except Exception:
-        return []
-    try:
-        return make_folders(path)
-    except OSError as e:
-        raise Refused(f"{key}={path} cannot be made a directory ({e.strerror}: {e.filename})") from None
-
-
-_made_by_precheck: list[Path] = []
+        return
+    why = why_not_makeable(path)
+    if why is not None:
+        raise Refused(f"{key}={path} cannot be made a directory ({why})")
 
 
 def _job_start_method(hydra_cfg) -> str | None:
@@ -473,14 +468,14 @@ def _job_start_method(hydra_cfg) -> str | None:
     return "loky"
 
 
-def precheck(argv: list[str], make_dirs: bool = True) -> DictConfig | None:
+def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
     """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
     key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
     launched. Every job of a sweep (the command line's, and a preset's ``hydra.sweeper.params`` in a multirun)
     is checked, with its own overrides as the sweep will start it; jobs that differ only in their seed are composed
     once. Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left to Hydra. Returns the
     config composed from the fixed overrides, with Hydra's (None where the command is left to Hydra). With
-    ``make_dirs``, the run (or sweep) directory is then made (``_make_dir``)."""
+    ``check_dirs``, the run (or sweep) directory must be one that can be made (``_check_dir``)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -521,8 +516,8 @@ def precheck(argv: list[str], make_dirs: bool = True) -> DictConfig | None:
         raise
     except Exception as e:  # Hydra's and OmegaConf's composition errors
         raise Refused(_one_line(e)) from None
-    if make_dirs:
-        _made_by_precheck[:] = _make_dir(composed, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+    if check_dirs:
+        _check_dir(composed, "hydra.sweep.dir" if multirun else "hydra.run.dir")
     return composed
 
 
@@ -559,7 +554,6 @@ def cli() -> None:
             signal.signal(sig, handler)
     # (Checked once the handlers above replaced the one that fills it, so that no signal falls between the two.)
     if early:
-        remove_made(_made_by_precheck)
         print(f"stopped by signal {early[0]} before anything started; rerun the same command", file=sys.stderr)
         sys.exit(EXIT_STOPPED)
     main()

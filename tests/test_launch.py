@@ -164,17 +164,25 @@ def test_env_workers_under_joblibs_workers_are_refused_before_the_sweep_starts(t
     assert precheck([*common, "eval.workers=true", "eval.episodes_together=false"]) is not None  # no workers then
 
 
-def test_the_run_directory_is_made_up_front_where_it_can_be_resolved(tmp_path):
+def test_the_run_directory_is_checked_up_front_where_it_can_be_resolved(tmp_path):
     # The working directory is tmp_path (conftest). A file named like the default run directory's first folder is
     # in the way of a run, not of a benchmark (which trains in a folder of its own); a directory named through
-    # Hydra's runtime values cannot be resolved before Hydra starts, and is left to it.
+    # Hydra's runtime values cannot be resolved before Hydra starts, and is left to it. The check writes nothing.
     (tmp_path / "runs").write_text("")
-    with pytest.raises(Refused, match=r"^hydra.run.dir=runs/Pendulum-V-v0/.* cannot be made a directory"):
+    with pytest.raises(Refused, match=r"^hydra.run.dir=runs/Pendulum-V-v0/.* cannot be made a directory \(Not a "
+                                      r"directory: "):
         precheck(["env=Pendulum-V-v0"])
-    assert precheck(["env=Pendulum-V-v0"], make_dirs=False) is not None
+    assert precheck(["env=Pendulum-V-v0"], check_dirs=False) is not None
     assert precheck(["env=Pendulum-V-v0", "hydra.run.dir=${hydra:runtime.cwd}/r"]) is not None
     assert precheck(["env=Pendulum-V-v0", f"hydra.run.dir={tmp_path / 'x' / 'y'}"]) is not None
-    assert (tmp_path / "x" / "y").is_dir()  # as Hydra would make it next
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    os.chmod(tmp_path, 0o500)
+    try:
+        if not os.access(tmp_path, os.W_OK):  # (root writes anyway)
+            with pytest.raises(Refused, match=r"cannot be made a directory \(no permission to write in "):
+                precheck(["env=Pendulum-V-v0", f"hydra.run.dir={tmp_path / 'x'}"])
+    finally:
+        os.chmod(tmp_path, 0o700)
 
 
 def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):

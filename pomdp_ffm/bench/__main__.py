@@ -122,7 +122,7 @@ def main(argv=None) -> None:
         from ..train import precheck
 
         try:
-            precheck(overrides, make_dirs=False)  # a benchmark trains in a folder of its own
+            precheck(overrides, check_dirs=False)  # a benchmark trains in a folder of its own
         except (Refused, ValueError) as e:
             p.refuse(str(e))
     if args.threads:
