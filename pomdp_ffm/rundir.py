@@ -149,9 +149,10 @@ class RunDir:
     def holder(self) -> str | None:
         """'pid P on host H' of the process holding the lock, or None when nobody holds it."""
         path = self.path / self.LOCK
-        if not path.exists():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # (also one that a refused start took back just now)
             return None
-        fd = os.open(path, os.O_RDONLY)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -188,20 +189,25 @@ class RunDir:
         for _ in range(10):
             try:
                 fd, made = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileNotFoundError:  # the folder itself was taken back by a start refused meanwhile
+                self._made[:0] = make_folders(self.path)
+                continue
             except FileExistsError:
                 try:
-                    fd, made = os.open(path, os.O_RDWR), False
+                    # (a symbolic link to a file not there yet is followed and the file made, as a plain open would)
+                    flags = os.O_RDWR | (os.O_CREAT if path.is_symlink() else 0)
+                    fd, made = os.open(path, flags, 0o644), False
                 except FileNotFoundError:  # removed meanwhile (a refused start taking back its lock file)
                     continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if _same_file(fd, path):
+                    break
             except OSError as e:
                 os.close(fd)
                 if e.errno in (errno.EAGAIN, errno.EACCES):
                     raise self._in_use(_describe(_read_lock_text(path))) from None
                 raise
-            if _same_file(fd, path):
-                break
             os.close(fd)  # the file was removed after we opened it, and its lock excludes nobody: lock the new one
         else:
             raise RunDirError(f"{path} kept being removed while this process tried to lock it; try again")

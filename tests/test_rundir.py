@@ -126,6 +126,38 @@ def test_a_lock_file_removed_while_it_is_being_locked_is_not_the_one_held(tmp_pa
     a.release()
 
 
+def test_a_run_folder_taken_back_while_it_is_being_locked_is_made_again(tmp_path, monkeypatch):
+    # Another start, refused under its lock, takes back the (empty) folder it made, just after this start found
+    # the folder there: the folder is made again and locked, not a FileNotFoundError.
+    from pomdp_ffm import rundir
+
+    real, calls = rundir.make_folders, []
+
+    def racing(path):
+        made = real(path)
+        if not calls:
+            calls.append(path)
+            path.rmdir()
+        return made
+
+    monkeypatch.setattr(rundir, "make_folders", racing)
+    a = RunDir(tmp_path / "new" / "run")
+    a.acquire()
+    assert calls and a.holds_lock and (tmp_path / "new" / "run" / ".lock").is_file()
+    a.release(untouched=True)  # what it made, it takes back
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_lock_file_that_is_a_link_to_a_missing_file_is_followed(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / ".lock").symlink_to(tmp_path / "elsewhere")
+    a = RunDir(tmp_path / "r")
+    assert a.acquire() is None and (tmp_path / "elsewhere").is_file()
+    with pytest.raises(RunDirError, match="is in use by pid"):
+        RunDir(tmp_path / "r").acquire()
+    a.release()
+
+
 def test_writes_need_the_lock(tmp_path):
     r = RunDir(tmp_path / "r")
     r.path.mkdir()
