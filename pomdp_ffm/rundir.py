@@ -153,6 +153,8 @@ class RunDir:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:  # (also one that a refused start took back just now)
             return None
+        except NotADirectoryError:
+            raise RunDirError(f"{self.path} is not a directory") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -184,13 +186,13 @@ class RunDir:
         if self._lock_fd is not None:
             return None
         # What this start creates, for release(untouched=True) to take back.
-        self._made = make_folders(self.path)
+        self._made = self._make_folders()
         path = self.path / self.LOCK
         for _ in range(10):
             try:
                 fd, made = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
             except FileNotFoundError:  # the folder itself was taken back by a start refused meanwhile
-                self._made[:0] = make_folders(self.path)
+                self._made[:0] = self._make_folders()
                 continue
             except FileExistsError:
                 try:
@@ -199,6 +201,8 @@ class RunDir:
                     fd, made = os.open(path, flags, 0o644), False
                 except FileNotFoundError:  # removed meanwhile (a refused start taking back its lock file)
                     continue
+                except IsADirectoryError:
+                    raise RunDirError(f"{path} is a folder, where the run's lock file belongs; remove it") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if _same_file(fd, path):
@@ -213,14 +217,24 @@ class RunDir:
             raise RunDirError(f"{path} kept being removed while this process tried to lock it; try again")
         if made:
             self._made.insert(0, path)
-        previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-        stamp = datetime.datetime.now().isoformat(timespec="seconds")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()} since={stamp}\n".encode(), 0)
         self._lock_fd = fd
+        try:
+            previous = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            stamp = datetime.datetime.now().isoformat(timespec="seconds")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()} since={stamp}\n".encode(), 0)
+        except OSError as e:  # (a full disk): nothing can be written here, and the lock is not kept
+            self.release(untouched=True)
+            raise RunDirError(f"{path} cannot be written ({e.strerror})") from None
         if previous:
             return f"took over the lock of {_describe(previous)}, which ended without releasing it"
         return None
+
+    def _make_folders(self) -> list[Path]:
+        try:
+            return make_folders(self.path)
+        except OSError as e:
+            raise RunDirError(f"{self.path} cannot be made a directory ({e.strerror}: {e.filename})") from None
 
     def release(self, untouched: bool = False) -> None:
         """Release the lock. ``untouched``: this start wrote nothing but the lock (it was refused under it), so
@@ -308,15 +322,24 @@ def make_folders(path: Path) -> list[Path]:
     ``remove_made`` can take back exactly these (never one another process made meanwhile). Raises OSError
     after taking back its own."""
     made: list[Path] = []
-    for p in reversed([path, *path.parents]):
+    for attempt in range(10):
         try:
-            if p.is_dir():
-                continue
-            p.mkdir()
-            made.insert(0, p)
-        except OSError as e:  # is_dir() too raises some (a name too long)
-            if isinstance(e, FileExistsError) and p.is_dir():  # another process made it meanwhile
-                continue
+            for p in reversed([path, *path.parents]):
+                try:
+                    if p.is_dir():
+                        continue
+                    p.mkdir()
+                    made.insert(0, p)
+                except FileExistsError:
+                    if not p.is_dir():
+                        raise
+                    # another process made it meanwhile
+            return made
+        except FileNotFoundError:  # a parent taken back meanwhile by another start (its remove_made): again
+            if attempt == 9:
+                remove_made(made)
+                raise
+        except OSError:  # is_dir() too raises some (a name too long)
             remove_made(made)
             raise
     return made
@@ -325,7 +348,7 @@ def make_folders(path: Path) -> list[Path]:
 def why_not_makeable(path: Path) -> str | None:
     """Why ``path`` cannot be made a directory (or written in), found without writing anything: a file in its way,
     no permission (a read-only file system included), a name too long. None where nothing tells so."""
-    path = Path(os.path.abspath(path))
+    path = Path(path) if Path(path).is_absolute() else Path.cwd() / path  # ".." left to the kernel, as mkdir does
     found, missing = path, []
     while True:
         try:

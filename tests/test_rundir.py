@@ -158,6 +158,67 @@ def test_a_lock_file_that_is_a_link_to_a_missing_file_is_followed(tmp_path):
     a.release()
 
 
+def test_a_lock_that_cannot_be_written_is_not_kept(tmp_path, monkeypatch):
+    import errno
+
+    from pomdp_ffm import rundir
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir.os, "pwrite", full)
+    a = RunDir(tmp_path / "r")
+    with pytest.raises(RunDirError, match=r"\.lock cannot be written \(No space left on device\)"):
+        a.acquire()
+    monkeypatch.undo()
+    assert not a.holds_lock and not (tmp_path / "r").exists()  # released, and what it made taken back
+    b = RunDir(tmp_path / "r")
+    assert b.acquire() is None
+    b.release()
+
+
+def test_paths_that_are_no_directory_are_refused_not_tracebacks(tmp_path):
+    (tmp_path / "f").write_text("")
+    for run in (RunDir(tmp_path / "f"), RunDir(tmp_path / "f" / "run")):
+        with pytest.raises(RunDirError, match="cannot be made a directory|is not a directory"):
+            run.ensure_free()
+            run.acquire()
+    (tmp_path / "r" / ".lock").mkdir(parents=True)
+    with pytest.raises(RunDirError, match=r"\.lock is a folder, where the run's lock file belongs"):
+        RunDir(tmp_path / "r").acquire()
+
+
+def test_folders_are_made_again_when_a_parent_is_taken_back_meanwhile(tmp_path, monkeypatch):
+    from pathlib import Path as P
+
+    from pomdp_ffm.rundir import make_folders
+
+    real, failed = P.mkdir, []
+
+    def mkdir(self, *args, **kwargs):
+        if not failed and self.name == "b":  # its parent "a", just made, is taken back by another start
+            failed.append(self)
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(P, "mkdir", mkdir)
+    made = make_folders(tmp_path / "a" / "b" / "c")
+    assert failed and made == [tmp_path / "a" / "b" / "c", tmp_path / "a" / "b", tmp_path / "a"]
+
+
+def test_the_directory_check_leaves_dot_dot_to_the_kernel(tmp_path, monkeypatch):
+    # lnk/.. is the link's target's parent, not this folder (where a file named runs is in the way): the path
+    # can be made, as mkdir would make it.
+    from pomdp_ffm.rundir import why_not_makeable
+
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to(tmp_path / "real" / "deep")
+    (tmp_path / "runs").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert why_not_makeable(Path("lnk/../runs/x")) is None
+    assert "Not a directory" in why_not_makeable(Path("runs/x"))
+
+
 def test_writes_need_the_lock(tmp_path):
     r = RunDir(tmp_path / "r")
     r.path.mkdir()
