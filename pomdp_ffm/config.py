@@ -72,6 +72,7 @@ def _real(key: str, value, ok, rule: str) -> None:
 
 
 SEED_AXIS_UPDATES = ("branches", "stacked")
+DEVICE_PATTERN = r"auto|cpu|cuda(?::(\d+))?"  # the device's index, if any, is group 1
 # Bounds well past any use, that stop a typo from starting a run that cannot work: tens of thousands of torch
 # threads crash the process, and every evaluation episode builds an env of its own (the reference plays 10-20).
 MAX_THREADS = 256
@@ -380,7 +381,7 @@ class RunConfig:
             if self.seed != seeds[0]:
                 raise ValueError(f"seeds={seeds} needs seed={seeds[0]} (the first seed names the job's run "
                                  f"directory), not seed={self.seed}")
-        _require("device", self.device, lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
+        _require("device", self.device, lambda v: re.fullmatch(DEVICE_PATTERN, v) is not None,
                  "one of auto, cpu, cuda, cuda:N")  # whether CUDA is there is checked when the run starts
         _require("num_threads", self.num_threads, lambda v: _is_int(v) and 1 <= v <= MAX_THREADS,
                  f"in [1, {MAX_THREADS}] (torch's threads for this run)")

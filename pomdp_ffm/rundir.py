@@ -325,24 +325,21 @@ def make_folders(path: Path) -> list[Path]:
     for attempt in range(10):
         try:
             for p in reversed([path, *path.parents]):
+                if p.is_dir():  # (raises some OSErrors too: a name too long)
+                    continue
                 try:
-                    if p.is_dir():
-                        continue
                     p.mkdir()
                     made.insert(0, p)
                 except FileExistsError:
                     if not p.is_dir():
-                        raise
-                    # another process made it meanwhile
+                        raise  # a file in the way; else another process made it meanwhile
             return made
-        except FileNotFoundError:  # a parent taken back meanwhile by another start (its remove_made): again
-            if attempt == 9:
-                remove_made(made)
-                raise
-        except OSError:  # is_dir() too raises some (a name too long)
+        except OSError as e:
+            if isinstance(e, FileNotFoundError) and attempt < 9:
+                continue  # a parent taken back meanwhile by another start (its remove_made): again
             remove_made(made)
             raise
-    return made
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def why_not_makeable(path: Path) -> str | None:

@@ -506,11 +506,8 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
                         OmegaConf.update(job_cfg, "seed", seed)
                     try:
                         if validate(job_cfg).env_workers():
-                            try:
-                                check_worker_start_method(worker_method, "this sweep's jobs use")
-                            except ValueError as e:
-                                raise Refused(str(e)) from None
-                    except Refused as e:
+                            check_worker_start_method(worker_method, "this sweep's jobs use")
+                    except (Refused, ValueError) as e:
                         raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
     except Refused:
         raise

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from .agent import ActorSnapshot, OffStreamActing, RecurrentAgent
 from .buffer import SeqReplayBuffer
-from .config import RunConfig, TrainConfig
+from .config import DEVICE_PATTERN, RunConfig, TrainConfig
 from .envs import EnvInWorker, get_task, make_env, worker_start_method
 from .graph import make_actor, make_updater
 from .logger import MetricsWriter, columns_for
@@ -39,7 +39,7 @@ log = logging.getLogger("pomdp_ffm")
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    m = re.fullmatch(r"cpu|cuda(?::(\d+))?", name)
+    m = re.fullmatch(DEVICE_PATTERN, name)
     if m is None:
         raise ValueError(f"device={name!r} is not one of ['auto', 'cpu', 'cuda', 'cuda:N']")
     if name.startswith("cuda") and not torch.cuda.is_available():

@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from ..config import Refused
 from .common import print_table, write_csv
 
 
@@ -118,7 +119,6 @@ def main(argv=None) -> None:
     device = _device(p, args.device)
     args.device = str(device)
     if overrides:  # the settings a benchmark trains with, checked as `python -m pomdp_ffm.train` checks them
-        from ..config import Refused
         from ..train import precheck
 
         try:
@@ -130,8 +130,6 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"device={device} ({name}), torch {torch.__version__}, threads={torch.get_num_threads()}")
-
-    from ..config import Refused
 
     try:
         _run(p, args, overrides, device)
