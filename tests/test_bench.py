@@ -118,6 +118,10 @@ def test_bench_refuses_overrides_it_does_not_take():
     (["eval", "+foo=1"], "unknown config key 'foo'"),
     (["loop", "--project", "Nope-v0", "--env-step-ms", "1"], "--project Nope-v0: Unknown task 'Nope-v0'"),
     (["loop", "--project", "HopperBLT-V-v0", "--env-step-ms", "-1"], "argument --env-step-ms: -1.0 must be a finite"),
+    (["loop", "--jobs", "0"], "argument --jobs: 0 must be >= 1"),
+    (["update", "--jobs", "2"], "--jobs is an option of `loop`, not of `update`"),
+    (["loop", "--jobs", "2", "--project", "HopperBLT-V-v0", "--env-step-ms", "1"],
+     "--jobs and --project do not go together"),
     (["eval", "--csv", "/nonexistent-folder/x.csv"], "--csv /nonexistent-folder/x.csv: its folder does not exist"),
     ([], "the following arguments are required: which"),
 ])
@@ -237,3 +241,67 @@ def test_dispatched_ops_count_what_launches_and_can_leave_the_optimisers_out():
     with counted, pytest.raises(RuntimeError, match="already counting"):
         with counted:
             pass
+
+
+def _stop_at_call(monkeypatch, cls, name: str, at: int) -> None:
+    """A stop signal to this process at the ``at``-th call of ``cls.name``, as `timeout` sends one."""
+    import os
+    import signal
+
+    original, calls = getattr(cls, name), []
+
+    def patched(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, *a, **kw)
+    monkeypatch.setattr(cls, name, patched)
+
+
+def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
+    # A benchmark run stopped by a signal (a `timeout` around it) reports the part it ran, marked as stopped,
+    # and the command exits with the training's "stopped" code; stopped before its first update, it has nothing to
+    # report and says so.
+    from pomdp_ffm.bench import loop
+    from pomdp_ffm.bench.__main__ import main
+    from pomdp_ffm.trainer import Trainer
+    from pomdp_ffm.train import EXIT_STOPPED
+
+    _stop_at_call(monkeypatch, Trainer, "sample_batch", 15)
+    r = loop.run(SMALL, steps=3000, device="cpu", threads=1)
+    assert r["stopped"] and 15 <= r["n_updates"] < 140 and 0 < r["n_steps"] < 2800
+    assert r["unmeasured"] == ["evaluation (upper bound)"]  # stopped before its first evaluation
+    assert all(v > 0 for k, v in r["projected"].items() if k not in r["unmeasured"])
+    loop.report(r)
+    out = capsys.readouterr().out
+    assert "STOPPED by a signal before the planned steps" in out
+    assert "not reached by this run: left out" in out and "(without the parts not reached)" in out
+
+    _stop_at_call(monkeypatch, Trainer, "sample_batch", 15)
+    with pytest.raises(SystemExit) as e:
+        main(["loop", "--steps", "3000", "--threads", "1", *SMALL])
+    assert e.value.code == EXIT_STOPPED and "STOPPED by a signal" in capsys.readouterr().out
+
+    _stop_at_call(monkeypatch, Trainer, "_start_burst", 1)  # after the random pool
+    with pytest.raises(RuntimeError, match="stopped by a signal before it timed an update"):
+        loop.run(SMALL, steps=3000, device="cpu", threads=1)
+    whole = loop.run(SMALL, steps=400, device="cpu", threads=1)
+    assert not whole["stopped"] and not whole["unmeasured"]
+
+
+def test_loop_benchmark_jobs_run_at_once_each_in_its_own_process(capsys):
+    # --jobs N: N copies of the run in N processes (jobs sharing a machine and its GPU), each reported, and their
+    # env steps in all over the time from the first start to the last end; a job's error is the command's error.
+    from pomdp_ffm.bench import loop
+    from pomdp_ffm.bench.__main__ import main
+
+    main(["loop", "--jobs", "2", "--steps", "400", "--threads", "1", *SMALL])
+    out = capsys.readouterr().out
+    assert "== job 1 of 2" in out and "== job 2 of 2" in out
+    line = next(x for x in out.splitlines() if x.startswith("2 jobs at once: "))
+    steps = sum(int(x.split(": ")[1].split(" env steps")[0]) for x in out.splitlines()
+                if x.startswith("Pendulum-V-v0 sac+ffm: "))
+    assert steps >= 800 and line.startswith(f"2 jobs at once: {steps} env steps in ")
+    assert "h of this machine per job" in out
+    with pytest.raises(RuntimeError, match=r"job 1: .*Nope-v0.*; job 2: "):
+        loop.run_jobs(2, [*SMALL, "env=Nope-v0"], 400, "cpu", 1)

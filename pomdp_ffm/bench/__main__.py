@@ -90,6 +90,9 @@ def main(argv=None) -> None:
                         "update and evaluation costs, with --env-step-ms as its env step cost")
     p.add_argument("--env-step-ms", type=_positive_ms, default=None,
                    help="loop: TASK's env step cost in ms, measured where its env runs (with --project)")
+    p.add_argument("--jobs", type=_at_least(1), default=1,
+                   help="loop: run this many copies at once, each in a process of its own (jobs sharing this "
+                        "machine and its GPU), and report their env steps/s in all")
     p.add_argument("--joint-eager", action="store_true",
                    help="loop, with seeds=[...]: run the seed axis's joint rounds on this device even without CUDA "
                         "graphs (eagerly), to count how many updates its schedule runs together; the times are "
@@ -102,7 +105,11 @@ def main(argv=None) -> None:
 
     if args.joint_eager and args.which != "loop":
         p.error(f"--joint-eager is an option of `loop` (a seed axis's joint rounds), not of `{args.which}`")
+    if args.jobs > 1 and args.which != "loop":
+        p.error(f"--jobs is an option of `loop`, not of `{args.which}`")
     if args.which == "loop":
+        if args.jobs > 1 and args.project is not None:
+            p.error("--jobs and --project do not go together (each job projects its own task's budget)")
         if (args.project is None) != (args.env_step_ms is None):
             p.error("--project and --env-step-ms go together")
         if args.joint_eager and not any(o.startswith("seeds=") for o in overrides):
@@ -141,10 +148,18 @@ def _run(p: _Parser, args, overrides: list[str], device: torch.device) -> None:
     if args.which == "loop":
         from . import loop
 
-        result = loop.run(overrides, args.steps, args.device, args.threads, joint_eager=args.joint_eager)
-        loop.report(result)
-        if args.project:
-            loop.report_projection(result, args.project, args.env_step_ms, args.device, args.threads)
+        from ..train import EXIT_STOPPED
+
+        if args.jobs > 1:
+            results = loop.run_jobs(args.jobs, overrides, args.steps, args.device, args.threads, args.joint_eager)
+            loop.report_jobs(results)
+        else:
+            results = [loop.run(overrides, args.steps, args.device, args.threads, joint_eager=args.joint_eager)]
+            loop.report(results[0])
+            if args.project:
+                loop.report_projection(results[0], args.project, args.env_step_ms, args.device, args.threads)
+        if any(r["stopped"] for r in results):
+            sys.exit(EXIT_STOPPED)
         return
     if args.which == "eval":
         from . import evaluation

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing
+import os
+import signal
 import tempfile
 import time
 from collections import Counter
@@ -28,6 +31,7 @@ from ..config import RunConfig, register_configs
 from ..envs import get_task
 from ..grid import CONF_DIR
 from ..seeds import eager_joint_rounds
+from ..signals import STOP_SIGNALS
 from ..train import run as train_run
 from ..trainer import Trainer, env_step_budget
 
@@ -92,12 +96,14 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None, join
         with eager_joint_rounds() if joint_eager else contextlib.nullcontext():
             out = train_run(composed, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
         wall = time.perf_counter() - t0
-    if out.get("stopped"):
-        raise RuntimeError("the benchmark's run was stopped by a signal")
     tm, pool_timers = Counter(), Counter()
     for trainer in made:  # the seeds' parts add up (a joint round charges each seed its share)
         tm.update(trainer.timers)
         pool_timers.update(trainer.pool_timers)
+    # A stop signal (e.g. the `timeout` around a benchmark on a lent machine) ends the run at its next chance:
+    # what it timed until then is still a measurement, so it is reported, marked as stopped.
+    if out.get("stopped") and not tm.get("n_updates", 0):
+        raise RuntimeError("the benchmark's run was stopped by a signal before it timed an update")
     n_steps, n_updates, n_eval_steps = tm.get("n_steps", 0), tm.get("n_updates", 0), tm.get("n_eval_steps", 0)
     per = {
         "env": tm.get("env", 0.0) / max(n_steps, 1),
@@ -121,12 +127,81 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None, join
         "evaluation (upper bound)": budget["eval_steps"] * per["eval"],
     }
     per["eval_act"] = tm.get("eval_act", 0.0) / max(n_eval_steps, 1)
+    # A run stopped early may not have reached a part (e.g. its first evaluation): its projection is no estimate.
+    counts = {"pool env steps": tm.get("n_pool_steps", 0), "env steps": n_steps, "acting": n_steps,
+              "updates": n_updates, "evaluation (upper bound)": n_eval_steps}
+    unmeasured = [k for k, n in counts.items() if not n]
     return {"wall": wall, "steps": n_steps + tm.get("n_pool_steps", 0), "n_steps": n_steps, "n_updates": n_updates,
             "n_joint_updates": tm.get("n_joint_updates", 0),
             "n_evals": tm.get("n_evals", 0), "n_eval_steps": n_eval_steps, "parts": parts, "per": per,
             "budget": budget, "projected": projected, "task": cfg.env.env_name,
             "model": f"{cfg.policy.algo_name}+{cfg.policy.seq_model}", "overrides": list(overrides),
-            "seeds": len(made)}
+            "seeds": len(made), "stopped": bool(out.get("stopped")), "unmeasured": unmeasured}
+
+
+def _job(results, index: int, args: tuple) -> None:
+    """One of ``run_jobs``'s processes: its result, with when it ran (wall clock), or its error, in ``results``."""
+    start = time.time()
+    try:
+        r = run(*args)
+    except BaseException as e:  # noqa: BLE001 - reported by the parent, which waits for every job's answer
+        first = str(e).strip().splitlines()[:1]  # Hydra's lists every choice, one a line
+        results.put((index, {"error": f"{type(e).__name__}: {first[0] if first else ''}"}))
+        return
+    results.put((index, {**r, "start": start, "end": time.time()}))
+
+
+def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int | None,
+             joint_eager: bool = False) -> list[dict]:
+    """``run`` n times at once, each in a process of its own: n jobs of a grid sharing this machine (and its GPU,
+    whose updates then run while another job's envs step). A stop signal to this process is passed on to the
+    jobs, each of which reports what it ran."""
+    ctx = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable; spawn is what launchers do
+    results = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_job, args=(results, k, (overrides, steps, device, threads, joint_eager)))
+             for k in range(n)]
+
+    def forward(signum, frame):
+        for proc in procs:
+            if proc.pid is not None and proc.is_alive():
+                os.kill(proc.pid, signum)
+
+    old = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
+    got: dict[int, dict] = {}
+    try:
+        for proc in procs:
+            proc.start()
+        while len(got) < n:
+            while not results.empty():
+                k, r = results.get()
+                got[k] = r
+            if len(got) < n and not any(proc.is_alive() for proc in procs) and results.empty():
+                lost = [f"job {k + 1} (exit code {procs[k].exitcode})" for k in range(n) if k not in got]
+                raise RuntimeError(f"{', '.join(lost)} ended without a result")
+            time.sleep(0.05)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for proc in procs:
+            proc.join()
+    errors = [f"job {k + 1}: {got[k]['error']}" for k in range(n) if "error" in got[k]]
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return [got[k] for k in range(n)]
+
+
+def report_jobs(results: list[dict]) -> None:
+    n = len(results)
+    for k, r in enumerate(results):
+        print(f"\n== job {k + 1} of {n}", end="")
+        report(r)
+    span = max(r["end"] for r in results) - min(r["start"] for r in results)
+    steps = sum(r["steps"] for r in results)
+    totals = [sum(r["projected"].values()) / 3600 for r in results]
+    print(f"\n{n} jobs at once: {steps} env steps in {span:.1f} s from the first start to the last end -> "
+          f"{steps / span:.1f} env steps/s in all")
+    print(f"  projected: each job's full budget takes {min(totals):.2f}-{max(totals):.2f} h with {n} running at "
+          f"once: {sum(totals) / n / n:.2f} h of this machine per job")
 
 
 def report(r: dict) -> None:
@@ -134,6 +209,8 @@ def report(r: dict) -> None:
     print(f"\n{r['task']} {r['model']}{runs}: {r['steps']} env steps, {r['n_updates']} updates, {r['n_evals']} "
           f"evaluations ({r['n_eval_steps']} eval steps) in {r['wall']:.1f} s -> "
           f"{r['steps'] / r['wall']:.1f} env steps/s")
+    if r["stopped"]:
+        print("  STOPPED by a signal before the planned steps: the numbers are those of the part it ran")
     if r["seeds"] > 1:
         # Outside joint rounds: a seed left alone once the others have finished, or seeds without a joint runner.
         none = ("; the seeds take turns on a CPU or without train.cuda_graph (--joint-eager counts the rounds)"
@@ -156,8 +233,9 @@ def report(r: dict) -> None:
           f"updates, {b['evals']} evaluations")
     total = sum(r["projected"].values())
     for k, v in r["projected"].items():
-        print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %")
-    print(f"    {'total':<26} {total / 3600:7.2f} h")
+        missing = "  not reached by this run: left out" if k in r["unmeasured"] else ""
+        print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %{missing}")
+    print(f"    {'total':<26} {total / 3600:7.2f} h{' (without the parts not reached)' if r['unmeasured'] else ''}")
 
 
 def report_projection(r: dict, task: str, env_step_ms: float, device: str, threads: int | None) -> dict:
