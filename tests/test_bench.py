@@ -276,6 +276,12 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "STOPPED by a signal before the planned steps" in out
     assert "not reached by this run: left out" in out and "(without the parts not reached)" in out
+    assert "eval step         not reached by this run" in out
+    # So in the projection to another task (its env step given): the evaluation is left out, not costed at zero.
+    projected = loop.report_projection(r, "HopperBLT-V-v0", 0.5, "cpu", 1)
+    out = capsys.readouterr().out
+    assert projected["evaluation (upper bound)"] == 0 and projected["acting"] > 0
+    assert out.count("not reached by this run: left out") == 1 and "(without the parts not reached)" in out
 
     _stop_at_call(monkeypatch, Trainer, "sample_batch", 15)
     with pytest.raises(SystemExit) as e:
@@ -283,25 +289,97 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     assert e.value.code == EXIT_STOPPED and "STOPPED by a signal" in capsys.readouterr().out
 
     _stop_at_call(monkeypatch, Trainer, "_start_burst", 1)  # after the random pool
-    with pytest.raises(RuntimeError, match="stopped by a signal before it timed an update"):
+    with pytest.raises(loop.StoppedEarly, match="stopped by a signal before it timed an update"):
         loop.run(SMALL, steps=3000, device="cpu", threads=1)
+    _stop_at_call(monkeypatch, Trainer, "_start_burst", 1)  # the command: one line, the "stopped" exit code
+    with pytest.raises(SystemExit) as e:
+        main(["loop", "--steps", "3000", "--threads", "1", *SMALL])
+    assert e.value.code == EXIT_STOPPED
+    assert capsys.readouterr().err == "stopped: the benchmark's run was stopped by a signal before it timed an update\n"
     whole = loop.run(SMALL, steps=400, device="cpu", threads=1)
     assert not whole["stopped"] and not whole["unmeasured"]
 
 
 def test_loop_benchmark_jobs_run_at_once_each_in_its_own_process(capsys):
-    # --jobs N: N copies of the run in N processes (jobs sharing a machine and its GPU), each reported, and their
-    # env steps in all over the time from the first start to the last end; a job's error is the command's error.
+    # --jobs N: N copies of the run in N processes at once (jobs sharing a machine and its GPU), each reported,
+    # with their env steps in all over the time from the first start to the last end.
+    import os
+
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
 
-    main(["loop", "--jobs", "2", "--steps", "400", "--threads", "1", *SMALL])
+    answers = loop.run_jobs(2, SMALL, 400, "cpu", 1)
+    assert len({a["pid"] for a in answers} | {os.getpid()}) == 3  # two processes of their own
+    assert max(a["start"] for a in answers) < min(a["end"] for a in answers)  # at once
+    loop.report_jobs(answers)
     out = capsys.readouterr().out
     assert "== job 1 of 2" in out and "== job 2 of 2" in out
-    line = next(x for x in out.splitlines() if x.startswith("2 jobs at once: "))
-    steps = sum(int(x.split(": ")[1].split(" env steps")[0]) for x in out.splitlines()
-                if x.startswith("Pendulum-V-v0 sac+ffm: "))
-    assert steps >= 800 and line.startswith(f"2 jobs at once: {steps} env steps in ")
-    assert "h of this machine per job" in out
-    with pytest.raises(RuntimeError, match=r"job 1: .*Nope-v0.*; job 2: "):
-        loop.run_jobs(2, [*SMALL, "env=Nope-v0"], 400, "cpu", 1)
+    steps = sum(a["steps"] for a in answers)
+    assert steps >= 800 and f"2 jobs at once: {steps} env steps in " in out and "h of this machine per job" in out
+    # A job's error is its own answer, with its traceback; a refusal by every job is the command's one-line error.
+    failed = loop.run_jobs(2, [*SMALL, "env=Nope-v0"], 400, "cpu", 1)
+    assert all("Nope-v0" in a["error"] and "Traceback" in a["traceback"] for a in failed)
+    with pytest.raises(SystemExit) as e:
+        main(["loop", "--jobs", "2", "--threads", "1", *SMALL, "train.buffer_size=100000000000"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "does not fit" in err, err
+
+
+def _bench_jobs(tmp_path, steps: int):
+    """`bench loop --jobs 2` in a session of its own, and its two jobs' pids once both have started training."""
+    import os
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.bench", "loop", "--jobs", "2", "--threads", "1",
+                             "--steps", str(steps), *SMALL], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc
+
+
+def _job_pids(parent: int) -> list[int]:
+    import os
+    from pathlib import Path
+
+    pids = []
+    for task in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (task / "stat").read_text()
+            cmd = (task / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmd:
+            pids.append(int(task.name))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_loop_benchmark_jobs_stop_together_and_report_a_lost_job(tmp_path):
+    # A job killed outright is reported as lost (exit 1), and the other is stopped, reporting what it ran; a stop
+    # signal to the whole process group (as `timeout` sends) while the jobs are still starting stops them
+    # (exit 75), rather than killing them.
+    import os
+    import signal
+    import time
+
+    proc = _bench_jobs(tmp_path, 200000)
+    deadline = time.time() + 60
+    while len(_job_pids(proc.pid)) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    jobs = _job_pids(proc.pid)
+    assert len(jobs) == 2
+    time.sleep(6)  # both training
+    os.kill(jobs[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "no result: its process ended without an answer (exit code -9)" in out
+    assert out.count("STOPPED by a signal") == 1 and "1 of 2 jobs at once" in out
+
+    proc = _bench_jobs(tmp_path, 200000)
+    deadline = time.time() + 60
+    while len(_job_pids(proc.pid)) < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGTERM)  # the jobs' processes are still importing
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert "Traceback" not in err and out.count("== job ") == 2
+    assert out.count("stopped by a signal") + out.count("STOPPED by a signal") == 2, out

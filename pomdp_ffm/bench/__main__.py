@@ -90,7 +90,7 @@ def main(argv=None) -> None:
                         "update and evaluation costs, with --env-step-ms as its env step cost")
     p.add_argument("--env-step-ms", type=_positive_ms, default=None,
                    help="loop: TASK's env step cost in ms, measured where its env runs (with --project)")
-    p.add_argument("--jobs", type=_at_least(1), default=1,
+    p.add_argument("--jobs", type=_at_least(1), default=None,
                    help="loop: run this many copies at once, each in a process of its own (jobs sharing this "
                         "machine and its GPU), and report their env steps/s in all")
     p.add_argument("--joint-eager", action="store_true",
@@ -105,10 +105,14 @@ def main(argv=None) -> None:
 
     if args.joint_eager and args.which != "loop":
         p.error(f"--joint-eager is an option of `loop` (a seed axis's joint rounds), not of `{args.which}`")
-    if args.jobs > 1 and args.which != "loop":
+    if args.jobs is not None and args.which != "loop":
         p.error(f"--jobs is an option of `loop`, not of `{args.which}`")
     if args.which == "loop":
-        if args.jobs > 1 and args.project is not None:
+        from .loop import MAX_JOBS
+
+        if (args.jobs or 1) > MAX_JOBS:
+            p.error(f"argument --jobs: {args.jobs} must be <= {MAX_JOBS}")
+        if (args.jobs or 1) > 1 and args.project is not None:
             p.error("--jobs and --project do not go together (each job projects its own task's budget)")
         if (args.project is None) != (args.env_step_ms is None):
             p.error("--project and --env-step-ms go together")
@@ -150,15 +154,25 @@ def _run(p: _Parser, args, overrides: list[str], device: torch.device) -> None:
 
         from ..train import EXIT_STOPPED
 
-        if args.jobs > 1:
-            results = loop.run_jobs(args.jobs, overrides, args.steps, args.device, args.threads, args.joint_eager)
-            loop.report_jobs(results)
-        else:
-            results = [loop.run(overrides, args.steps, args.device, args.threads, joint_eager=args.joint_eager)]
-            loop.report(results[0])
+        if (args.jobs or 1) == 1:
+            try:
+                result = loop.run(overrides, args.steps, args.device, args.threads, joint_eager=args.joint_eager)
+            except loop.StoppedEarly as e:
+                print(f"stopped: {e}", file=sys.stderr)
+                sys.exit(EXIT_STOPPED)
+            loop.report(result)
             if args.project:
-                loop.report_projection(results[0], args.project, args.env_step_ms, args.device, args.threads)
-        if any(r["stopped"] for r in results):
+                loop.report_projection(result, args.project, args.env_step_ms, args.device, args.threads)
+            if result["stopped"]:
+                sys.exit(EXIT_STOPPED)
+            return
+        answers = loop.run_jobs(args.jobs, overrides, args.steps, args.device, args.threads, args.joint_eager)
+        if all("refused" in a for a in answers):  # the same settings, refused by each job's trainer alike
+            raise Refused(answers[0]["refused"])
+        loop.report_jobs(answers)
+        if any(key in a for a in answers for key in ("refused", "error", "lost")):
+            sys.exit(1)
+        if any(a.get("stopped") or "stopped_early" in a for a in answers):
             sys.exit(EXIT_STOPPED)
         return
     if args.which == "eval":

@@ -18,8 +18,10 @@ import math
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 
 from pathlib import Path
@@ -27,11 +29,11 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import RunConfig, register_configs
+from ..config import Refused, RunConfig, register_configs
 from ..envs import get_task
 from ..grid import CONF_DIR
 from ..seeds import eager_joint_rounds
-from ..signals import STOP_SIGNALS
+from ..signals import STOP_SIGNALS, stop_sweep
 from ..train import run as train_run
 from ..trainer import Trainer, env_step_budget
 
@@ -103,7 +105,7 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None, join
     # A stop signal (e.g. the `timeout` around a benchmark on a lent machine) ends the run at its next chance:
     # what it timed until then is still a measurement, so it is reported, marked as stopped.
     if out.get("stopped") and not tm.get("n_updates", 0):
-        raise RuntimeError("the benchmark's run was stopped by a signal before it timed an update")
+        raise StoppedEarly("the benchmark's run was stopped by a signal before it timed an update")
     n_steps, n_updates, n_eval_steps = tm.get("n_steps", 0), tm.get("n_updates", 0), tm.get("n_eval_steps", 0)
     per = {
         "env": tm.get("env", 0.0) / max(n_steps, 1),
@@ -139,69 +141,129 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None, join
             "seeds": len(made), "stopped": bool(out.get("stopped")), "unmeasured": unmeasured}
 
 
+class StoppedEarly(RuntimeError):
+    """A stop signal came before the run had timed an update: there is nothing to report."""
+
+
+# The jobs' processes: at most one a core is what a machine can run at once without the jobs timing each other's
+# waits; the bound only stops a typo from starting thousands.
+MAX_JOBS = 64
+# What stops the jobs: a stop signal, or a Ctrl-C (passed on as SIGTERM, so each job reports what it ran).
+_FORWARDED = (*STOP_SIGNALS, signal.SIGINT)
+
+
 def _job(results, index: int, args: tuple) -> None:
-    """One of ``run_jobs``'s processes: its result, with when it ran (wall clock), or its error, in ``results``."""
-    start = time.time()
+    """One of ``run_jobs``'s processes: its result, with when it ran (wall clock) and its pid, or what stopped
+    it, in ``results``. It starts with the stop signals blocked (``run_jobs``): one that came before its handler
+    is remembered as a sweep's is (``signals.stop_sweep``), so the run stops at its first chance."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: stop_sweep(signum))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the parent too, which stops the jobs
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+    start, answer = time.time(), {"pid": os.getpid()}
     try:
-        r = run(*args)
+        answer.update(run(*args), start=start, end=time.time())
+    except StoppedEarly as e:
+        answer["stopped_early"] = str(e)
+    except Refused as e:
+        answer["refused"] = str(e)
     except BaseException as e:  # noqa: BLE001 - reported by the parent, which waits for every job's answer
-        first = str(e).strip().splitlines()[:1]  # Hydra's lists every choice, one a line
-        results.put((index, {"error": f"{type(e).__name__}: {first[0] if first else ''}"}))
-        return
-    results.put((index, {**r, "start": start, "end": time.time()}))
+        answer["error"] = f"{type(e).__name__}: {e}"
+        answer["traceback"] = traceback.format_exc()
+    results.put((index, answer))
 
 
 def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int | None,
              joint_eager: bool = False) -> list[dict]:
     """``run`` n times at once, each in a process of its own: n jobs of a grid sharing this machine (and its GPU,
-    whose updates then run while another job's envs step). A stop signal to this process is passed on to the
-    jobs, each of which reports what it ran."""
+    whose updates then run while another job's envs step). Each job's answer is its result (``run``'s) or says
+    why it has none: ``stopped_early``, ``refused``, ``error`` or ``lost`` (the process ended without an answer,
+    e.g. killed; the other jobs are then stopped, and report what they ran).
+
+    A stop signal (or SIGINT) to this process is passed on to the jobs as the signal that stops a run, so each
+    reports what it ran. The stop signals are blocked while the jobs' processes start, which inherit the block,
+    so that one sent to the whole process group (as `timeout` does) before a job's handler is in still stops it
+    instead of killing it."""
     ctx = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable; spawn is what launchers do
     results = ctx.SimpleQueue()
     procs = [ctx.Process(target=_job, args=(results, k, (overrides, steps, device, threads, joint_eager)))
              for k in range(n)]
 
-    def forward(signum, frame):
-        for proc in procs:
-            if proc.pid is not None and proc.is_alive():
-                os.kill(proc.pid, signum)
+    stop: list[int] = []  # a stop signal this process got: the jobs that start after it are stopped too
 
-    old = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
-    got: dict[int, dict] = {}
-    try:
+    def stop_jobs(signum: int = signal.SIGTERM) -> None:
+        stop.append(signum)
         for proc in procs:
-            proc.start()
+            if proc.pid is not None and proc.exitcode is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:  # it ended meanwhile
+                    pass
+
+    old = {s: signal.signal(s, lambda signum, frame: stop_jobs(signal.SIGTERM if signum == signal.SIGINT
+                                                                   else signum)) for s in _FORWARDED}
+    got: dict[int, dict] = {}
+
+    def drain() -> None:
+        while not results.empty():
+            k, answer = results.get()
+            got[k] = answer
+
+    try:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+        try:
+            for proc in procs:
+                proc.start()
+        finally:  # a stop that came meanwhile is delivered here, to every job
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if stop:  # one that came before the jobs existed
+            stop_jobs(stop[0])
         while len(got) < n:
-            while not results.empty():
-                k, r = results.get()
-                got[k] = r
-            if len(got) < n and not any(proc.is_alive() for proc in procs) and results.empty():
-                lost = [f"job {k + 1} (exit code {procs[k].exitcode})" for k in range(n) if k not in got]
-                raise RuntimeError(f"{', '.join(lost)} ended without a result")
+            drain()
+            for k, proc in enumerate(procs):
+                if k not in got and proc.exitcode is not None:
+                    drain()  # its answer may have come just before it ended
+                    if k not in got:
+                        got[k] = {"lost": f"its process ended without an answer (exit code {proc.exitcode})"}
+                        stop_jobs()  # the others report what they ran, rather than run on for nothing
             time.sleep(0.05)
+    except BaseException:
+        for proc in procs:
+            if proc.exitcode is None and proc.pid is not None:
+                proc.kill()
+        raise
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
         for proc in procs:
             proc.join()
-    errors = [f"job {k + 1}: {got[k]['error']}" for k in range(n) if "error" in got[k]]
-    if errors:
-        raise RuntimeError("; ".join(errors))
     return [got[k] for k in range(n)]
 
 
-def report_jobs(results: list[dict]) -> None:
-    n = len(results)
-    for k, r in enumerate(results):
+def report_jobs(answers: list[dict]) -> None:
+    n = len(answers)
+    for k, a in enumerate(answers):
         print(f"\n== job {k + 1} of {n}", end="")
-        report(r)
-    span = max(r["end"] for r in results) - min(r["start"] for r in results)
-    steps = sum(r["steps"] for r in results)
-    totals = [sum(r["projected"].values()) / 3600 for r in results]
-    print(f"\n{n} jobs at once: {steps} env steps in {span:.1f} s from the first start to the last end -> "
+        if "steps" in a:
+            report(a)
+        else:
+            why = next(a[key] for key in ("stopped_early", "refused", "error", "lost") if key in a)
+            print(f": no result: {why}")
+            if "traceback" in a:
+                print(a["traceback"], file=sys.stderr)
+    done = [a for a in answers if "steps" in a]
+    if not done:
+        return
+    span = max(a["end"] for a in done) - min(a["start"] for a in done)
+    steps = sum(a["steps"] for a in done)
+    totals = [sum(a["projected"].values()) / 3600 for a in done]
+    partial = any(a["unmeasured"] for a in done)
+    some = f"{len(done)} of {n}" if len(done) < n else f"{n}"
+    print(f"\n{some} jobs at once: {steps} env steps in {span:.1f} s from the first start to the last end -> "
           f"{steps / span:.1f} env steps/s in all")
     print(f"  projected: each job's full budget takes {min(totals):.2f}-{max(totals):.2f} h with {n} running at "
-          f"once: {sum(totals) / n / n:.2f} h of this machine per job")
+          f"once: {sum(totals) / len(done) / n:.2f} h of this machine per job"
+          f"{' (without the parts a job did not reach)' if partial else ''}")
 
 
 def report(r: dict) -> None:
@@ -210,7 +272,8 @@ def report(r: dict) -> None:
           f"evaluations ({r['n_eval_steps']} eval steps) in {r['wall']:.1f} s -> "
           f"{r['steps'] / r['wall']:.1f} env steps/s")
     if r["stopped"]:
-        print("  STOPPED by a signal before the planned steps: the numbers are those of the part it ran")
+        print("  STOPPED by a signal before the planned steps: the numbers are those of the part it ran (a short part's "
+              "costs include its warm-up)")
     if r["seeds"] > 1:
         # Outside joint rounds: a seed left alone once the others have finished, or seeds without a joint runner.
         none = ("; the seeds take turns on a CPU or without train.cuda_graph (--joint-eager counts the rounds)"
@@ -220,21 +283,24 @@ def report(r: dict) -> None:
     print("\n  share of the time")
     for k, v in r["parts"].items():
         print(f"    {k:<8} {v:8.2f} s  {100 * v / r['wall']:5.1f} %")
-    per = r["per"]
+    per, missing = r["per"], set(r["unmeasured"])
+
+    def cost(part: str, seconds: float, note: str = "") -> str:
+        return "    not reached by this run" if part in missing else f"{1e3 * seconds:8.3f} ms{note}"
     print("\n  cost per unit")
-    print(f"    env step      {1e3 * per['env']:8.3f} ms")
-    print(f"    acting step   {1e3 * per['act']:8.3f} ms")
-    print(f"    update        {1e3 * per['update']:8.3f} ms  (sampling included)")
-    print(f"    eval step     {1e3 * per['eval']:8.3f} ms  (acting and env, episodes together where configured; "
-          f"acting {1e3 * per['eval_act']:.3f} ms)")
+    print(f"    env step      {cost('env steps', per['env'])}")
+    print(f"    acting step   {cost('acting', per['act'])}")
+    print(f"    update        {cost('updates', per['update'], '  (sampling included)')}")
+    eval_note = (f"  (acting and env, episodes together where configured; acting {1e3 * per['eval_act']:.3f} ms)")
+    print(f"    eval step     {cost('evaluation (upper bound)', per['eval'], eval_note)}")
     b = r["budget"]
     of_runs = f" of the {r['seeds']} runs" if r["seeds"] > 1 else ""
     print(f"\n  projected for the full budget{of_runs}: {b['pool_steps'] + b['steps']:,} env steps, {b['updates']:,} "
           f"updates, {b['evals']} evaluations")
     total = sum(r["projected"].values())
     for k, v in r["projected"].items():
-        missing = "  not reached by this run: left out" if k in r["unmeasured"] else ""
-        print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %{missing}")
+        note = "  not reached by this run: left out" if k in missing else ""
+        print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %{note}")
     print(f"    {'total':<26} {total / 3600:7.2f} h{' (without the parts not reached)' if r['unmeasured'] else ''}")
 
 
@@ -254,12 +320,16 @@ def report_projection(r: dict, task: str, env_step_ms: float, device: str, threa
         "updates": budget["updates"] * per["update"],
         "evaluation (upper bound)": budget["eval_steps"] * (per["eval_act"] + env_s),
     }
+    # Parts this run never reached have no cost of their own here (the env step's is given): left out, marked.
+    missing = {"acting", "updates", "evaluation (upper bound)"} & set(r["unmeasured"])
+    projected = {k: (0.0 if k in missing else v) for k, v in projected.items()}
     total = sum(projected.values())
     of_runs = f"{r['seeds']} runs of " if r["seeds"] > 1 else ""
     print(f"\n  projected for {of_runs}{task} ({budget['pool_steps'] + budget['steps']:,} env steps, {budget['updates']:,} "
           f"updates, {budget['evals']} evaluations of {budget['eval_steps'] // max(budget['evals'], 1):,} steps at "
           f"most) with its env step at {env_step_ms:.3f} ms and this run's other costs")
     for k, v in projected.items():
-        print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %")
-    print(f"    {'total':<26} {total / 3600:7.2f} h")
+        note = "  not reached by this run: left out" if k in missing else ""
+        print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %{note}")
+    print(f"    {'total':<26} {total / 3600:7.2f} h{' (without the parts not reached)' if missing else ''}")
     return projected
