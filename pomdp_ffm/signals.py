@@ -83,7 +83,8 @@ def sweep_stopped() -> int | None:
     return _sweep_stop
 
 
-def stop_sweep(signum: int) -> None:
+def stop_sweep(signum: int | None) -> None:
+    """Remember a stop signal (None: forget it)."""
     global _sweep_stop
     _sweep_stop = signum
 

@@ -325,19 +325,18 @@ def test_loop_benchmark_jobs_run_at_once_each_in_its_own_process(capsys):
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "does not fit" in err, err
 
 
-def _bench_jobs(tmp_path, steps: int):
-    """`bench loop --jobs 2` in a session of its own, and its two jobs' pids once both have started training."""
+def _bench_jobs(tmp_path):
+    """`bench loop --jobs 2` in a session of its own, its jobs' temporary run folders under tmp_path/jobs."""
     import os
-    import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.bench", "loop", "--jobs", "2", "--threads", "1",
-                             "--steps", str(steps), *SMALL], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    return proc
+    (tmp_path / "jobs").mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "pomdp_ffm.bench", "loop", "--jobs", "2", "--threads", "1",
+                             "--steps", "200000", *SMALL], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, TMPDIR=str(tmp_path / "jobs")))
 
 
 def _job_pids(parent: int) -> list[int]:
-    import os
     from pathlib import Path
 
     pids = []
@@ -349,37 +348,84 @@ def _job_pids(parent: int) -> list[int]:
             continue
         if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmd:
             pids.append(int(task.name))
-    return pids
+    return sorted(pids)
+
+
+def _wait_for(condition, what: str, timeout: float = 90) -> None:
+    import time
+
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_loop_benchmark_jobs_stop_together_and_report_a_lost_job(tmp_path):
-    # A job killed outright is reported as lost (exit 1), and the other is stopped, reporting what it ran; a stop
-    # signal to the whole process group (as `timeout` sends) while the jobs are still starting stops them
-    # (exit 75), rather than killing them.
+    # A stop signal to the command stops its jobs, each reporting what it ran; a job that does not stop (frozen
+    # here) is killed by a second one and reported as lost (exit 1). A stop signal to the whole process group (as
+    # `timeout` sends) while the jobs are still starting stops them (exit 75), rather than killing them or the
+    # resource tracker.
     import os
     import signal
-    import time
 
-    proc = _bench_jobs(tmp_path, 200000)
-    deadline = time.time() + 60
-    while len(_job_pids(proc.pid)) < 2 and time.time() < deadline:
-        time.sleep(0.1)
-    jobs = _job_pids(proc.pid)
-    assert len(jobs) == 2
-    time.sleep(6)  # both training
-    os.kill(jobs[0], signal.SIGKILL)
-    out, err = proc.communicate(timeout=120)
+    proc = _bench_jobs(tmp_path)
+    try:
+        # Both jobs training: each has written an evaluation's row, after its first updates.
+        rows = lambda: [p for p in (tmp_path / "jobs").rglob("progress.csv") if len(p.read_text().splitlines()) > 1]
+        _wait_for(lambda: len(rows()) == 2, "both jobs' first evaluations")
+        jobs = _job_pids(proc.pid)
+        assert len(jobs) == 2
+        os.kill(jobs[0], signal.SIGSTOP)  # a job stuck where no stop reaches it
+        os.kill(proc.pid, signal.SIGTERM)
+        _wait_for(lambda: len(_job_pids(proc.pid)) < 2 or proc.poll() is not None, "the other job to stop")
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, err
-    assert "no result: its process ended without an answer (exit code -9)" in out
+    assert "no result: killed after a second stop signal" in out
     assert out.count("STOPPED by a signal") == 1 and "1 of 2 jobs at once" in out
 
-    proc = _bench_jobs(tmp_path, 200000)
-    deadline = time.time() + 60
-    while len(_job_pids(proc.pid)) < 2 and time.time() < deadline:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGTERM)  # the jobs' processes are still importing
-    out, err = proc.communicate(timeout=120)
+    proc = _bench_jobs(tmp_path)
+    try:
+        _wait_for(lambda: len(_job_pids(proc.pid)) == 2, "the jobs' processes")
+        os.killpg(proc.pid, signal.SIGUSR1)  # the jobs' processes are still importing
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 75, err
-    assert "Traceback" not in err and out.count("== job ") == 2
+    assert "Traceback" not in err and "resource_tracker" not in err, err
+    assert out.count("== job ") == 2
     assert out.count("stopped by a signal") + out.count("STOPPED by a signal") == 2, out
+
+
+def test_a_single_loop_benchmark_stopped_while_it_starts_stops(monkeypatch, capsys):
+    # A stop signal before the run's own handler is in (Hydra composing, the trainers being built) is remembered,
+    # and the run stops at its first chance: one line and the "stopped" exit code, not a killed process.
+    import os
+    import signal
+
+    from pomdp_ffm.bench import loop
+    from pomdp_ffm.bench.__main__ import main
+    from pomdp_ffm.signals import sweep_stopped
+    from pomdp_ffm.train import EXIT_STOPPED
+
+    got = []
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # in case nothing else holds it
+    compose_run = loop.compose_run
+
+    def compose_then_stop(*a, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return compose_run(*a, **kw)
+    monkeypatch.setattr(loop, "compose_run", compose_then_stop)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["loop", "--steps", "3000", "--threads", "1", *SMALL])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert e.value.code == EXIT_STOPPED and not got
+    assert capsys.readouterr().err.startswith("stopped: ")
+    assert sweep_stopped() is None  # forgotten: the next run in this process is not stopped by it

@@ -156,7 +156,7 @@ def _run(p: _Parser, args, overrides: list[str], device: torch.device) -> None:
 
         if (args.jobs or 1) == 1:
             try:
-                result = loop.run(overrides, args.steps, args.device, args.threads, joint_eager=args.joint_eager)
+                result = loop.run_single(overrides, args.steps, args.device, args.threads, args.joint_eager)
             except loop.StoppedEarly as e:
                 print(f"stopped: {e}", file=sys.stderr)
                 sys.exit(EXIT_STOPPED)

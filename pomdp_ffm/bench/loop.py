@@ -23,6 +23,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
+from multiprocessing import resource_tracker
 
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from ..config import Refused, RunConfig, register_configs
 from ..envs import get_task
 from ..grid import CONF_DIR
 from ..seeds import eager_joint_rounds
-from ..signals import STOP_SIGNALS, stop_sweep
+from ..signals import STOP_SIGNALS, stop_sweep, sweep_stopped
 from ..train import run as train_run
 from ..trainer import Trainer, env_step_budget
 
@@ -152,25 +153,43 @@ MAX_JOBS = 64
 _FORWARDED = (*STOP_SIGNALS, signal.SIGINT)
 
 
+@contextlib.contextmanager
+def _stops_remembered():
+    """Until the run's own handler is in (it goes in once the trainers are built), a stop signal is remembered as
+    a sweep's is (``signals.stop_sweep``), and the run stops at its first chance instead of being killed."""
+    before = sweep_stopped()
+    old = {sig: signal.signal(sig, lambda signum, frame: stop_sweep(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        stop_sweep(before)  # a stop that came now stopped this run, not whatever this process runs next
+
+
 def _job(results, index: int, args: tuple) -> None:
     """One of ``run_jobs``'s processes: its result, with when it ran (wall clock) and its pid, or what stopped
-    it, in ``results``. It starts with the stop signals blocked (``run_jobs``): one that came before its handler
-    is remembered as a sweep's is (``signals.stop_sweep``), so the run stops at its first chance."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda signum, frame: stop_sweep(signum))
+    it, in ``results``. It starts with the stop signals blocked (``run_jobs``), unblocked once its handler is in."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the parent too, which stops the jobs
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
     start, answer = time.time(), {"pid": os.getpid()}
-    try:
-        answer.update(run(*args), start=start, end=time.time())
-    except StoppedEarly as e:
-        answer["stopped_early"] = str(e)
-    except Refused as e:
-        answer["refused"] = str(e)
-    except BaseException as e:  # noqa: BLE001 - reported by the parent, which waits for every job's answer
-        answer["error"] = f"{type(e).__name__}: {e}"
-        answer["traceback"] = traceback.format_exc()
+    with _stops_remembered():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        try:
+            answer.update(run(*args), start=start, end=time.time())
+        except StoppedEarly as e:
+            answer["stopped_early"] = str(e)
+        except Refused as e:
+            answer["refused"] = str(e)
+        except BaseException as e:  # noqa: BLE001 - reported by the parent, which waits for every job's answer
+            answer["error"] = f"{type(e).__name__}: {e}"
+            answer["traceback"] = traceback.format_exc()
     results.put((index, answer))
+
+
+def run_single(overrides: list[str], steps: int, device: str, threads: int | None, joint_eager: bool = False) -> dict:
+    """``run`` in this process, a stop signal during its start remembered (``_stops_remembered``)."""
+    with _stops_remembered():
+        return run(overrides, steps, device, threads, joint_eager=joint_eager)
 
 
 def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int | None,
@@ -181,27 +200,40 @@ def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int
     e.g. killed; the other jobs are then stopped, and report what they ran).
 
     A stop signal (or SIGINT) to this process is passed on to the jobs as the signal that stops a run, so each
-    reports what it ran. The stop signals are blocked while the jobs' processes start, which inherit the block,
-    so that one sent to the whole process group (as `timeout` does) before a job's handler is in still stops it
-    instead of killing it."""
+    reports what it ran; a second one kills the jobs still running (a job stuck where no stop reaches it), which
+    are then lost. The stop signals are blocked while the jobs' processes start, which inherit the block, so that
+    one sent to the whole process group (as `timeout` does) before a job's handler is in still stops it."""
     ctx = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable; spawn is what launchers do
+    # multiprocessing's resource tracker (started with the first lock) ignores SIGINT and SIGTERM but not SIGUSR1,
+    # the other stop signal: started with it blocked, a SIGUSR1 to the process group cannot kill it.
+    usr1 = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, usr1)
     results = ctx.SimpleQueue()
     procs = [ctx.Process(target=_job, args=(results, k, (overrides, steps, device, threads, joint_eager)))
              for k in range(n)]
+    received: list[int] = []  # the stop signals this process got
+    killed: set[int] = set()
 
-    stop: list[int] = []  # a stop signal this process got: the jobs that start after it are stopped too
-
-    def stop_jobs(signum: int = signal.SIGTERM) -> None:
-        stop.append(signum)
-        for proc in procs:
+    def forward(signum: int) -> None:
+        for k, proc in enumerate(procs):
             if proc.pid is not None and proc.exitcode is None:
                 try:
-                    os.kill(proc.pid, signum)
+                    if len(received) > 1:
+                        killed.add(k)
+                        proc.kill()
+                    else:
+                        os.kill(proc.pid, signum)
                 except ProcessLookupError:  # it ended meanwhile
                     pass
 
-    old = {s: signal.signal(s, lambda signum, frame: stop_jobs(signal.SIGTERM if signum == signal.SIGINT
-                                                                   else signum)) for s in _FORWARDED}
+    def on_signal(signum, frame) -> None:
+        received.append(signal.SIGTERM if signum == signal.SIGINT else signum)
+        forward(received[0])
+
+    old = {s: signal.signal(s, on_signal) for s in _FORWARDED}
     got: dict[int, dict] = {}
 
     def drain() -> None:
@@ -216,16 +248,18 @@ def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int
                 proc.start()
         finally:  # a stop that came meanwhile is delivered here, to every job
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if stop:  # one that came before the jobs existed
-            stop_jobs(stop[0])
+        if received:  # one that came before the jobs existed
+            forward(received[0])
         while len(got) < n:
             drain()
             for k, proc in enumerate(procs):
                 if k not in got and proc.exitcode is not None:
                     drain()  # its answer may have come just before it ended
                     if k not in got:
-                        got[k] = {"lost": f"its process ended without an answer (exit code {proc.exitcode})"}
-                        stop_jobs()  # the others report what they ran, rather than run on for nothing
+                        why = ("killed after a second stop signal" if k in killed
+                               else f"its process ended without an answer (exit code {proc.exitcode})")
+                        got[k] = {"lost": why}
+                        forward(signal.SIGTERM)  # the others report what they ran, rather than run on for nothing
             time.sleep(0.05)
     except BaseException:
         for proc in procs:
@@ -233,10 +267,11 @@ def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int
                 proc.kill()
         raise
     finally:
+        for proc in procs:  # with this process's handlers still in: a stop meanwhile is passed on, not fatal
+            if proc.pid is not None:
+                proc.join()
         for s, handler in old.items():
             signal.signal(s, handler)
-        for proc in procs:
-            proc.join()
     return [got[k] for k in range(n)]
 
 
