@@ -321,9 +321,11 @@ def _check_smoke_grid(root: Path) -> None:
         assert not (run / ".hydra").exists()  # config.yaml is the run's one record of its config
 
 
-# Not marked slow (10-15 s each): the launchers pickle the entry point's functions, and only these runs show
-# it when something they reference cannot be pickled.
-@pytest.mark.parametrize("launcher", ["local", "slurm_local"])
+# The launchers pickle the entry point's functions, and only runs through them show it when something they
+# reference cannot be pickled: joblib's here (12 s, not slow); submitit's (20 s, slow) also in
+# test_scheduler_warning_checkpoints_requeues_and_resumes and tests/test_seeds.py's launcher test, in the
+# default suite.
+@pytest.mark.parametrize("launcher", ["local", pytest.param("slurm_local", marks=pytest.mark.slow)])
 def test_smoke_multirun_and_rerun_skips(tmp_path, launcher):
     root = tmp_path / "sweep"
     train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", f"hydra/launcher={launcher}")

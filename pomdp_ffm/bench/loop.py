@@ -10,6 +10,10 @@ evaluation step) and the projection for the task's full budget:
 
 The evaluation term is an upper bound: it counts every evaluation episode at the time limit, as a trained
 agent's are (an untrained one falls early, so the measured episodes are shorter).
+
+``--jobs N`` runs N such runs at once, each in a process of its own (jobs of a grid sharing one machine and its
+GPU), and adds up their env steps over the time from the first start to the last end. A run stopped by a signal
+(e.g. a ``timeout`` around the benchmark) reports the part it ran, marked, and the command exits 75.
 """
 from __future__ import annotations
 
