@@ -107,12 +107,13 @@ def main(argv=None) -> None:
         p.error(f"--joint-eager is an option of `loop` (a seed axis's joint rounds), not of `{args.which}`")
     if args.jobs is not None and args.which != "loop":
         p.error(f"--jobs is an option of `loop`, not of `{args.which}`")
+    args.jobs = args.jobs or 1
     if args.which == "loop":
         from .loop import MAX_JOBS
 
-        if (args.jobs or 1) > MAX_JOBS:
+        if args.jobs > MAX_JOBS:
             p.error(f"argument --jobs: {args.jobs} must be <= {MAX_JOBS}")
-        if (args.jobs or 1) > 1 and args.project is not None:
+        if args.jobs > 1 and args.project is not None:
             p.error("--jobs and --project do not go together (each job projects its own task's budget)")
         if (args.project is None) != (args.env_step_ms is None):
             p.error("--project and --env-step-ms go together")
@@ -154,7 +155,7 @@ def _run(p: _Parser, args, overrides: list[str], device: torch.device) -> None:
 
         from ..train import EXIT_STOPPED
 
-        if (args.jobs or 1) == 1:
+        if args.jobs == 1:
             try:
                 result = loop.run_single(overrides, args.steps, args.device, args.threads, args.joint_eager)
             except loop.StoppedEarly as e:

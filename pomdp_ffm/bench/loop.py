@@ -38,7 +38,7 @@ from ..config import Refused, RunConfig, register_configs
 from ..envs import get_task
 from ..grid import CONF_DIR
 from ..seeds import eager_joint_rounds
-from ..signals import STOP_SIGNALS, stop_sweep, sweep_stopped
+from ..signals import STOP_SIGNALS, SweepSignals, stop_sweep, sweep_stopped
 from ..train import run as train_run
 from ..trainer import Trainer, env_step_budget
 
@@ -159,15 +159,14 @@ _FORWARDED = (*STOP_SIGNALS, signal.SIGINT)
 
 @contextlib.contextmanager
 def _stops_remembered():
-    """Until the run's own handler is in (it goes in once the trainers are built), a stop signal is remembered as
-    a sweep's is (``signals.stop_sweep``), and the run stops at its first chance instead of being killed."""
+    """Until the run's own handler is in (it goes in once the trainers are built), a stop signal is remembered, as
+    ``python -m pomdp_ffm.train`` does for one run (``SweepSignals(forward=False)``), and the run stops at its first
+    chance instead of being killed."""
     before = sweep_stopped()
-    old = {sig: signal.signal(sig, lambda signum, frame: stop_sweep(signum)) for sig in STOP_SIGNALS}
     try:
-        yield
+        with SweepSignals(forward=False):
+            yield
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
         stop_sweep(before)  # a stop that came now stopped this run, not whatever this process runs next
 
 
@@ -340,7 +339,7 @@ def report(r: dict) -> None:
     for k, v in r["projected"].items():
         note = "  not reached by this run: left out" if k in missing else ""
         print(f"    {k:<26} {v / 3600:7.2f} h  {100 * v / max(total, 1e-9):5.1f} %{note}")
-    print(f"    {'total':<26} {total / 3600:7.2f} h{' (without the parts not reached)' if r['unmeasured'] else ''}")
+    print(f"    {'total':<26} {total / 3600:7.2f} h{' (without the parts not reached)' if missing else ''}")
 
 
 def report_projection(r: dict, task: str, env_step_ms: float, device: str, threads: int | None) -> dict:
