@@ -1,9 +1,10 @@
-"""``python -m analysis [COMMAND] RUNS... --out DIR``: tables and figures from a folder of runs.
+"""``python -m analysis [COMMAND] RUNS... [--published DIR] --out DIR``: tables and figures from a folder of runs,
+and POMDP-Baselines' published results beside them.
 
-Every problem met on the way (skipped input, warnings) goes into one list: it is
-printed at the end with its counts, and report.md and issues.csv hold the same
-list and the same counts. Notes (what a step left out by design, e.g. a task
-without normalisation constants) are listed in report.md.
+Every problem met on the way (skipped input, warnings) goes into one list: the
+console shows each kind of it once with its count, and report.md and issues.csv
+hold the whole list and the same counts. Notes (what a step left out by design,
+e.g. a task without normalisation constants) are listed in report.md.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from . import aggregate, curves, figures, load, published, stats
 from . import constants as C
-from . import figures, load, stats
-from .tables import to_markdown, write_table
+from .issues import LoadReport, console_lines
+from .report import write_report
+from .tables import write_table
 
 COMMANDS = ("all", "table", "bars", "lines", "aggregate", "decay", "efficiency")
 _HELP = {
@@ -26,10 +28,12 @@ _HELP = {
     "table": "tidy table (CSV + Parquet), per-run scores, per-task summary, skip report",
     "bars": "per-task bars with bootstrapped CIs (paper's continuous-control figure)",
     "lines": "learning curves per task: one line per run, mean and CI band",
-    "aggregate": "IQM / mean normalised score, probability of improvement, performance profile",
+    "aggregate": "IQM / mean / optimality gap of the normalised score, probability of improvement, profile",
     "decay": "histograms of FFM t_alpha / t_omega from checkpoints (paper's decay figure)",
     "efficiency": "bars from benchmark CSVs (--bench)",
 }
+# What --compare may name: the memories FFM is compared with.
+BASELINES = tuple(m for m in C.MEMORY_MODELS if m != "ffm")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", help="folders holding run directories (ours or the reference's logs/)")
+    p.add_argument("--published", action="append", default=[], metavar="DIR",
+                   help="POMDP-Baselines' published results (its data.zip's results/data/pomdp): every "
+                        "<Env>/<P|V>/final.csv below DIR joins the runs as groups of its own (repeatable)")
+    p.add_argument("--published-select", default=published.DEFAULT_SELECT, metavar="WHICH",
+                   help="published groups to show, comma separated: config (default: the task's tuned rnn.yml "
+                        "config, gru-64-oar-separate on BLT, for each algorithm), best (per task and algorithm, "
+                        "the variant with the best rundown score), all, or variant strings and method names as "
+                        "the files spell them (td3-gru-64-oa-separate, ppo_gru)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--bench", action="append", default=[], metavar="FILE",
                    help="benchmark CSV from `python -m pomdp_ffm.bench ... --csv FILE` (repeatable)")
@@ -60,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--curves", choices=["runmax", "smoothed"], default="runmax",
                    help="line plots: running max (paper) or the reference's smoothed curve")
     p.add_argument("--beta", type=float, default=C.DEFAULT_BETA, help="forgetting threshold for t_alpha")
-    p.add_argument("--compare", default="gru", help="baseline model for P(FFM > baseline) (default gru)")
+    p.add_argument("--compare", default="gru,lstm", metavar="MODELS",
+                   help="baseline memories for P(FFM > baseline), comma separated (default gru,lstm): FFM is "
+                        "compared with each within its source and across sources")
     p.add_argument("--formats", default="png,pdf", help="figure formats, comma separated (default png,pdf)")
     p.add_argument("--pool-sources", action="store_true",
                    help="pool reference-implementation runs with ours (default: separate groups, '(ref)')")
@@ -75,9 +89,11 @@ class Context:
     written: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # report.md's "Notes"
     # The one list of skipped input and warnings: loading's, then every step's (see summary()).
-    report: load.LoadReport = field(default_factory=load.LoadReport)
+    report: LoadReport = field(default_factory=LoadReport)
     table: pd.DataFrame | None = None
     horizons: pd.DataFrame | None = None
+    # The published groups shown and why (published.select), None without --published.
+    published: pd.DataFrame | None = None
     _scores: pd.DataFrame | None = None
 
     @property
@@ -98,8 +114,7 @@ class Context:
     def scores(self) -> pd.DataFrame:
         if self._scores is None:
             a = self.args
-            self._scores = stats.run_scores(self.table, a.metric, a.max_steps, a.grid_start, a.grid_interval,
-                                            a.window, a.last_frac)
+            self._scores = stats.run_scores(self.table, a.metric, **_score_settings(a))
         return self._scores
 
     def boot(self) -> dict:
@@ -117,11 +132,19 @@ class UsageError(Exception):
     """Bad input (an option's value, a missing folder or file): ``error: <message>`` and exit code 2."""
 
 
-def _or_task(value) -> str:
-    return "the task's default" if value is None else f"{value:g}"
+def _score_settings(args: argparse.Namespace) -> dict:
+    """stats.run_scores' settings from the options."""
+    return {"max_steps": args.max_steps, "grid_start": args.grid_start, "grid_interval": args.grid_interval,
+            "window": args.window, "last_fraction": args.last_frac}
+
+
+def _items(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _validate(args: argparse.Namespace, command: str) -> None:
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
     if args.resamples < 1:
         raise UsageError(f"--resamples must be positive, got {args.resamples}")
     if not 0 < args.confidence < 1:
@@ -135,30 +158,65 @@ def _validate(args: argparse.Namespace, command: str) -> None:
     bad = [f for f in args.formats.split(",") if f.strip() not in ("png", "pdf", "svg")]
     if bad:
         raise UsageError(f"--formats: unsupported format(s) {bad}; use png, pdf, svg")
+    bad = [m for m in _items(args.compare) if m not in BASELINES]
+    if bad or not _items(args.compare):
+        raise UsageError(f"--compare: unknown baseline {bad[0] if bad else args.compare!r}; choose from "
+                         f"{', '.join(BASELINES)}, comma separated")
+    try:
+        published.parse_selection(args.published_select)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     if command == "efficiency" and not args.bench:
         raise UsageError("the efficiency command needs at least one --bench FILE")
-    if command not in ("efficiency",) and not args.runs:
-        raise UsageError(f"the {command} command needs at least one RUNS folder")
+    if command not in ("efficiency",) and not args.runs and not args.published:
+        raise UsageError(f"the {command} command needs at least one RUNS folder or --published DIR")
     missing = [r for r in args.runs if not Path(r).exists()]
     if missing:
         raise UsageError(f"no such RUNS folder: {', '.join(missing)}")
+    missing = [r for r in args.published if not Path(r).exists()]
+    if missing:
+        raise UsageError(f"no such --published folder: {', '.join(missing)}")
 
 
-def _load(ctx: Context) -> None:
-    a = ctx.args
-    cache = None if a.no_cache else ctx.out / ".cache"
+def _read_published(args: argparse.Namespace):
+    """The published groups chosen by --published-select, why each, problems and file counts; read before --out
+    is made, so that an unknown name in --published-select leaves nothing behind."""
+    table, problems, n_found, n_read = published.read_published(args.published)
+    if not n_found:
+        raise UsageError(f"no {published.FILE_NAME} below --published {', '.join(args.published)} (expected "
+                         f"<Env>/<P|V>/{published.FILE_NAME}, as in POMDP-Baselines' results/data/pomdp)")
     try:
-        table, report = load.load_runs(a.runs, cache_dir=cache)
-    except (FileNotFoundError, ValueError) as exc:
+        chosen, why = published.select(table, args.published_select, **_score_settings(args))
+    except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if table.empty:
-        skipped = "".join(f"\n  skipped {i.path}: {i.reason}" for i in report.skipped)
-        raise UsageError(f"no usable runs (folders with a {load.PROGRESS} holding evaluations) under "
-                         f"{', '.join(map(str, a.runs))}{skipped}")
-    if not a.pool_sources:
-        table = load.separate_sources(table)
+    return chosen, why, problems, n_found, n_read
+
+
+def _load(ctx: Context, pub=None) -> None:
+    """The runs (and ``pub``, :func:`_read_published`'s answer) into one table and one list of issues."""
+    a = ctx.args
+    table, report = load.empty_table(), LoadReport()
+    if a.runs:
+        cache = None if a.no_cache else ctx.out / ".cache"
+        try:
+            table, report = load.load_runs(a.runs, cache_dir=cache)
+        except (FileNotFoundError, ValueError) as exc:
+            raise UsageError(str(exc)) from exc
+        if table.empty:
+            skipped = "".join(f"\n  skipped {i.path}: {i.reason}" for i in report.skipped)
+            raise UsageError(f"no usable runs (folders with a {load.PROGRESS} holding evaluations) under "
+                             f"{', '.join(map(str, a.runs))}{skipped}")
+        if not a.pool_sources:
+            table = load.separate_sources(table)
+        print(f"loaded {report.n_runs_loaded} of {report.n_runs_found} run dir(s)")
+    if pub is not None:
+        chosen, ctx.published, problems, report.n_published_found, report.n_published_read = pub
+        report.extend(problems)
+        # Published curves are never pooled (another engine, see published.STACK): their model keeps "@pub".
+        table = pd.concat([table, chosen], ignore_index=True) if len(table) else chosen.reset_index(drop=True)
+        print(f"read {report.n_published_read} of {report.n_published_found} published file(s); showing "
+              f"{len(ctx.published)} published group(s) ({a.published_select})")
     ctx.table, ctx.report = table, report
-    print(f"loaded {report.n_runs_loaded} of {report.n_runs_found} run dir(s)")
     # Scores and curves depend on how far each run got: say which horizon each group is scored on.
     ctx.horizons, problems = stats.horizons(table, a.max_steps)
     report.extend(problems)
@@ -191,13 +249,13 @@ def cmd_bars(ctx: Context) -> None:
 
 def cmd_lines(ctx: Context) -> None:
     a = ctx.args
-    curves = stats.curves_on_grid(ctx.table, a.curves, a.grid_start, a.grid_interval, a.window, a.max_steps)
-    band = stats.curve_band(curves, **ctx.boot())
-    ctx.report.extend(stats.curve_cuts(curves))
+    on_grid = curves.curves_on_grid(ctx.table, a.curves, a.grid_start, a.grid_interval, a.window, a.max_steps)
+    band = curves.curve_band(on_grid, **ctx.boot())
+    ctx.report.extend(curves.curve_cuts(on_grid))
     ctx.emit(write_table(band, ctx.tables(f"lines_{a.curves}"), title=f"Learning curves ({a.curves})"))
     y = "Best eval return so far" if a.curves == "runmax" else "Eval return (smoothed)"
-    for algo in sorted(curves["algo"].unique()):
-        ctx.emit(figures.plot_curves(curves, band, ctx.figs(f"lines_{a.curves}_{algo}"), algo, y, ctx.formats,
+    for algo in sorted(on_grid["algo"].unique()):
+        ctx.emit(figures.plot_curves(on_grid, band, ctx.figs(f"lines_{a.curves}_{algo}"), algo, y, ctx.formats,
                                      a.confidence))
 
 
@@ -206,28 +264,22 @@ def cmd_aggregate(ctx: Context) -> None:
     scores = ctx.scores()
     norm, notes = stats.normalize(scores)
     ctx.notes.extend(notes)
-    agg, agg_notes = stats.aggregate_scores(norm, **ctx.boot())
+    agg, agg_notes = aggregate.aggregate_scores(norm, **ctx.boot())
     ctx.notes.extend(agg_notes)
-    # Tasks a group has but the aggregate leaves out (not shared by every group): its IQM and mean are over fewer
-    # tasks than the group ran, which changes what they mean; said on the console, not only in report.md.
-    covered = {(r.algo, r.model): set(r.tasks.split()) for r in agg.itertuples(index=False)}
-    for (algo, model), g in norm[np.isfinite(norm["norm_score"].to_numpy(float))].groupby(["algo", "model"]):
-        left = sorted(set(g["task"]) - covered.get((algo, model), set()))
-        if left:
-            ctx.report.add(f"{algo}_{model}", "warning",
-                           f"aggregate ({a.metric}): task(s) {', '.join(left)} left out, as not every group has "
-                           f"them; the aggregate is over {len(covered.get((algo, model), ()))} task(s)")
-    for r in agg.drop_duplicates(["algo", "model"]).itertuples(index=False):
-        for task in r.single_run_tasks.split():
-            ctx.report.add(f"{task}/{r.algo}_{r.model}", "warning",
-                           f"aggregate ({a.metric}): the task has a single {r.algo}/{r.model} run; it adds no "
-                           "bootstrap variance, so the aggregate's CI understates the uncertainty")
-    poi = pd.concat([stats.probability_of_improvement(scores, "ffm", a.compare, **ctx.boot()),
-                     stats.probability_of_improvement(scores, "ffm", a.compare + C.REF_SUFFIX, **ctx.boot())],
-                    ignore_index=True)
+    # Tasks a group has but the aggregate leaves out, and single-run tasks: said on the console, not only in
+    # report.md, as they change what the aggregate means.
+    ctx.report.extend(aggregate.aggregate_problems(norm, agg, a.metric))
+    poi = aggregate.compare_models(scores, _items(a.compare), **ctx.boot())
     if poi.empty:
-        ctx.notes.append(f"probability of improvement: no task has both FFM and {a.compare!r} runs")
+        ctx.report.add("probability of improvement", "warning",
+                       f"no task has an FFM group and a {'/'.join(_items(a.compare))} group of the same algorithm, "
+                       "so FFM is compared with nothing")
     else:
+        for r in poi[poi["single_run_tasks"] != ""].itertuples(index=False):
+            ctx.report.add(f"{r.algo}: {r.model_x} vs {r.model_y}", "warning",
+                           f"probability of improvement ({a.metric}): task(s) {r.single_run_tasks} have a single run "
+                           "of one side; they add no bootstrap variance from it, so the CI understates the "
+                           "uncertainty")
         ctx.emit(write_table(poi, ctx.tables("probability_of_improvement"),
                              title=f"Probability that FFM beats the baseline on a task ({a.metric}, raw scores)"))
     ctx.emit(write_table(norm.drop(columns=["source"]), ctx.tables(f"normalised_{a.metric}"),
@@ -236,12 +288,10 @@ def cmd_aggregate(ctx: Context) -> None:
         ctx.notes.append("aggregate: no normalisable task; aggregate figure and profile skipped")
         return
     ctx.emit(write_table(agg, ctx.tables(f"aggregate_{a.metric}"),
-                         title=f"Normalised {a.metric} over tasks, {a.confidence:.0%} stratified-bootstrap CI"))
+                         title=f"Normalised {a.metric} over tasks, {a.confidence:.0%} stratified-bootstrap CI "
+                               f"(optimality gap: 1 - mean of scores capped at 1, lower is better)"))
     ctx.emit(figures.plot_aggregate(agg, ctx.figs(f"aggregate_{a.metric}"), ctx.formats, a.confidence))
-    top = max(1.0, float(np.nanmax(norm["norm_score"]))) if np.isfinite(norm["norm_score"]).any() else 1.0
-    taus = np.linspace(0.0, top, 101)
-    used = norm[norm["task"].isin(set(" ".join(agg["tasks"]).split()))]
-    profile = stats.performance_profile(used, taus, **ctx.boot())
+    profile = aggregate.profile_of_aggregate(norm, agg, **ctx.boot())
     ctx.emit(write_table(profile, ctx.tables(f"profile_{a.metric}"), title="Performance profile"))
     ctx.emit(figures.plot_profile(profile, ctx.figs(f"profile_{a.metric}"), ctx.formats, a.confidence))
 
@@ -282,61 +332,6 @@ def cmd_efficiency(ctx: Context) -> None:
     ctx.emit(figures.plot_efficiency(summary, ctx.figs("efficiency"), ctx.formats))
 
 
-def write_report(ctx: Context) -> Path:
-    """report.md: settings, what was loaded, the runs and horizon of every group, every skipped file or row and
-    every warning with why, and notes.  Its counts are ``ctx.report.summary()``, the line the console prints."""
-    a = ctx.args
-    lines = ["# Analysis report", "",
-             f"- score metric: `{a.metric}` = {ctx.metric_description()}",
-             f"- bootstrap: seed {a.seed}, {a.resamples} resamples, {a.confidence:.0%} intervals",
-             f"- max env steps: {a.max_steps if a.max_steps is not None else 'none'}",
-             f"- curve grid: start {_or_task(a.grid_start)}, interval {_or_task(a.grid_interval)}, smoothing window "
-             f"{_or_task(a.window)} grid points; line plots: {a.curves}",
-             f"- learning curves: {stats.CURVE_RULE}",
-             f"- summary: {ctx.report.summary()}"]
-    t = ctx.table
-    if t is not None and len(t):
-        runs = t.drop_duplicates("run_id")
-        unfinished = int((runs["finished"] == False).sum())  # noqa: E712  (nullable boolean)
-        unknown = int(runs["finished"].isna().sum())
-        ended = runs["status"].value_counts()
-        lines.append(f"- unfinished runs (no {load.DONE_MARKER} file, still analysed): {unfinished}, of which "
-                     f"{int(ended.get('diverged', 0))} diverged and {int(ended.get('failed', 0))} failed (each named "
-                     f"under warnings); completion unknown (reference layout): {unknown}")
-        # Runs per group and the horizon each was scored on: the env steps of its shortest and longest run's
-        # last evaluation (up to --max-steps), and which run is the shortest where they differ.
-        h = ctx.horizons.copy()
-        h["model_label"] = h["model"].map(C.model_label)
-        h.loc[h["env_steps_min"] == h["env_steps_max"], "shortest_run"] = ""
-        h = h.rename(columns={"n_runs": "runs"})[["task", "algo", "model_label", "runs", "env_steps_min",
-                                                   "env_steps_max", "shortest_run"]]
-        cut = f", evaluations after --max-steps {a.max_steps:g} ignored" if a.max_steps is not None else ""
-        lines += ["", "## Runs per group and their horizon", "",
-                  f"env_steps_min / env_steps_max: the last evaluation of the group's shortest / longest run{cut}; "
-                  "scores and curve ends depend on it.", "", to_markdown(h, digits=0)]
-    issues = ctx.report.to_frame()
-    lines += ["", "## Skipped input and warnings", ""]
-    lines.append(to_markdown(issues) if len(issues) else "None.\n")
-    if ctx.notes:
-        lines += ["## Notes", "", *[f"- {n}" for n in ctx.notes], ""]
-    lines += ["## Files", "", *[f"- `{p.relative_to(ctx.out).as_posix()}`" for p in ctx.written], ""]
-    path = ctx.out / "report.md"
-    path.write_text("\n".join(lines))
-    issues.to_csv(ctx.out / "issues.csv", index=False)
-    return path
-
-
-def _print_issues(report: load.LoadReport, limit: int = 50) -> None:
-    """The skipped input and warnings on stderr (the first ``limit``; all of them, and the notes, are in
-    report.md), then the one summary line."""
-    shown = [i for i in report.issues if i.kind != "note"]
-    for issue in shown[:limit]:
-        print(f"{issue.kind}: {issue.path}: {issue.reason}", file=sys.stderr)
-    if len(shown) > limit:
-        print(f"... and {len(shown) - limit} more: see report.md", file=sys.stderr)
-    print(report.summary())
-
-
 def _prepare_out(out: str) -> Path | None:
     """The output folder, created if needed; None (after a one-line error) when it cannot be one."""
     path = Path(out)
@@ -368,22 +363,25 @@ def _main(argv: list[str] | None) -> int:
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "all"
     args = build_parser().parse_args(argv)
     _validate(args, command)  # before --out is created: bad input leaves nothing behind
+    pub = _read_published(args) if args.published else None
     out = _prepare_out(args.out)
     if out is None:
         return 2
     ctx = Context(args=args, out=out)
-    if args.runs:
-        _load(ctx)
+    if args.runs or pub is not None:
+        _load(ctx, pub)
     steps = list(_RUNNERS) if command == "all" else [command]
     if ctx.table is not None and ctx.table.empty:
         ctx.notes.append("no run could be loaded; only the report (and benchmarks) were produced")
         steps = [s for s in steps if s == "efficiency"]
-    if command == "all" and not args.runs:
+    if command == "all" and ctx.table is None:
         steps = ["efficiency"]
     for step in steps:
         _RUNNERS[step](ctx)
     report = write_report(ctx)
     print(f"wrote {report}")
     print(f"wrote {ctx.out / 'issues.csv'}")
-    _print_issues(ctx.report)
+    for line in console_lines(ctx.report):
+        print(line, file=sys.stderr)
+    print(ctx.report.summary())
     return 0

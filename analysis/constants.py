@@ -125,12 +125,29 @@ def reference_for(task: str) -> Reference | None:
     return NORMALISATION.get((robot, obs))
 
 
+# A group's model names its source: ours bare, the reference implementation's runs "@ref" (unless
+# --pool-sources), POMDP-Baselines' published curves "@pub" (never pooled: other engine versions, see
+# analysis.published).
 REF_SUFFIX = "@ref"
+PUB_SUFFIX = "@pub"
+SOURCE_SUFFIXES = {"reference": REF_SUFFIX, "published": PUB_SUFFIX}
+# The memories an agent of the comparison is built on; Markovian and Oracle are baselines, not memory models.
+MEMORY_MODELS = ("ffm", "gru", "lstm", "mlp")
+# A published variant of the reference's own method, by its tags but the algorithm (RL-Encoder-Len-Inputs[-Arch],
+# the reference's scripts/constants.py): "gru-64-oa-separate".
+PUBLISHED_VARIANT_RE = re.compile(
+    r"^(?P<encoder>[a-z0-9]+)-(?P<len>-?\d+)-(?P<inputs>[a-z]+)(?:-(?P<arch>[a-z]+))?$")
+
+
+def model_source(model: str) -> str:
+    """"reference", "published" or "ours", read off the model's suffix (pooled reference runs read as ours)."""
+    return next((src for src, suffix in SOURCE_SUFFIXES.items() if model.endswith(suffix)), "ours")
 
 
 def base_model(model: str) -> str:
-    """The memory model without the reference-implementation tag."""
-    return model[: -len(REF_SUFFIX)] if model.endswith(REF_SUFFIX) else model
+    """The memory model without the source tag."""
+    suffix = SOURCE_SUFFIXES.get(model_source(model), "")
+    return model[: -len(suffix)] if suffix else model
 
 
 # Another agent around the same memory (the reference's run names: oracle_, <L> layers, _shared): "gru+oracle".
@@ -143,17 +160,49 @@ def model_variant(memory: str, tags: list[str]) -> str:
 
 
 def memory_of(model: str) -> str:
-    """The memory model alone: without the reference tag and the variant's tags."""
-    return base_model(model).split(VARIANT_SEP)[0]
+    """The memory model alone: without the source tag and the variant's tags; a published method that is not a
+    variant of the reference's own (ppo_gru, VRM) is its own name."""
+    base = base_model(model)
+    if model_source(model) == "published":
+        m = PUBLISHED_VARIANT_RE.match(base)
+        return m.group("encoder") if m else base
+    return base.split(VARIANT_SEP)[0]
+
+
+def is_model_group(model: str) -> bool:
+    """A plain agent on one of MEMORY_MODELS: what the aggregate and the probability of improvement compare. Other
+    agents (the reference's oracle / layered / shared-memory variants, Markovian, Oracle, published methods such as
+    ppo_gru) are shown but never narrow a comparison."""
+    base = base_model(model)
+    if model_source(model) == "published":
+        return PUBLISHED_VARIANT_RE.match(base) is not None and memory_of(model) in MEMORY_MODELS
+    return VARIANT_SEP not in base and base in MEMORY_MODELS
 
 
 def model_label(model: str) -> str:
-    """"GRU", "GRU (ref)", "GRU (ref, oracle)", "GRU (2 layers)"."""
+    """"GRU", "GRU (ref)", "GRU (ref, oracle)", "GRU (2 layers)", "GRU len-64 oa (published)"."""
+    if model_source(model) == "published":
+        m = PUBLISHED_VARIANT_RE.match(base_model(model))
+        if m is None:
+            return f"{base_model(model)} (published)"
+        arch = f" {m.group('arch')}" if m.group("arch") not in (None, "separate") else ""
+        encoder = MODEL_LABELS.get(m.group("encoder"), m.group("encoder").upper())
+        return f"{encoder} len-{m.group('len')} {m.group('inputs')}{arch} (published)"
     memory, *tags = base_model(model).split(VARIANT_SEP)
     extras = (["ref"] if model.endswith(REF_SUFFIX) else []) + [
         _VARIANT_LABELS.get(t, re.sub(r"^(\d+)layer$", r"\1 layers", t)) for t in tags]
     label = MODEL_LABELS.get(memory, memory.upper())
     return f"{label} ({', '.join(extras)})" if extras else label
+
+
+def group_label(algo: str, model: str) -> str:
+    """An algorithm x model group in one label: "FFM + SAC"; a published group by its variant string, algorithm
+    first as the reference writes it ("TD3 GRU len-64 oa (published)"), a published method by its name."""
+    if model_source(model) == "published":
+        if PUBLISHED_VARIANT_RE.match(base_model(model)) is None:
+            return model_label(model)
+        return f"{algo_label(algo)} {model_label(model)}"
+    return f"{model_label(model)} + {algo_label(algo)}"
 
 
 def model_color(model: str) -> str:

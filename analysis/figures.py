@@ -23,6 +23,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from . import constants as C  # noqa: E402
+from .aggregate import AGGREGATE_METRICS  # noqa: E402
 from .bench import METRIC_TITLES, better  # noqa: E402
 
 PAPER_WIDTH = 7.0
@@ -71,17 +72,28 @@ def order_tasks(tasks) -> list[str]:
     return sorted(set(tasks), key=key)
 
 
+_SOURCE_ORDER = ("ours", "reference", "published")
+# How a group's source shows beside its memory's colour: bar hatch and line style.
+_SOURCE_STYLE = {"ours": ("", "-"), "reference": ("//", "--"), "published": ("xx", ":")}
+
+
+def source_style(model: str) -> tuple[str, str]:
+    """(bar hatch, line style) of a model's source: plain for ours, dashed for the reference's runs, dotted for
+    published curves."""
+    return _SOURCE_STYLE[C.model_source(model)]
+
+
 def order_models(models) -> list[str]:
     def key(m):
         memory = C.memory_of(m)
         rank = _MODEL_ORDER.index(memory) if memory in _MODEL_ORDER else len(_MODEL_ORDER)
-        return (rank, m.endswith(C.REF_SUFFIX), C.VARIANT_SEP in m, m)
+        return (rank, _SOURCE_ORDER.index(C.model_source(m)), not C.is_model_group(m), m)
     return sorted(set(models), key=key)
 
 
 def _model_handles(models) -> list[Patch]:
-    return [Patch(facecolor=C.model_color(m), edgecolor="black", linewidth=0.5,
-                  hatch="//" if m.endswith(C.REF_SUFFIX) else "", label=C.model_label(m)) for m in models]
+    return [Patch(facecolor=C.model_color(m), edgecolor="black", linewidth=0.5, hatch=source_style(m)[0],
+                  label=C.model_label(m)) for m in models]
 
 
 def _steps_formatter(max_steps: float):
@@ -100,13 +112,15 @@ def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_lab
     algos = sorted(summary["algo"].unique())
     tasks = order_tasks(summary["task"])
     models = order_models(summary["model"])
-    width = 0.8 / len(models)
     with _paper_style():
         fig, axes = plt.subplots(len(algos), 1, figsize=(PAPER_WIDTH, 2.3 * len(algos) + 0.5),
                                  sharex=True, squeeze=False)
         for ax, algo in zip(axes[:, 0], algos):
-            for j, model in enumerate(models):
-                offset = (j - (len(models) - 1) / 2) * width
+            # A slot per model of this algorithm only (a published variant is one algorithm's).
+            row_models = order_models(summary.loc[summary.algo == algo, "model"])
+            width = 0.8 / len(row_models)
+            for j, model in enumerate(row_models):
+                offset = (j - (len(row_models) - 1) / 2) * width
                 s = summary[(summary.algo == algo) & (summary.model == model)].set_index("task")
                 xs, means, lo, hi = [], [], [], []
                 for i, task in enumerate(tasks):
@@ -117,7 +131,7 @@ def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_lab
                         lo.append(r["mean"] - r["ci_low"] if np.isfinite(r["ci_low"]) else 0.0)
                         hi.append(r["ci_high"] - r["mean"] if np.isfinite(r["ci_high"]) else 0.0)
                 ax.bar(xs, means, width * 0.92, color=C.model_color(model), edgecolor="black", linewidth=0.4,
-                       hatch="//" if model.endswith(C.REF_SUFFIX) else "", alpha=0.85, zorder=2)
+                       hatch=source_style(model)[0], alpha=0.85, zorder=2)
                 ax.errorbar(xs, means, yerr=[lo, hi], fmt="none", ecolor="black", elinewidth=0.9, capsize=2,
                             zorder=3)
                 runs = scores[(scores.algo == algo) & (scores.model == model)]
@@ -154,9 +168,10 @@ def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_lab
 # --------------------------------------------------------------------------- learning curves
 
 def _model_legend(fig, models, title: str) -> None:
-    """One legend above the panels: a line per model (dashed for the reference implementation's runs)."""
-    handles = [plt.Line2D([], [], color=C.model_color(m), linewidth=1.6,
-                          linestyle="--" if m.endswith(C.REF_SUFFIX) else "-", label=C.model_label(m))
+    """One legend above the panels: a line per model (dashed for the reference implementation's runs, dotted for
+    published curves)."""
+    handles = [plt.Line2D([], [], color=C.model_color(m), linewidth=1.6, linestyle=source_style(m)[1],
+                          label=C.model_label(m))
                for m in models]
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(models), frameon=False,
                title=title)
@@ -166,8 +181,8 @@ def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_lab
                 formats=DEFAULT_FORMATS, confidence: float = C.DEFAULT_CONFIDENCE) -> list[Path]:
     """One panel per task: thin line per run, mean over runs and its CI band, per model.
 
-    ``band`` comes from :func:`analysis.stats.curve_band`, so the mean and band follow
-    ``stats.CURVE_RULE``: they are drawn up to the shortest run of each model; the thin
+    ``band`` comes from :func:`analysis.curves.curve_band`, so the mean and band follow
+    ``curves.CURVE_RULE``: they are drawn up to the shortest run of each model; the thin
     lines of longer runs go on."""
     curves = curves[curves.algo == algo]
     band = band[band.algo == algo]
@@ -187,14 +202,13 @@ def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_lab
                 c = curves[(curves.task == task) & (curves.model == model)]
                 for _, run in c.groupby("run_id"):
                     ax.plot(run["env_steps"], run["value"], color=color, linewidth=0.5, alpha=0.35)
-                # The band holds only grid points every run reaches (stats.CURVE_RULE): the mean line ends at
+                # The band holds only grid points every run reaches (curves.CURVE_RULE): the mean line ends at
                 # the shortest run, so it never mixes populations.
                 b = band[(band.task == task) & (band.model == model)]
                 if b.empty:
                     continue
                 # Markers when there are few evaluations, so a short run is still visible.
-                ax.plot(b["env_steps"], b["mean"], color=color, linewidth=1.6,
-                        linestyle="--" if model.endswith(C.REF_SUFFIX) else "-",
+                ax.plot(b["env_steps"], b["mean"], color=color, linewidth=1.6, linestyle=source_style(model)[1],
                         marker="o" if len(b) <= 12 else None, markersize=3)
                 ax.fill_between(b["env_steps"], b["ci_low"], b["ci_high"], color=color, alpha=0.2, linewidth=0)
             ax.set_title(task_label(task))
@@ -215,10 +229,11 @@ def plot_curves(curves: pd.DataFrame, band: pd.DataFrame, base, algo: str, y_lab
 
 def plot_aggregate(agg: pd.DataFrame, base, formats=DEFAULT_FORMATS,
                    confidence: float = C.DEFAULT_CONFIDENCE) -> list[Path]:
-    """IQM and mean normalised score per algorithm x model, with stratified-bootstrap CIs."""
+    """IQM, mean and optimality gap of the normalised score per algorithm x model, with stratified-bootstrap
+    CIs."""
     if agg.empty:
         raise ValueError("no aggregate scores to plot (no task with normalisation constants?)")
-    metrics = [m for m in ("IQM", "Mean") if m in set(agg["metric"])]
+    metrics = [m for m in AGGREGATE_METRICS if m in set(agg["metric"])]
     groups = agg[["algo", "model"]].drop_duplicates()
     model_order = order_models(agg["model"])
     groups = sorted(groups.itertuples(index=False), key=lambda g: (g.algo, model_order.index(g.model)))
@@ -230,13 +245,13 @@ def plot_aggregate(agg: pd.DataFrame, base, formats=DEFAULT_FORMATS,
                 r = agg[(agg.algo == g.algo) & (agg.model == g.model) & (agg.metric == metric)].iloc[0]
                 ax.errorbar(r["value"], y, xerr=[[r["value"] - r["ci_low"]], [r["ci_high"] - r["value"]]],
                             fmt="o", color=C.model_color(g.model), markersize=4, capsize=3, elinewidth=1.4)
-            ax.set_title(f"{metric} normalised score")
-            ax.set_xlabel("Normalised score (0 = Random, 1 = Oracle)")
+            ax.set_title(f"{metric} (lower is better)" if metric == "Optimality gap" else metric)
             ax.set_yticks(range(len(groups)))
-            ax.set_yticklabels([f"{C.model_label(g.model)} + {C.algo_label(g.algo)}" for g in groups])
+            ax.set_yticklabels([C.group_label(g.algo, g.model) for g in groups])
             ax.set_ylim(-0.6, len(groups) - 0.4)
             ax.invert_yaxis()
         n_tasks = int(agg["n_tasks"].max())
+        fig.supxlabel("Normalised score (0 = Random, 1 = Oracle)", fontsize=8.5)
         fig.suptitle(f"Over {n_tasks} task(s); {confidence:.0%} stratified-bootstrap CIs", y=1.0, fontsize=8)
         fig.tight_layout()
         return _save(fig, base, formats)
@@ -258,7 +273,7 @@ def plot_profile(profile: pd.DataFrame, base, formats=DEFAULT_FORMATS,
                     continue
                 color = C.model_color(model)
                 ax.plot(p["tau"], p["fraction"], color=color, linewidth=1.5, label=C.model_label(model),
-                        linestyle="--" if model.endswith(C.REF_SUFFIX) else "-")
+                        linestyle=source_style(model)[1])
                 ax.fill_between(p["tau"], p["ci_low"], p["ci_high"], color=color, alpha=0.2, linewidth=0)
             ax.set_title(C.algo_label(algo))
             ax.set_xlabel(r"Normalised score threshold $\tau$")

@@ -8,8 +8,8 @@ implementation's ``variant_<pid>.yml``) and from the path otherwise, so that
 runs of this project and of the reference implementation can be analysed side
 by side.
 
-Damaged input never raises: every problem becomes an :class:`Issue` in a
-:class:`LoadReport`, which says whether the whole run was skipped or only some
+Damaged input never raises: every problem becomes an :class:`analysis.issues.Issue` in a
+:class:`analysis.issues.LoadReport`, which says whether the whole run was skipped or only some
 rows were, and why.  An evaluation whose return is not finite (NaN, inf, or an
 eval row with an empty return cell) is left out of the table and reported as a
 warning naming the run and its env steps.
@@ -26,7 +26,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable
 
@@ -34,10 +34,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from pomdp_ffm.config import learning_settings, with_current_key_names
+from pomdp_ffm.config import learning_settings
 from pomdp_ffm.rundir import RunDir
 
 from . import constants as C
+from .issues import LoadReport
 
 PROGRESS = RunDir.PROGRESS
 # Hydra's own copy of the composed config is a fallback for runs whose config.yaml is missing.
@@ -65,65 +66,6 @@ _ALGO_MODEL_RE = re.compile(
 )
 _MARKOVIAN_RE = re.compile(r"^(?P<kind>Markovian|oracle)_(?P<algo>sacd|sac|td3)$")
 _SEED_RE = re.compile(r"^seed[-_=]?(?P<seed>\d+)$")
-
-
-@dataclass
-class Issue:
-    path: str
-    kind: str  # "skipped" (run not used), "warning" (rows dropped or guessed), "note"
-    reason: str
-
-
-@dataclass
-class LoadReport:
-    issues: list[Issue] = field(default_factory=list)
-    n_runs_found: int = 0
-    n_runs_loaded: int = 0
-
-    def add(self, path: str | Path, kind: str, reason: str) -> None:
-        if kind not in ("skipped", "warning", "note"):
-            raise ValueError(f"unknown issue kind {kind!r}")
-        self.issues.append(Issue(str(path), kind, reason))
-
-    @property
-    def skipped(self) -> list[Issue]:
-        return [i for i in self.issues if i.kind == "skipped"]
-
-    @property
-    def warnings(self) -> list[Issue]:
-        return [i for i in self.issues if i.kind == "warning"]
-
-    @property
-    def notes(self) -> list[Issue]:
-        return [i for i in self.issues if i.kind == "note"]
-
-    def extend(self, problems: Iterable[tuple[str, str, str]]) -> None:
-        """Add ``(path, kind, reason)`` problems, as the analysis steps return them."""
-        for path, kind, reason in problems:
-            self.add(path, kind, reason)
-
-    def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([asdict(i) for i in self.issues], columns=["path", "kind", "reason"])
-
-    def summary(self) -> str:
-        """The one count of skipped input and warnings: the console and report.md both print this line."""
-        return (
-            f"{self.n_runs_found} run dir(s) found, {self.n_runs_loaded} loaded; "
-            f"{len(self.skipped)} skipped, {len(self.warnings)} warning(s)"
-        )
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"found": self.n_runs_found, "loaded": self.n_runs_loaded,
-             "issues": [asdict(i) for i in self.issues]}
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> "LoadReport":
-        data = json.loads(text)
-        rep = cls(n_runs_found=data["found"], n_runs_loaded=data["loaded"])
-        rep.issues = [Issue(**i) for i in data["issues"]]
-        return rep
 
 
 # --------------------------------------------------------------------------- discovery
@@ -456,7 +398,7 @@ def _setup(cfg: dict | None, parts: list[str], is_reference: bool) -> dict:
         return {"run name": "/".join(parts[at + 1:-1])} if at is not None and len(parts) > at + 2 else {}
     if cfg is None:
         return {}
-    settings = learning_settings(with_current_key_names(cfg))
+    settings = learning_settings(cfg)
     settings.pop("seed", None)
     return settings
 
@@ -538,7 +480,7 @@ def build_table(roots: Iterable[str | Path]) -> tuple[pd.DataFrame, LoadReport]:
     report.n_runs_loaded = len(frames)
     if not pairs:
         report.add(", ".join(str(r) for r in roots), "warning", f"no {PROGRESS} found")
-    table = pd.concat(frames, ignore_index=True) if frames else _empty_table()
+    table = pd.concat(frames, ignore_index=True) if frames else empty_table()
     table["finished"] = table["finished"].astype("boolean")
     table["seed"] = table["seed"].astype("Int64")
     _warn_duplicates(table, report)
@@ -546,7 +488,7 @@ def build_table(roots: Iterable[str | Path]) -> tuple[pd.DataFrame, LoadReport]:
     return table, report
 
 
-def _empty_table() -> pd.DataFrame:
+def empty_table() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="float64") for c in TABLE_COLUMNS})
 
 

@@ -41,11 +41,15 @@ def write_our_run(root: Path, task: str, algo: str, model: str, seed: int, steps
 
 
 def write_reference_run(root: Path, family: str, obs: str, algo: str, model: str, seed: int | None,
-                        steps, returns, stamp: str) -> Path:
-    run = (root / "logs" / "pomdp" / family / obs / f"{algo}_{model}" / "gamma-0.99" / "len-64" / "bs-64"
-           / "freq-1.0" / "oar" / stamp)
+                        steps, returns, stamp: str, agent: str | None = None, config: bool = True) -> Path:
+    """A run in the reference's layout; ``agent`` is its algorithm folder (default ``<algo>_<model>``, e.g.
+    ``oracle_sac_gru``); without ``config`` it has no variant_*.yml, as the FFM fork's copied logs."""
+    run = (root / "logs" / "pomdp" / family / obs / (agent or f"{algo}_{model}") / "gamma-0.99" / "len-64"
+           / "bs-64" / "freq-1.0" / "oar" / stamp)
     run.mkdir(parents=True)
     (run / "progress.csv").write_text(progress_text(steps, returns))
+    if not config:
+        return run
     seed_line = f"seed: {seed}\n" if seed is not None else ""
     (run / "variant_1234.yml").write_text(
         f"{seed_line}cuda: -1\nenv:\n  env_type: pomdp\n  env_name: {family}-{obs}-v0\n"
@@ -56,6 +60,36 @@ def write_reference_run(root: Path, family: str, obs: str, algo: str, model: str
 
 def steps_grid(n: int = 20, start: int = 12_000, interval: int = 4_000) -> np.ndarray:
     return start + interval * np.arange(n)
+
+
+PUBLISHED_HEADER = ["env_steps", "return", "q_rnn_grad_norm", "pi_rnn_grad_norm", "trial", "method", "RL", "Encoder",
+                    "Len", "Inputs", "Arch"]
+
+
+def published_variant(rl, encoder="gru", length=64, inputs="oar", arch="separate", **trials):
+    """One group of a final.csv: the reference's own agent with these tags, ``trials`` {trial name: returns}."""
+    return {"method": "ours", "tags": [rl, encoder, str(length), inputs, arch], "trials": trials}
+
+
+def published_method(name, tags, **trials):
+    """A compared method's group (merge_csv.py files it under its name, with the tags its constants give it)."""
+    return {"method": name, "tags": list(tags), "trials": trials}
+
+
+def write_published(root: Path, family: str, obs: str, *groups, start=12_000, interval=4_000) -> Path:
+    """``root/<family>/<obs>/final.csv`` as the reference's merge_csv.py writes it: per run, its returns on the grid
+    from ``start`` every ``interval`` env steps, rounded to 2 decimals; diagnostics only for its own agent."""
+    lines = [",".join(PUBLISHED_HEADER)]
+    for g in groups:
+        for trial, returns in g["trials"].items():
+            for k, r in enumerate(returns):
+                diag = ["0.5", "0.25"] if g["method"] == "ours" else ["", ""]
+                lines.append(",".join([str(start + interval * k), f"{round(float(r), 2)}", *diag, trial, g["method"],
+                                       *g["tags"]]))
+    path = root / family / obs / "final.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 class Payload:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import analysis
-from analysis import bench, decay, figures, load, stats
+from analysis import aggregate, bench, curves, decay, figures, load, stats
 from analysis_synth import steps_grid, write_our_run, write_reference_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -81,20 +81,20 @@ def test_bars_png(loaded, tmp_path):
 @pytest.mark.parametrize("style", ["runmax", "smoothed"])
 def test_lines_png(loaded, tmp_path, style):
     table, _ = loaded
-    curves = stats.curves_on_grid(table, style=style)
-    band = stats.curve_band(curves, n_resamples=200)
-    _assert_png(figures.plot_curves(curves, band, tmp_path / "lines", "sac", "Return", ("png",)))
+    on_grid = curves.curves_on_grid(table, style=style)
+    band = curves.curve_band(on_grid, n_resamples=200)
+    _assert_png(figures.plot_curves(on_grid, band, tmp_path / "lines", "sac", "Return", ("png",)))
 
 
 def test_aggregate_and_profile_png(loaded, tmp_path):
     _, scores = loaded
     norm, _ = stats.normalize(scores)
-    agg, _ = stats.aggregate_scores(norm, n_resamples=200)
+    agg, _ = aggregate.aggregate_scores(norm, n_resamples=200)
     ours = agg[~agg.model.str.endswith("@ref")]
     assert set(ours["n_tasks"]) == {2}  # Pendulum has no constants
     assert set(agg.loc[agg.model == "gru@ref", "n_tasks"]) == {1}
     _assert_png(figures.plot_aggregate(agg, tmp_path / "agg", ("png",)))
-    prof = stats.performance_profile(norm, np.linspace(0, 1, 21), n_resamples=200)
+    prof = aggregate.performance_profile(norm, np.linspace(0, 1, 21), n_resamples=200)
     _assert_png(figures.plot_profile(prof, tmp_path / "prof", ("png",)))
 
 

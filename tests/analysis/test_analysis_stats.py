@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from analysis import stats
+from analysis import aggregate, curves, stats
 
 
 def _scores(rows):
@@ -125,13 +125,13 @@ def test_normalize_oracle_random_and_excluded_tasks():
 
 
 def test_iqm_is_trimmed_middle_half():
-    assert stats.iqm(np.arange(1.0, 9.0)) == pytest.approx(4.5)
-    assert stats.iqm(np.array([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 100.0])) == pytest.approx(1.0)
+    assert aggregate.iqm(np.arange(1.0, 9.0)) == pytest.approx(4.5)
+    assert aggregate.iqm(np.array([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 100.0])) == pytest.approx(1.0)
 
 
 def test_stratified_resample_stays_within_tasks():
     per_task = [np.array([1.0, 2.0, 3.0]), np.array([100.0, 200.0])]
-    a, b = stats.stratified_resample(per_task, 50, np.random.default_rng(0))
+    a, b = aggregate.stratified_resample(per_task, 50, np.random.default_rng(0))
     assert a.shape == (50, 3) and b.shape == (50, 2)
     assert set(np.unique(a)) <= {1.0, 2.0, 3.0} and set(np.unique(b)) <= {100.0, 200.0}
 
@@ -149,23 +149,53 @@ def _norm_frame(values_by_group):
 def test_aggregate_known_values_and_reproducible():
     norm = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.8, 0.9, 1.0], "B-P-v0": [0.1, 0.2, 0.3]},
                         ("sac", "gru"): {"A-P-v0": [0.5, 0.5, 0.5], "B-P-v0": [0.5, 0.5, 0.5]}})
-    agg, notes = stats.aggregate_scores(norm, n_resamples=500, seed=3)
+    agg, notes = aggregate.aggregate_scores(norm, n_resamples=500, seed=3)
     ffm = agg[(agg.model == "ffm")].set_index("metric")
     assert ffm.loc["Mean", "value"] == pytest.approx(0.55)
-    assert ffm.loc["IQM", "value"] == pytest.approx(stats.iqm(np.array([0.8, 0.9, 1.0, 0.1, 0.2, 0.3])))
+    assert ffm.loc["IQM", "value"] == pytest.approx(aggregate.iqm(np.array([0.8, 0.9, 1.0, 0.1, 0.2, 0.3])))
     for metric in ("Mean", "IQM"):
         assert ffm.loc[metric, "ci_low"] <= ffm.loc[metric, "value"] <= ffm.loc[metric, "ci_high"]
     gru = agg[(agg.model == "gru")].set_index("metric")
     assert gru.loc["Mean", "ci_low"] == gru.loc["Mean", "ci_high"] == pytest.approx(0.5)
-    again, _ = stats.aggregate_scores(norm, n_resamples=500, seed=3)
+    again, _ = aggregate.aggregate_scores(norm, n_resamples=500, seed=3)
     pd.testing.assert_frame_equal(agg, again)
     assert notes == []
+    # Optimality gap, as rliable's: 1 - the mean of scores capped at 1 (here no score exceeds 1).
+    assert ffm.loc["Optimality gap", "value"] == pytest.approx(0.45)
+    assert gru.loc["Optimality gap", ["value", "ci_low", "ci_high"]].tolist() == pytest.approx([0.5] * 3)
+
+
+def test_optimality_gap_caps_scores_at_the_oracle_and_weights_tasks_equally():
+    norm = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.8, 1.6, 1.0], "B-P-v0": [0.1, 0.3]}})
+    agg, _ = aggregate.aggregate_scores(norm, n_resamples=200, seed=0)
+    gap = agg.set_index("metric").loc["Optimality gap"]
+    # Task A capped: 0.8, 1, 1 -> 14/15; task B: 0.2; gap = 1 - (14/15 + 0.2) / 2.
+    assert gap["value"] == pytest.approx(1 - (14 / 15 + 0.2) / 2)
+    assert gap["ci_low"] <= gap["value"] <= gap["ci_high"]
+    # With as many runs per task, it is rliable's 1 - mean(min(scores, 1)) over all runs.
+    even = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.5, 1.5], "B-P-v0": [0.2, 0.4]}})
+    assert aggregate.aggregate_scores(even, n_resamples=10)[0].set_index("metric").loc["Optimality gap", "value"] \
+        == pytest.approx(1 - np.mean(np.minimum([0.5, 1.5, 0.2, 0.4], 1)))
+
+
+def test_profile_thresholds_come_from_the_aggregated_groups_only():
+    norm = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.2, 1.2], "B-P-v0": [0.5]},
+                        ("sac", "gru"): {"A-P-v0": [0.1, 0.3], "B-P-v0": [0.4]},
+                        # Another agent far above the Oracle on a task the model groups do not share.
+                        ("sac", "gru+oracle@ref"): {"C-P-v0": [3.0]}})
+    agg, _ = aggregate.aggregate_scores(norm, n_resamples=50)
+    assert set(agg["model"]) == {"ffm", "gru"}
+    prof = aggregate.profile_of_aggregate(norm, agg, n_taus=7, n_resamples=50)
+    assert prof["tau"].max() == pytest.approx(1.2) and set(prof["model"]) == {"ffm", "gru"}
+    # At tau 0.6: FFM 1/2 on A, 0/1 on B; GRU none (tasks weighted equally).
+    at = prof[np.isclose(prof["tau"], 0.6)].set_index("model")["fraction"]
+    assert at.to_dict() == pytest.approx({"ffm": 0.25, "gru": 0.0})
 
 
 def test_aggregate_restricts_to_common_tasks_with_note():
     norm = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.5, 0.6], "B-P-v0": [0.1, 0.2]},
                         ("sac", "gru"): {"A-P-v0": [0.4, 0.3]}})
-    agg, notes = stats.aggregate_scores(norm, n_resamples=100, seed=0)
+    agg, notes = aggregate.aggregate_scores(norm, n_resamples=100, seed=0)
     assert set(agg["n_tasks"]) == {1}
     assert any("B-P-v0" in n for n in notes)
 
@@ -176,17 +206,17 @@ def test_probability_of_improvement_known_answers():
             # Task B: ffm {1, 3} vs gru {2}: one win, one loss -> 0.5.
             ("B-P-v0", "sac", "ffm", "f3", 1.0), ("B-P-v0", "sac", "ffm", "f4", 3.0),
             ("B-P-v0", "sac", "gru", "g3", 2.0)]
-    out = stats.probability_of_improvement(_scores(rows), n_resamples=500, seed=0)
+    out = aggregate.probability_of_improvement(_scores(rows), n_resamples=500, seed=0)
     r = out.iloc[0]
     assert r["value"] == pytest.approx((1.0 + 0.5) / 2)
     assert r["ci_low"] <= r["value"] <= r["ci_high"]
     ties = _scores([("A-P-v0", "td3", "ffm", "f", 5.0), ("A-P-v0", "td3", "gru", "g", 5.0)])
-    assert stats.probability_of_improvement(ties, n_resamples=50)["value"].iloc[0] == 0.5
+    assert aggregate.probability_of_improvement(ties, n_resamples=50)["value"].iloc[0] == 0.5
 
 
 def test_performance_profile_fractions():
     norm = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.1, 0.6, 0.9, 0.95], "B-P-v0": [0.2, 0.3]}})
-    prof = stats.performance_profile(norm, np.array([0.0, 0.5, 1.0]), n_resamples=200, seed=0)
+    prof = aggregate.performance_profile(norm, np.array([0.0, 0.5, 1.0]), n_resamples=200, seed=0)
     # Task A: 4/4, 3/4, 0/4 above tau; task B: 2/2, 0/2, 0/2; tasks weighted equally.
     assert prof["fraction"].tolist() == pytest.approx([1.0, 0.375, 0.0])
     assert (prof["ci_low"] <= prof["fraction"]).all() and (prof["fraction"] <= prof["ci_high"]).all()
@@ -197,26 +227,24 @@ def test_performance_profile_fractions():
 def test_curves_runmax_step_function_and_band():
     t = pd.concat([_run_table([1.0, 5.0, 3.0], run_id="a").assign(trial="seed-0"),
                    _run_table([2.0, 2.0, 8.0], run_id="b").assign(trial="seed-1")])
-    curves = stats.curves_on_grid(t, grid_start=12000, grid_interval=2000)
-    a = curves[curves.run_id == "a"]
+    on_grid = curves.curves_on_grid(t, grid_start=12000, grid_interval=2000)
+    a = on_grid[on_grid.run_id == "a"]
     assert a["env_steps"].tolist() == [12000, 14000, 16000, 18000, 20000]
     assert a["value"].tolist() == [1.0, 1.0, 5.0, 5.0, 5.0]
-    band = stats.curve_band(curves, n_resamples=200, seed=0)
+    band = curves.curve_band(on_grid, n_resamples=200, seed=0)
     assert band["mean"].tolist() == pytest.approx([1.5, 1.5, 3.5, 3.5, 6.5])
     assert (band["ci_low"] <= band["mean"] + 1e-12).all() and (band["mean"] <= band["ci_high"] + 1e-12).all()
 
 
 def test_curve_style_is_validated():
     with pytest.raises(ValueError, match="'ema'"):
-        stats.curves_on_grid(_run_table([1.0]), style="ema")
+        curves.curves_on_grid(_run_table([1.0]), style="ema")
 
 
 def test_pendulum_curves_use_the_reference_pendulum_grid():
     # eval.sh: Pendulum is merged on a 2000 / 1000 grid with a window of 3, the locomotion tasks on 12000 / 4000.
-    import pandas as pd
-    from analysis import stats
     table = pd.DataFrame({"run_id": "r", "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm", "trial": "0",
                           "env_steps": [2000.0, 3000.0, 4000.0], "eval_return": [-1500.0, -1000.0, -1200.0]})
-    curves = stats.curves_on_grid(table, "runmax")
-    assert curves["env_steps"].tolist() == [2000.0, 3000.0, 4000.0]
-    assert curves["value"].tolist() == [-1500.0, -1000.0, -1000.0]
+    got = curves.curves_on_grid(table, "runmax")
+    assert got["env_steps"].tolist() == [2000.0, 3000.0, 4000.0]
+    assert got["value"].tolist() == [-1500.0, -1000.0, -1000.0]

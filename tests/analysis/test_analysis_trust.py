@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis import bench, decay, figures, load, stats
+from analysis import aggregate, bench, curves, figures, load, stats
 from analysis_synth import (Payload, progress_text, run_cli, steps_grid, write_our_run, write_payload_checkpoint,
                             write_reference_run)
 
@@ -77,8 +77,10 @@ def test_one_warning_count_in_console_report_and_issues(cli_all):
     assert _warning_count(summary) == n > 0
     assert f"- summary: {summary}" in report
     assert _warning_count(report.split("## Runs per group")[0]) == n
-    # Every warning is also printed, once, on stderr.
-    assert res.stderr.count("warning: ") == n
+    # Each kind of warning is printed once on stderr with how many more there are: together, every warning.
+    shown = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: ")]
+    more = [int(k) for ln in shown for k in re.findall(r"\(and (\d+) more like it, listed in report.md\)$", ln)]
+    assert len(shown) + sum(more) == n and more  # the two FFM runs without a checkpoint are one kind
 
 
 def test_nan_eval_return_is_a_warning_naming_run_and_step(cli_all, trust_tree):
@@ -170,32 +172,32 @@ def test_curve_mean_is_over_the_same_runs_up_to_the_shortest_run():
     runs = {"a": ("HopperBLT-P-v0", "ffm", "seed-0", grid[:16], np.linspace(1000, 1900, 16)),
             "b": ("HopperBLT-P-v0", "ffm", "seed-1", grid, np.linspace(1000, 1780, 24)),
             "c": ("HopperBLT-P-v0", "ffm", "seed-2", grid, np.linspace(1000, 1790, 24))}
-    curves = stats.curves_on_grid(_table(runs), "runmax")
-    band = stats.curve_band(curves, n_resamples=200, seed=0)
+    on_grid = curves.curves_on_grid(_table(runs), "runmax")
+    band = curves.curve_band(on_grid, n_resamples=200, seed=0)
     assert band["env_steps"].max() == grid[15]  # the shortest run's last evaluation
     assert (band["n_runs"] == 3).all()
     assert (np.diff(band["mean"]) >= 0).all()  # a mean of running maxima over fixed runs never falls
-    wide = curves.pivot(index="run_id", columns="env_steps", values="value")
+    wide = on_grid.pivot(index="run_id", columns="env_steps", values="value")
     assert band["mean"].to_numpy() == pytest.approx(wide[band["env_steps"]].mean(axis=0).to_numpy())
     assert (band["ci_low"] <= band["mean"] + 1e-9).all() and (band["mean"] <= band["ci_high"] + 1e-9).all()
-    (path, kind, reason), = stats.curve_cuts(curves)
+    (path, kind, reason), = curves.curve_cuts(on_grid)
     assert (path, kind) == ("HopperBLT-P-v0/sac_ffm", "warning")
     assert f"to {grid[15]:.0f} env steps" in reason and "shortest run (a)" in reason
     assert f"b (ends at {grid[-1]:.0f}), c (ends at {grid[-1]:.0f})" in reason
     # Runs of equal length: nothing is cut, nothing is said.
     same = {k: (t, m, tr, grid[:16], y[:16]) for k, (t, m, tr, _, y) in runs.items()}
-    assert stats.curve_cuts(stats.curves_on_grid(_table(same))) == []
+    assert curves.curve_cuts(curves.curves_on_grid(_table(same))) == []
 
 
 def test_curve_band_single_run_and_duplicate_seeds():
     grid = steps_grid(4)
-    one = stats.curve_band(stats.curves_on_grid(_table({"a": ("Pendulum-V-v0", "gru", "s0", grid, [1, 3, 2, 5])}),
+    one = curves.curve_band(curves.curves_on_grid(_table({"a": ("Pendulum-V-v0", "gru", "s0", grid, [1, 3, 2, 5])}),
                                                 grid_start=12000, grid_interval=4000))
     assert one["mean"].tolist() == [1, 3, 3, 5] and one["ci_low"].isna().all() and (one["n_runs"] == 1).all()
     # Two runs of one seed (in two run directories) are two runs, not averaged into one.
     dup = _table({"a": ("Pendulum-V-v0", "gru", "seed-0", grid, [1, 1, 1, 1]),
                   "b": ("Pendulum-V-v0", "gru", "seed-0", grid, [3, 3, 3, 3])})
-    band = stats.curve_band(stats.curves_on_grid(dup, grid_start=12000, grid_interval=4000), n_resamples=100)
+    band = curves.curve_band(curves.curves_on_grid(dup, grid_start=12000, grid_interval=4000), n_resamples=100)
     assert (band["n_runs"] == 2).all() and band["mean"].tolist() == [2.0] * 4
 
 
@@ -217,7 +219,7 @@ def test_single_run_task_in_aggregate_is_noted():
             for m, per_task in (("ffm", {"A-P-v0": [0.5, 0.6], "B-P-v0": [0.9]}),
                                 ("gru", {"A-P-v0": [0.4, 0.3], "B-P-v0": [0.2, 0.1]}))
             for t, vals in per_task.items() for i, v in enumerate(vals)]
-    agg, notes = stats.aggregate_scores(pd.DataFrame(rows), n_resamples=100, seed=0)
+    agg, notes = aggregate.aggregate_scores(pd.DataFrame(rows), n_resamples=100, seed=0)
     assert agg.set_index("model")["single_run_tasks"].to_dict() == {"ffm": "B-P-v0", "gru": ""}
     assert len(notes) == 1 and "sac/ffm" in notes[0] and "B-P-v0" in notes[0] and "single run" in notes[0]
 
@@ -230,6 +232,11 @@ def test_cli_single_run_task_is_a_warning_and_a_note(cli_all):
     assert "WalkerBLT-V-v0 have a single run" in notes
     agg = pd.read_csv(out / "tables" / "aggregate_runmax.csv", keep_default_na=False)
     assert set(agg.loc[agg.model == "ffm", "single_run_tasks"]) == {"WalkerBLT-V-v0"}
+    # The probability of improvement's interval has the same blind spot, and says so.
+    poi = pd.read_csv(out / "tables" / "probability_of_improvement.csv", keep_default_na=False)
+    assert poi[["model_x", "model_y", "single_run_tasks"]].values.tolist() == [["ffm", "gru", "WalkerBLT-V-v0"]]
+    w = issues[issues["path"] == "sac: ffm vs gru"]
+    assert w["kind"].tolist() == ["warning"] and "WalkerBLT-V-v0 have a single run" in w["reason"].iloc[0]
 
 
 # --------------------------------------------------------------------------- loading never runs code
