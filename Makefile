@@ -14,7 +14,7 @@ demo: install
 	$(PYTHON) -m analysis lines $(DEMO_DIR)/run --out $(DEMO_DIR)/report --curves runmax
 	@echo "log: $(DEMO_DIR)/run/progress.csv   plot: $(DEMO_DIR)/report/figures/"
 
-# The default suite (minutes); `make test-all` adds the slow tests.
+# The default suite (under 6 minutes on 2 cores); `make test-all` adds the slow tests (CI runs it: .ci/run).
 test: install
 	$(PYTHON) -m pytest -q -m "not slow"
 

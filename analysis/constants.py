@@ -13,15 +13,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# progress.csv column names (identical in our logger and the reference's).
-COL_ENV_STEPS = "z/env_steps"
-COL_RETURN = "metrics/return_eval_total"
-COL_RL_STEPS = "z/rl_steps"
-COL_ROLLOUTS = "z/rollouts"
-COL_EVAL_LEN = "metrics/total_steps_eval"
-COL_SUCCESS = "metrics/success_rate_eval"
-COL_TIME = "z/time_cost"
-COL_FPS = "z/fps"
+from pomdp_ffm import metrics
+
+# progress.csv column names: declared once, by the logger's metrics table (identical to the reference's).
+COL_ENV_STEPS, COL_ROLLOUTS, COL_RL_STEPS = metrics.ENV_STEPS, metrics.ROLLOUTS, metrics.RL_STEPS
+COL_RETURN, COL_EVAL_LEN, COL_SUCCESS = metrics.EVAL_RETURN, metrics.EVAL_LENGTH, metrics.EVAL_SUCCESS
+COL_TIME, COL_FPS = metrics.TIME_COST, metrics.FPS
 
 # progress.csv column -> tidy-table column.
 EVAL_COLUMNS = {
@@ -44,8 +41,6 @@ KNOWN_MODELS = tuple(MODEL_LABELS)
 # Fixed colours so that a model keeps its colour across every figure.
 MODEL_COLORS = {"ffm": "#d55e00", "gru": "#0072b2", "lstm": "#009e73", "mlp": "#7f7f7f", "markovian": "#bbbbbb",
                 "oracle": "#000000"}
-# Lighter/darker shade per algorithm for figures that show both at once.
-ALGO_HATCH = {"sac": "", "td3": "//", "sacd": ".."}
 
 # Paper / reference conventions (docs/reference.md#evaluation-clock, #reference-plots, #ffm-paper-plots).
 DEFAULT_SEED = 0

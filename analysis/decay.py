@@ -63,12 +63,6 @@ def checkpoint_candidates(run_dir: str | Path) -> list[Path]:
     return first + rest + diverged
 
 
-def newest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The first of :func:`checkpoint_candidates`, or None when the run has no checkpoint."""
-    found = checkpoint_candidates(run_dir)
-    return found[0] if found else None
-
-
 def _load(ckpt: Path) -> dict:
     """:func:`pomdp_ffm.rundir.load_checkpoint`: tensors and plain containers only, never a full unpickling
     (a file holding anything else raises CheckpointError naming it)."""

@@ -8,7 +8,6 @@ tree cannot hide the one that matters.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -68,19 +67,6 @@ class LoadReport:
             f"{self.n_runs_found} run dir(s) found, {self.n_runs_loaded} loaded{published}; "
             f"{len(self.skipped)} skipped, {len(self.warnings)} warning(s)"
         )
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"found": self.n_runs_found, "loaded": self.n_runs_loaded,
-             "issues": [asdict(i) for i in self.issues]}
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> "LoadReport":
-        data = json.loads(text)
-        rep = cls(n_runs_found=data["found"], n_runs_loaded=data["loaded"])
-        rep.issues = [Issue(**i) for i in data["issues"]]
-        return rep
 
 
 # What differs between two entries of one kind: quoted values, paths and group names (anything with a slash),

@@ -18,9 +18,9 @@ import subprocess
 import sys
 from collections import Counter
 
-from pomdp_ffm.config import Refused
 from pomdp_ffm.grid import STATUSES, sweep_jobs
 from pomdp_ffm.signals import STOP_SIGNALS
+from pomdp_ffm.start import Refused
 from pomdp_ffm.train import precheck
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")

@@ -14,18 +14,23 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["SeqBatch", "SeqReplayBuffer"]
+__all__ = ["Batch", "SeqReplayBuffer", "TRANSITIONS"]
 
 
-class SeqBatch(NamedTuple):
-    """Time-major float32 arrays of shape ``(T, B, dim)``; ``mask`` is ``(T, B, 1)``."""
+class Batch(NamedTuple):
+    """The batch's one vocabulary, from the collected episode (``rollout.Episode`` has the same fields but
+    ``masks``) through the buffer to the update (``update.Aligned``). Time-major float32 arrays ``[T, B, dim]``
+    (or tensors); ``rewards``, ``terminals`` and ``masks`` have dim 1."""
 
-    obs: np.ndarray
-    act: np.ndarray
-    rew: np.ndarray
-    term: np.ndarray
-    obs2: np.ndarray
-    mask: np.ndarray
+    observs: Any       # o_t
+    actions: Any       # a_t
+    rewards: Any       # r_t
+    terminals: Any     # 1 where the env ended the episode itself (a time-out bootstraps)
+    next_observs: Any  # o_{t+1}
+    masks: Any         # 1 on the steps of the window's own episode, 0 on the padding after it
+
+
+TRANSITIONS = Batch._fields[:-1]  # what an episode stores, per step
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -65,11 +70,10 @@ class SeqReplayBuffer:
 
         n = self.capacity
         # np.zeros maps untouched pages lazily, so a 1e6 buffer costs memory only as it fills.
-        self._obs = np.zeros((n, self.obs_dim), dtype=np.float32)
-        self._next_obs = np.zeros((n, self.obs_dim), dtype=np.float32)
-        self._actions = np.zeros((n, self.act_dim), dtype=np.float32)
-        self._rewards = np.zeros((n, 1), dtype=np.float32)
-        self._terminals = np.zeros((n, 1), dtype=np.uint8)
+        dims = {"observs": self.obs_dim, "actions": self.act_dim, "rewards": 1, "terminals": 1,
+                "next_observs": self.obs_dim}
+        self._data = {k: np.zeros((n, dims[k]), dtype=np.uint8 if k == "terminals" else np.float32)
+                      for k in TRANSITIONS}
         self._weights = np.zeros((n,), dtype=np.float32)
         self._top = 0
         self._size = 0
@@ -105,12 +109,13 @@ class SeqReplayBuffer:
             )
         return arr
 
-    def add_episode(self, obs, actions, rewards, terminals, next_obs) -> None:
-        """Store one whole episode; every argument has leading length L (L >= 2)."""
-        obs_arr = np.asarray(obs)
-        if obs_arr.ndim == 0:
-            raise ValueError(f"obs must have a leading episode-length axis, got shape {obs_arr.shape}")
-        length = obs_arr.shape[0]
+    def add_episode(self, episode) -> None:
+        """Store one whole episode: anything with the ``TRANSITIONS`` attributes (``rollout.Episode``), each with
+        leading length L (L >= 2)."""
+        arrays = {k: np.asarray(getattr(episode, k)) for k in TRANSITIONS}
+        if arrays["observs"].ndim == 0:
+            raise ValueError(f"observs must have a leading episode-length axis, got shape {arrays['observs'].shape}")
+        length = arrays["observs"].shape[0]
         # L = 1 would leave the episode with no zero-weight slot, so the next episode's start
         # could not be detected as a boundary when building masks.
         if length < 2:
@@ -119,11 +124,8 @@ class SeqReplayBuffer:
             raise ValueError(
                 f"episode length {length} exceeds capacity {self.capacity}; it would overwrite itself"
             )
-        o = self._as_2d("obs", obs, length, self.obs_dim, np.float32)
-        a = self._as_2d("actions", actions, length, self.act_dim, np.float32)
-        r = self._as_2d("rewards", rewards, length, 1, np.float32)
-        d = self._as_2d("terminals", terminals, length, 1, np.float32)
-        o2 = self._as_2d("next_obs", next_obs, length, self.obs_dim, np.float32)
+        rows = {k: self._as_2d(k, v, length, self._data[k].shape[1], np.float32) for k, v in arrays.items()}
+        d = rows["terminals"]
         if not np.all((d == 0) | (d == 1)):
             raise ValueError(f"terminals must be 0/1 (or bool), got values {np.unique(d)[:5]}")
 
@@ -139,11 +141,8 @@ class SeqReplayBuffer:
             if count == 0:
                 continue
             dst = slice(dst_start, dst_start + count)
-            self._obs[dst] = o[src]
-            self._next_obs[dst] = o2[src]
-            self._actions[dst] = a[src]
-            self._rewards[dst] = r[src]
-            self._terminals[dst] = d[src].astype(np.uint8)
+            for k, x in rows.items():
+                self._data[k][dst] = x[src]  # terminals cast to uint8 by the assignment
             self._weights[dst] = w[src]
 
         self._top = (self._top + length) % self.capacity
@@ -183,20 +182,15 @@ class SeqReplayBuffer:
         mask = np.cumsum(boundary, axis=0) == 0
         return idx, mask
 
-    def sample(self, batch_size: int) -> SeqBatch:
+    def sample(self, batch_size: int) -> Batch:
         starts = self.sample_starts(batch_size)
         idx, mask = self._windows(starts)
         # np.take along the first axis gathers the rows that a[idx] does at about half the cost (a 64 x 64 batch
         # of HopperBLT-V's arrays: 123 against 288 us), which is host time a GPU's update waits on per seed.
         rows = lambda a: np.take(a, idx, axis=0)
-        return SeqBatch(
-            obs=rows(self._obs),
-            act=rows(self._actions),
-            rew=rows(self._rewards),
-            term=rows(self._terminals).astype(np.float32),
-            obs2=rows(self._next_obs),
-            mask=mask[:, :, None].astype(np.float32),
-        )
+        out = {k: rows(v) for k, v in self._data.items()}
+        out["terminals"] = out["terminals"].astype(np.float32)
+        return Batch(**out, masks=mask[:, :, None].astype(np.float32))
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -206,11 +200,7 @@ class SeqReplayBuffer:
             **{k: getattr(self, k) for k in self._CONFIG_KEYS},
             "top": self._top,
             "size": s,
-            "obs": self._obs[:s].copy(),
-            "next_obs": self._next_obs[:s].copy(),
-            "actions": self._actions[:s].copy(),
-            "rewards": self._rewards[:s].copy(),
-            "terminals": self._terminals[:s].copy(),
+            **{k: v[:s].copy() for k, v in self._data.items()},
             "weights": self._weights[:s].copy(),
             "rng_state": self._rng.bit_generator.state,
         }
@@ -230,10 +220,7 @@ class SeqReplayBuffer:
             raise ValueError(f"state dict has invalid size={size} / top={top} for capacity {self.capacity}")
         if size < self.capacity and top != size:
             raise ValueError(f"state dict has top={top} but a buffer that never wrapped has top == size ({size})")
-        arrays = {
-            "obs": self._obs, "next_obs": self._next_obs, "actions": self._actions,
-            "rewards": self._rewards, "terminals": self._terminals, "weights": self._weights,
-        }
+        arrays = {**self._data, "weights": self._weights}
         for key, dst in arrays.items():
             src = np.asarray(state[key])
             if src.shape != (size,) + dst.shape[1:]:

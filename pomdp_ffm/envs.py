@@ -359,9 +359,9 @@ def check_worker_start_method(current: str | None, whose: str = "this process us
     or spawn takes its parent's start method with it, and joblib's loky (the local launcher's workers) sets its
     own, from which a worker cannot start."""
     if current not in (None, "fork", *WORKER_START_METHODS):
-        raise ValueError(f"envs in worker processes (train.env_worker, eval.workers) need one of Python's start "
+        raise ValueError(f"evaluation envs in worker processes (eval.workers) need one of Python's start "
                          f"methods, but {whose} {current!r} (joblib's local launcher runs its jobs in loky's "
-                         "workers); run them with hydra/launcher=slurm_local or basic, or set both to false")
+                         "workers); run them with hydra/launcher=slurm_local or basic, or set eval.workers=false")
 
 
 def worker_start_method() -> str:

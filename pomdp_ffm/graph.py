@@ -11,7 +11,7 @@ it *is* ``agent.update`` (looked up at each call). On CUDA with the switch on:
 * Graphs. One graph per path the host's control flow can take: gradient-norm diagnostics on or off, and, with a
   TD3 policy delay d > 1, the updates that move the actor and targets and those that do not, chosen by
   ``agent.actor_step_due()`` (the host counter ``agent.num_updates``) exactly as the eager update chooses. Each
-  graph captures ``agent.device_update`` on the static inputs (PyTorch's whole-network recipe: capture on a side
+  graph captures ``update.update`` on the static inputs (PyTorch's whole-network recipe: capture on a side
   stream, replay on the current one); its statistics are static outputs, cloned after each replay.
 * Warm-up. The first ``warmup`` updates (and the first one of each path) run eagerly on the capture's side
   stream: real updates, counted like any other, which also create the optimisers' state before any capture.
@@ -35,16 +35,16 @@ runner's own logic (staging, paths, warm-up, counting, loads) without a GPU.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections import Counter
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from .agent import RecurrentAgent, Streams
+from .agent import RecurrentAgent
+from .buffer import Batch
 from .seq_models.ffm import FFM
-from .stacked import StackedAgents, bump_versions
+from .update import Aligned, update
 
 WARMUP_UPDATES = 3  # eager updates on the side stream before the first capture (PyTorch's recipe uses 3)
 HOST_RING = 3  # pinned host buffers the batches rotate through
@@ -53,6 +53,16 @@ _ALIGN = 64  # bytes: every array of the flat buffers starts on this boundary
 
 class CaptureError(RuntimeError):
     """Capturing the update in a CUDA graph failed; the message is one line naming the switch."""
+
+
+def bump_versions(tensors: list[torch.Tensor]) -> None:
+    """Move version counters as an in-place write through these tensors would: a graph replay writes without
+    Python seeing it, and FFM's acting cache of gamma is keyed on them."""
+    try:
+        torch.autograd.graph.increment_version(tensors)
+    except TypeError:  # an older torch takes one tensor at a time
+        for t in tensors:
+            torch.autograd.graph.increment_version(t)
 
 
 # --- optimisers ---------------------------------------------------------------------------------------------
@@ -88,21 +98,17 @@ def _eager_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dic
 
 # --- inputs -------------------------------------------------------------------------------------------------
 class Staging:
-    """Static device tensors for a batch of fixed shapes (views into one flat device buffer), filled from a ring
-    of host buffers (pinned on CUDA) with one non-blocking copy. On CUDA an event recorded after each copy guards
-    its host buffer; on a CPU the copy is synchronous and the ring is only exercised. With ``seeds``, the
-    batches of that many seeds, stacked along a leading dimension of each array (what a stacked update takes):
-    one copy for all of them, and nothing to stack on the device."""
+    """Static device tensors for a batch of fixed shapes (a ``Batch`` of views into one flat device buffer),
+    filled from a ring of host buffers (pinned on CUDA) with one non-blocking copy. On CUDA an event recorded
+    after each copy guards its host buffer; on a CPU the copy is synchronous and the ring is only exercised."""
 
-    def __init__(self, batch: Sequence, device: torch.device, ring: int = HOST_RING, seeds: int | None = None):
+    def __init__(self, batch: Batch, device: torch.device, ring: int = HOST_RING):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.seeds = seeds
         specs, offset = [], 0
         for x in batch:
             t = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
-            shape = tuple(t.shape) if seeds is None else (seeds, *t.shape)
-            specs.append((shape, t.dtype, offset, math.prod(shape) * t.element_size()))
+            specs.append((tuple(t.shape), t.dtype, offset, t.numel() * t.element_size()))
             offset += -(-specs[-1][3] // _ALIGN) * _ALIGN
         self.specs, self.nbytes = specs, max(offset, _ALIGN)
         self.flat = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
@@ -112,52 +118,46 @@ class Staging:
         self.events = [torch.cuda.Event() if self.cuda else None for _ in range(ring)]
         self._recorded = [False] * ring
         self.next = 0
-        self.waits = 0  # times a host buffer was still being copied from (the host ran a whole ring ahead)
 
-    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        return [flat[o:o + n].view(dtype).view(shape) for shape, dtype, o, n in self.specs]
+    def _views(self, flat: torch.Tensor) -> Batch:
+        return Batch(*(flat[o:o + n].view(dtype).view(shape) for shape, dtype, o, n in self.specs))
 
-    def check(self, batch: Sequence) -> list[torch.Tensor]:
-        """One batch's arrays as tensors, checked against the layout (a seed's, with ``seeds``)."""
+    def check(self, batch: Batch) -> list[torch.Tensor]:
+        """The batch's arrays as tensors, checked against the layout."""
         arrays = [x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x)) for x in batch]
         got = [(tuple(t.shape), t.dtype) for t in arrays]
-        want = [(shape if self.seeds is None else shape[1:], dtype) for shape, dtype, _, _ in self.specs]
+        want = [(shape, dtype) for shape, dtype, _, _ in self.specs]
         if got != want:
             raise ValueError(f"a CUDA-graph update needs batches of one fixed layout: got {got}, the graph's inputs "
                              f"are {want} (train.cuda_graph=false runs the update eagerly)")
         return arrays
 
-    def fill(self, batch: Sequence) -> None:
-        """Copy in a batch (with ``seeds``: a batch per seed)."""
-        batches = [batch] if self.seeds is None else list(batch)
-        if self.seeds is not None and len(batches) != self.seeds:
-            raise ValueError(f"this staging holds {self.seeds} seeds' batches: got {len(batches)}")
-        at = (lambda views, j, k: views[j]) if self.seeds is None else (lambda views, j, k: views[j][k])
-        # (array j, seed k, tensor, on the device already)
-        items = [(j, k, t, torch.is_tensor(x) and x.device == self.device)
-                 for k, b in enumerate(batches) for j, (x, t) in enumerate(zip(b, self.check(b)))]
+    def fill(self, batch: Batch) -> None:
+        """Copy in a batch."""
+        # (array j, tensor, on the device already)
+        items = [(j, t, torch.is_tensor(x) and x.device == self.device)
+                 for j, (x, t) in enumerate(zip(batch, self.check(batch)))]
         # numpy arrays (the buffer's batches) go through the host ring; tensors already on the device are copied
         if not all(dev for *_, dev in items):
             i = self.next
             self.next = (i + 1) % len(self.host)
             if self._recorded[i] and not self.events[i].query():
-                self.waits += 1
                 self.events[i].synchronize()  # the host waits for a copy a ring of updates old; no stream sync
-            for j, k, t, dev in items:
+            for j, t, dev in items:
                 if not dev:
-                    at(self.host_views[i], j, k).copy_(t)
+                    self.host_views[i][j].copy_(t)
             if not any(dev for *_, dev in items):
                 self.flat.copy_(self.host[i], non_blocking=True)  # one copy for the whole batch
             else:
-                for j, k, t, dev in items:
+                for j, t, dev in items:
                     if not dev:
-                        at(self.static, j, k).copy_(at(self.host_views[i], j, k), non_blocking=True)
+                        self.static[j].copy_(self.host_views[i][j], non_blocking=True)
             if self.cuda:
                 self.events[i].record()
                 self._recorded[i] = True
-        for j, k, t, dev in items:
+        for j, t, dev in items:
             if dev:
-                at(self.static, j, k).copy_(t)  # already on the device: a device copy, queued on the current stream
+                self.static[j].copy_(t)  # already on the device: a device copy, queued on the current stream
 
 
 # --- capture and replay -------------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ class UpdateRunner:
     (with a TD3 policy delay, whether it moves the actors), which is then the first agent's."""
 
     def __init__(self, agents: RecurrentAgent | Sequence[RecurrentAgent], cuda_graph: bool = True, *,
-                 warmup: int = WARMUP_UPDATES, ring: int = HOST_RING, backend=None, stacked: bool = False):
+                 warmup: int = WARMUP_UPDATES, ring: int = HOST_RING, backend=None):
         self.agents = [agents] if isinstance(agents, RecurrentAgent) else list(agents)
         if not self.agents:
             raise ValueError("an UpdateRunner needs at least one agent")
@@ -270,9 +270,6 @@ class UpdateRunner:
         if any(a.device != self.device for a in self.agents):
             raise ValueError(f"the agents of one UpdateRunner must share a device: got "
                              f"{sorted({str(a.device) for a in self.agents})}")
-        # stacked: the agents' updates as one update over stacked weights (pomdp_ffm/stacked.py), not branches;
-        # built after the checks above, as it re-points the agents' tensors into shared storage
-        self.stacked = StackedAgents(self.agents) if stacked and len(self.agents) > 1 else None
         if backend is None and cuda_graph and self.device.type == "cuda":
             backend = CudaGraphs(self.device)
         self.backend = backend
@@ -308,57 +305,44 @@ class UpdateRunner:
             raise ValueError(f"agents updated together must agree on whether this update moves their actors (a "
                              f"TD3 policy delay): got {due} after {[a.num_updates for a in self.agents]} updates")
         if not self.graphed:
-            if self.stacked is None:
-                return [a.update(b, grad_norms=grad_norms) for a, b in zip(self.agents, batches)]
-            self.stacked.ensure_linked()
-            stats = self.stacked.device_update(Streams.from_batches(batches, self.device), grad_norms, due[0])
-            for a in self.agents:
-                a.num_updates += 1
-            return stats
+            return [a.update(b, grad_norms=grad_norms) for a, b in zip(self.agents, batches)]
         return self._update(batches, grad_norms)
 
     # ------------------------------------------------------------------------------------------------
     def _update(self, agents_batches: Sequence, grad_norms: bool) -> list[dict[str, torch.Tensor]]:
         self._check_state()
         path = (bool(grad_norms), self.agent.actor_step_due())
-        if self.stagings is None:  # a stacked update's batches in one staging, stacked: one copy, no stacking
-            self.stagings = [Staging(agents_batches[0], self.device, self.ring, seeds=len(agents_batches))] \
-                if self.stacked is not None else [Staging(b, self.device, self.ring) for b in agents_batches]
-        for staging, b in zip(self.stagings, [agents_batches] if self.stacked is not None else agents_batches):
+        if self.stagings is None:
+            self.stagings = [Staging(b, self.device, self.ring) for b in agents_batches]
+        for staging, b in zip(self.stagings, agents_batches):
             staging.fill(b)
         captured = self._graphs.get(path)
         if captured is None and self._eager_runs[path] >= 1 and sum(self._eager_runs.values()) >= self.warmup:
             captured = self._capture(path)
         stats = self._eager(path) if captured is None else self._replay(captured)
         for a in self.agents:
-            a.num_updates += 1
+            a.count_update()
         return stats
 
-    def _streams(self, k: int) -> Streams:
-        return Streams.from_batch(self.stagings[k].static, self.device)
-
-    def _stacked_streams(self) -> Streams:
-        return Streams.from_batch(self.stagings[0].static, self.device, time_dim=1)
+    def _update_on_static(self, k: int, grad_norms: bool, actor_step: bool) -> dict[str, torch.Tensor]:
+        """Agent k's update on its static inputs: what a graph captures and an eager warm-up runs."""
+        aligned = Aligned.from_batch(self.stagings[k].static, self.device)
+        return update(self.agents[k], aligned, actor_step_due=actor_step, grad_norms=grad_norms)
 
     def _device_updates(self, grad_norms: bool, actor_step: bool) -> list[dict[str, torch.Tensor]]:
         """Every agent's device work on its static inputs; inside a capture, each on its own branch stream."""
         if len(self.agents) == 1:
-            return [self.agent.device_update(self._streams(0), grad_norms, actor_step)]
-        if self.stacked is not None:
-            return self.stacked.device_update(self._stacked_streams(), grad_norms, actor_step)
+            return [self._update_on_static(0, grad_norms, actor_step)]
         out = []
         with self.backend.branches(len(self.agents)) as streams:
-            for k, (agent, stream) in enumerate(zip(self.agents, streams)):
+            for k, stream in enumerate(streams):
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    out.append(agent.device_update(self._streams(k), grad_norms, actor_step))
+                    out.append(self._update_on_static(k, grad_norms, actor_step))
         return out
 
     def _eager(self, path: tuple[bool, bool]) -> list[dict[str, torch.Tensor]]:
         with self.backend.side_stream():
-            if self.stacked is None:
-                stats = [a.device_update(self._streams(k), *path) for k, a in enumerate(self.agents)]
-            else:
-                stats = self.stacked.device_update(self._stacked_streams(), *path)
+            stats = [self._update_on_static(k, *path) for k in range(len(self.agents))]
         self.backend.keep_for_current_stream([v for st in stats for v in st.values()])
         self._eager_runs[path] += 1
         self.eager_updates += 1
@@ -426,8 +410,6 @@ class UpdateRunner:
             self.backend.synchronize()  # replays still queued read what the graphs own
         self._graphs.clear()
         self._eager_runs.clear()
-        if self.stacked is not None:
-            self.stacked.ensure_linked()  # before the parameters' addresses are listed
         self._params = [p for a in self.agents for p in a.parameters()]
         if self.backend.make_capturable:
             for a in self.agents:
@@ -447,201 +429,7 @@ def _copied(outputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tens
     return [{k: next(flat) for k in out} for out in outputs]
 
 
-# --- acting -------------------------------------------------------------------------------------------------
-def _state_tensors(state) -> list[torch.Tensor]:
-    """The tensors of a memory state (FFM, GRU: a tensor; LSTM: a pair; MLP: None), in a fixed order."""
-    if state is None:
-        return []
-    if torch.is_tensor(state):
-        return [state]
-    return [t for s in state for t in _state_tensors(s)]
-
-
-class _Carried:
-    """The memory state of a batch of envs acted for by an ActingRunner: eager tensors for its first steps, then
-    the static state of the graph that replays its steps."""
-
-    def __init__(self, batch_size: int):
-        self.batch_size = batch_size
-        self.key: tuple[int, bool] | None = None  # (batch size, deterministic) of its first step
-        self.eager = None  # the state while steps run eagerly
-        self.graphed = False  # its steps are replays of the graph of its key, whose static state it holds
-
-
-class _ActingGraph:
-    """One captured acting step of n envs. Its inputs (observations, previous actions and rewards) are views of
-    one device buffer, filled from one pinned host buffer by one copy; its action comes back through a pinned
-    host buffer: two copies and one wait per step."""
-
-    def __init__(self, runner: "ActingRunner", key: tuple[int, bool], state):
-        agent, (n, deterministic) = runner.agent, key
-        dev = agent.device
-        self.acting_stream = runner.backend.acting_stream
-        self.cuda = dev.type == "cuda"
-        sizes = [n * agent.obs_dim, n * agent.act_dim, n]
-        self.host = torch.zeros(sum(sizes), pin_memory=self.cuda)
-        self.flat = torch.zeros(sum(sizes), device=dev)
-        host_views, dev_views = self.host.numpy(), []
-        self.host_in, at = [], 0
-        for size, last in zip(sizes, (agent.obs_dim, agent.act_dim, 1)):
-            self.host_in.append(host_views[at:at + size].reshape(n, last))
-            dev_views.append(self.flat[at:at + size].view(1, n, last))
-            at += size
-        self.obs, self.prev_action, self.prev_reward = dev_views
-        self.action_host = torch.zeros(n, agent.act_dim, pin_memory=self.cuda)
-        self.done = torch.cuda.Event() if self.cuda else None
-        self.in_flight = False
-        self.state = None if state is None else _clone_state(state)
-        self.owner: _Carried | None = None  # the one memory state the static state is (one episode at a time)
-
-        @torch.no_grad()
-        def step():
-            out, new_state = agent.actor(self.prev_action, self.prev_reward, self.obs, self.state)
-            for old, new in zip(_state_tensors(self.state), _state_tensors(new_state)):
-                old.copy_(new)
-            return [{"action": agent.algo.act(out, deterministic).view(n, agent.act_dim)}]
-
-        self.captured = runner.backend.capture(step)
-
-    def set_state(self, state) -> None:
-        for dst, src in zip(_state_tensors(self.state), _state_tensors(state)):
-            dst.copy_(src)
-
-    def submit(self, obs, prev_action, prev_reward) -> Callable[[], np.ndarray]:
-        """The step queued on the acting stream (after the work queued so far on the current one, e.g. the
-        updates); the function returned waits for it and returns the action. A seed axis submits every seed's
-        step before waiting for any: one wait for the GPU per seed, the host's launches overlapping the GPU."""
-        if self.in_flight:
-            raise RuntimeError("an acting step was submitted before the previous one of its graph was waited for")
-        # The previous step's copies are done (its wait): the host buffers are free to rewrite.
-        for dst, src in zip(self.host_in, (obs, prev_action, prev_reward)):
-            dst[...] = np.asarray(src, np.float32).reshape(dst.shape)
-        with self.acting_stream():
-            self.flat.copy_(self.host, non_blocking=True)
-            self.captured.replay()
-            self.action_host.copy_(self.captured.outputs[0]["action"], non_blocking=True)
-            if self.done is not None:
-                self.done.record()
-        self.in_flight = True
-
-        def wait() -> np.ndarray:
-            if self.done is not None:
-                self.done.synchronize()  # acting needs the action on the host
-            self.in_flight = False
-            return self.action_host.numpy().copy()
-        return wait
-
-
-def _clone_state(state):
-    if torch.is_tensor(state):
-        return state.clone()
-    return type(state)(_clone_state(s) for s in state)
-
-
-class ActingRunner:
-    """``agent.act`` as replays of captured CUDA graphs (``train.cuda_graph``): one graph per (batch size,
-    deterministic), i.e. one for collection and one for the evaluation's episodes played together. On a GPU a
-    batch-1 acting step eagerly is a dozen tiny kernels, each launched from Python; a replay launches them at
-    once.
-
-    Called as the agent is (``initial_state(n)``, ``act(obs, prev_action, prev_reward, state, deterministic)``)
-    and computing what it computes, with the same random draws: the first ``warmup`` steps of a key run eagerly
-    (real steps, as in the update runner), its next step is captured and replayed at once. The memory state of a
-    graph's envs lives in the graph's static tensors, which a replay updates in place; ``initial_state`` returns
-    a handle to it. The actor's parameters are read where they are, so updates (eager or replayed) and loads are
-    seen by the next step; FFM's acting cache of gamma is dropped around a capture so that the graph computes
-    gamma from the parameters at each step."""
-
-    def __init__(self, agent: RecurrentAgent, *, warmup: int = WARMUP_UPDATES, backend=None):
-        self.agent, self.warmup = agent, max(int(warmup), 1)
-        self.backend = backend if backend is not None else CudaGraphs(agent.device)
-        self._graphs: dict[tuple[int, bool], _ActingGraph] = {}
-        self._eager_steps: Counter = Counter()
-        self._ptrs: tuple | None = None
-        self.captures = self.replays = self.eager_steps = 0
-
-    def initial_state(self, batch_size: int = 1) -> _Carried:
-        return _Carried(batch_size)
-
-    def act(self, obs, prev_action, prev_reward, state: _Carried, deterministic: bool):
-        return self.submit(obs, prev_action, prev_reward, state, deterministic)()
-
-    def submit(self, obs, prev_action, prev_reward, state: _Carried, deterministic: bool):
-        """``act`` in two halves: the step started (a replay queued on the GPU), and the function returned,
-        which waits for it and returns (action, state). A seed axis submits its seeds' steps, then waits."""
-        self._check_params()
-        o = np.asarray(obs, np.float32)
-        single = o.ndim == 1
-        n = 1 if single else o.shape[0]
-        key = (n, bool(deterministic))
-        if state.key is None:
-            state.key = key
-            state.eager = self.agent.initial_state(n)
-        elif state.key != key:
-            raise ValueError(f"a memory state started as (batch size, deterministic)={state.key} is now used as "
-                             f"{key}: start a new one with initial_state()")
-        graph = self._graphs.get(key)
-        if graph is None and not state.graphed and self._eager_steps[key] >= self.warmup:
-            graph = self._capture(key, state)
-        if graph is None or not state.graphed:
-            if graph is not None:  # a new episode of a captured key: its state goes into the graph's
-                graph.set_state(state.eager)
-                graph.owner, state.graphed, state.eager = state, True, None
-            else:
-                with self.backend.side_stream():  # as the update runner warms up: on the capture's stream
-                    action, state.eager = self.agent.act(obs, prev_action, prev_reward, state.eager, deterministic)
-                self._eager_steps[key] += 1
-                self.eager_steps += 1
-                return lambda: (action, state)
-        elif graph.owner is not state:
-            raise ValueError(f"this memory state's graph {key} has been taken by a newer episode: one episode at a "
-                             "time per (batch size, deterministic)")
-        wait = graph.submit(o, prev_action, prev_reward)
-        self.replays += 1
-
-        def result():
-            action = wait()
-            return (action[0] if single else action), state
-        return result
-
-    def _capture(self, key: tuple[int, bool], state: _Carried) -> _ActingGraph:
-        ffms = [m for m in self.agent.actor.modules() if isinstance(m, FFM)]
-        for m in ffms:
-            m.drop_gamma_cache()
-        try:
-            graph = _ActingGraph(self, key, state.eager)
-        except Exception as e:
-            detail = (str(e).strip().splitlines() or [""])[0]
-            raise CaptureError(f"capturing the acting step {key} in a CUDA graph failed: {type(e).__name__}: "
-                               f"{detail}; set train.cuda_graph=false to act eagerly") from e
-        for m in ffms:
-            m.drop_gamma_cache()  # it holds the graph's gamma now: an eager call computes its own
-        self._graphs[key] = graph
-        self.captures += 1
-        # The state a graph was captured with is its static state: the episode goes on in the graph.
-        graph.owner, state.graphed, state.eager = state, True, None
-        return graph
-
-    def _check_params(self) -> None:
-        """A parameter re-allocated (moved, or loaded by assignment) is not where the graphs read: drop them; an
-        episode on a graph goes on eagerly from the graph's memory state, and is captured again later."""
-        ptrs = tuple(p.data_ptr() for p in self.agent.actor.parameters())
-        if ptrs != self._ptrs:
-            for graph in self._graphs.values():
-                if graph.owner is not None:
-                    graph.owner.eager, graph.owner.graphed = graph.state, False
-                    graph.owner = None
-            self._graphs.clear()
-            self._eager_steps.clear()
-            self._ptrs = ptrs
-
-
 def make_updater(agent: RecurrentAgent, cuda_graph: bool) -> UpdateRunner:
     """What the trainer calls for each update: graph replays on CUDA with ``train.cuda_graph``, else the eager
     ``agent.update``."""
     return UpdateRunner(agent, cuda_graph=cuda_graph)
-
-
-def make_actor(agent: RecurrentAgent, cuda_graph: bool):
-    """What acts (collection, evaluation): graph replays on CUDA with ``train.cuda_graph``, else the agent."""
-    return ActingRunner(agent) if cuda_graph and agent.device.type == "cuda" else agent

@@ -15,8 +15,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config import check_renamed_overrides, register_configs
+from .config import register_configs
 from .rundir import STATUSES, RunDir
+from .start import seed_dirs
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -57,7 +58,6 @@ def job_overrides(overrides: list[str], multirun: bool = True) -> tuple[list[lis
     ``hydra.sweeper.params`` and then the command line's, expanded by Hydra's BasicSweeper (a key on the command
     line replaces the preset's sweep of it); otherwise the one job of ``overrides``."""
     register_configs()
-    check_renamed_overrides(overrides)
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
@@ -93,8 +93,6 @@ def sweep_jobs(overrides: list[str]) -> list[Job]:
         values["_subdir"] = subdir
         run_dir = sweep_dir / str(values._subdir)
         if seeds:
-            from .seeds import seed_dirs
-
             dirs = seed_dirs(run_dir, int(values.seed), [int(k) for k in seeds])
             jobs.append(Job(list(job), run_dir, combined_status([run_status(d) for d in dirs]), dirs))
         else:

@@ -1,12 +1,11 @@
 """One metrics writer: progress.csv in the reference's format, and TensorBoard when asked, fed the same rows.
 
-Train rows carry the ``rl_loss/...`` columns, eval rows the ``z/...`` and ``metrics/...`` columns; the other
-cells stay empty, as in the reference's logger (its policies/learner.py and utils/logger.py; precision 4).
-Unlike the reference's writer, the header is known up front (the algorithm declares its statistics) and
-written first, so the file is never empty and never rewritten while a run is alive.
+The columns are pomdp_ffm/metrics.py's. Unlike the reference's writer, the header is known up front and written
+first, so the file is never empty and never rewritten while a run is alive (values with precision 4, as the
+reference's logger).
 
-Every row is also kept in memory as the strings written, so that a checkpoint carries the exact rows up
-to it and a resumed run can check progress.csv against them and repair it (see ``MetricsWriter``).
+Every row is also kept in memory as the strings written, so that a checkpoint carries the exact rows up to it,
+with their header (``state()``), and a resumed run can check progress.csv against them and repair it.
 """
 from __future__ import annotations
 
@@ -15,30 +14,11 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Sequence
 
+from .metrics import ENV_STEPS
 from .rundir import set_aside
 
 log = logging.getLogger("pomdp_ffm")
-
-GRAD_KEYS = ["q_grad_norm", "q_rnn_grad_norm", "pi_grad_norm", "pi_rnn_grad_norm"]
-EVAL_COLUMNS = ["z/env_steps", "z/rollouts", "z/rl_steps", "metrics/total_steps_eval",
-                "metrics/return_eval_total", "metrics/success_rate_eval"]
-EVAL_STO_COLUMNS = ["metrics/total_steps_eval_sto", "metrics/return_eval_total_sto",
-                    "metrics/success_rate_eval_sto"]
-TIME_COLUMNS = ["z/time_cost", "z/fps"]
-
-
-def columns_for(train_keys: Sequence[str] | str, eval_stochastic: bool) -> list[str]:
-    """progress.csv's header. ``train_keys``: the statistics the algorithm declares, or its name."""
-    if isinstance(train_keys, str):
-        from .algos import stat_keys
-
-        train_keys = stat_keys(train_keys)
-    cols = [f"rl_loss/{k}" for k in [*train_keys, *GRAD_KEYS]] + EVAL_COLUMNS
-    if eval_stochastic:
-        cols += EVAL_STO_COLUMNS
-    return cols + TIME_COLUMNS
 
 
 def _fmt(v) -> str:
@@ -53,20 +33,22 @@ def _fmt(v) -> str:
 
 class MetricsWriter:
     def __init__(self, path: Path, columns: list[str], tensorboard_dir: Path | None = None,
-                 checkpoint_rows: list[list[str]] | None = None):
+                 checkpoint: dict | None = None):
         """Open progress.csv for appending.
 
-        A fresh run (``checkpoint_rows`` None) starts the file with its header. A resumed run passes the rows
-        its checkpoint holds: the file must start with exactly those rows. Rows logged after the checkpoint
-        (the run went on before it stopped) are dropped with a warning, since the resumed run logs them again.
-        A missing file is rebuilt from the checkpoint's rows; a shorter or different one is moved aside to
-        ``progress.csv.damaged-<time>`` and rebuilt, with a warning naming both files."""
+        A fresh run (``checkpoint`` None) starts the file with its header. A resumed run passes what its
+        checkpoint holds (``state()``): the file must start with exactly those rows. Rows logged after the
+        checkpoint (the run went on before it stopped) are dropped with a warning, since the resumed run logs them
+        again. A missing file is rebuilt from the checkpoint's rows; a shorter or different one is moved aside to
+        ``progress.csv.damaged-<time>`` and rebuilt, with a warning naming both files. Rows stored under another
+        header (a version that logged other columns) are mapped onto this one by column name, never by
+        position; a column this version no longer logs is refused (ValueError), since its values would be lost."""
         self.path, self.columns = Path(path), list(columns)
         self.rows: list[list[str]] = []
-        if checkpoint_rows is None:
+        if checkpoint is None:
             self._rewrite([])
         else:
-            self._reconcile([list(r) for r in checkpoint_rows])
+            self._reconcile(list(checkpoint["columns"]), [list(r) for r in checkpoint["rows"]])
         self._file = open(self.path, "a", newline="")
         self._csv = csv.writer(self._file)
         self.tb = None
@@ -78,8 +60,24 @@ class MetricsWriter:
                                   "pip install 'pomdp-ffm[tensorboard]'") from e
             self.tb = SummaryWriter(str(tensorboard_dir))
 
-    def _reconcile(self, expected: list[list[str]]) -> None:
-        n = len(expected)
+    def state(self) -> dict:
+        """What a checkpoint keeps: the header and the rows written so far."""
+        return {"columns": list(self.columns), "rows": [list(r) for r in self.rows]}
+
+    def _by_name(self, columns: list[str], rows: list[list[str]]) -> list[list[str]]:
+        """Rows stored under ``columns``, as rows of this writer's columns."""
+        if columns == self.columns:
+            return rows
+        lost = [c for i, c in enumerate(columns) if c not in self.columns and any(r[i] for r in rows)]
+        if lost:
+            raise ValueError(f"the checkpoint's rows have column(s) {lost} that this run does not log; resume it "
+                             "with the version (and eval.eval_stochastic setting) that wrote them")
+        log.warning("%s: the checkpoint's rows were logged under another header; mapped onto this one by column "
+                    "name (new columns empty in the old rows)", self.path)
+        return [[dict(zip(columns, r)).get(c, "") for c in self.columns] for r in rows]
+
+    def _reconcile(self, columns: list[str], stored: list[list[str]]) -> None:
+        expected, n = self._by_name(columns, stored), len(stored)
         if not self.path.exists():
             log.warning("%s is missing: rebuilt its %d rows from the checkpoint", self.path, n)
             self._rewrite(expected)
@@ -87,14 +85,19 @@ class MetricsWriter:
         with open(self.path, newline="") as f:
             found = list(csv.reader(f))
         header, rows = (found[0], found[1:]) if found else (None, [])
-        if header == self.columns and rows[:n] == expected:
+        if header == columns and rows[:n] == stored:
             if len(rows) > n:
-                log.warning("%s: dropped %d row(s) logged after the checkpoint; the resumed run logs them again",
-                            self.path, len(rows) - n)
+                aside = set_aside(self.path, "after-checkpoint")
+                log.warning("%s: %d row(s) were logged after the checkpoint; the resumed run logs them again (the "
+                            "file as it was is kept in %s)", self.path, len(rows) - n, aside.name)
+            elif header != self.columns:
+                aside = set_aside(self.path, "old-header")
+                log.warning("%s: rewritten under this run's header (the file as it was is kept in %s)", self.path,
+                            aside.name)
             self._rewrite(expected)
             return
         aside = set_aside(self.path, "damaged")
-        why = ("its header differs from this algorithm's columns" if header != self.columns else
+        why = ("its header differs from the checkpoint's" if header != columns else
                f"it holds {len(rows)} row(s) where the checkpoint has {n}" if len(rows) < n else
                "its rows differ from the checkpoint's copy")
         log.warning("%s did not match the checkpoint (%s): moved it to %s and rebuilt its %d rows from the "
@@ -125,7 +128,7 @@ class MetricsWriter:
 
     @property
     def num_eval_rows(self) -> int:
-        i = self.columns.index("z/env_steps")
+        i = self.columns.index(ENV_STEPS)
         return sum(1 for r in self.rows if r[i] != "")
 
     def close(self) -> None:

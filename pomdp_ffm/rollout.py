@@ -5,8 +5,8 @@ finished episodes masked (their envs are no longer stepped and their actions are
 reference's evaluation use one env (the reference evaluates its episodes one after another on the training
 env); several envs step their episodes together.
 
-It is a generator that hands each step's policy call to its caller as an ``ActRequest``: ``run_episodes``
-answers them at once, with the policy; a seed axis (pomdp_ffm/seeds.py) gathers the requests of several seeds'
+It is a generator that hands each step's policy call to its caller as an ``ActRequest``: ``answered`` answers
+them at once, with the policy; a seed axis (pomdp_ffm/seeds.py) gathers the requests of several seeds'
 rollouts and submits them together.
 """
 from __future__ import annotations
@@ -128,23 +128,50 @@ class EnvsStepping:
 Rollout = Generator["ActRequest | EnvsStepping", "tuple | None", list[Episode]]
 
 
+class Work:
+    """The one driver of the generators that hand their work to their caller (a rollout, an evaluation, a trainer's
+    unit of work): each item they yield has an ``answer()`` (an ``ActRequest``, an ``EnvsStepping``, a burst of
+    updates) whose value is sent back in. Suspended at ``item`` between two answers; None once the generator has
+    ended, with its return value in ``result``. An exception raised answering is thrown into the generator, so that
+    it records how far it got (a burst of updates, its partial sums)."""
+
+    def __init__(self, gen: Generator):
+        self.gen, self.item, self.result = gen, None, None
+        self.send(lambda: None)  # started: up to its first item
+
+    def send(self, answer: Callable[[], object]):
+        """Resume with ``answer()`` (or the exception it raises); the next item."""
+        try:
+            try:
+                value = answer()
+            except BaseException as e:
+                self.item = self.gen.throw(e)
+            else:
+                self.item = self.gen.send(value)
+        except StopIteration as end:
+            self.item, self.result = None, end.value
+        return self.item
+
+    def throw(self, e: BaseException):
+        return self.send(lambda: _raise(e))
+
+    def run(self, until: Callable[[object], bool] | None = None):
+        """Answer each item at once, up to the first for which ``until(item)`` (left unanswered); that item, or None
+        once the generator has ended."""
+        while self.item is not None and not (until is not None and until(self.item)):
+            self.send(self.item.answer)
+        return self.item
+
+
+def _raise(e: BaseException):
+    raise e
+
+
 def answered(gen: Generator):
-    """Run a generator of ActRequests (and EnvsStepping) to its end, answering each at once; its return
-    value."""
-    try:
-        request = next(gen)
-        while True:
-            request = gen.send(request.answer())
-    except StopIteration as done:
-        return done.value
-
-
-def run_episodes(envs: Sequence, policy: Policy, record: bool,
-                 on_step: Callable[[int], None] | None = None,
-                 reset: Callable[[int], np.ndarray] | None = None,
-                 timers: Counter | None = None) -> list[Episode]:
-    """``play_episodes`` with each step answered by the policy at once."""
-    return answered(play_episodes(envs, policy, record, on_step, reset, timers))
+    """Run a generator of requests to its end, answering each at once; its return value."""
+    work = Work(gen)
+    work.run()
+    return work.result
 
 
 def play_episodes(envs: Sequence, policy: Policy, record: bool,

@@ -14,16 +14,12 @@
 Status, first match wins: ``done`` (DONE), ``running`` (another process holds the lock), ``failed`` (ERROR.txt:
 the last attempt failed; a rerun resumes it), ``resumable`` (a checkpoint), ``new``.
 
-Checkpoints are loaded with ``torch.load(weights_only=True)`` only: a file that the tensors-only unpickler
-refuses is reported, naming it, and never unpickled in full, so a downloaded tree of runs cannot run code.
-
 ``python -m pomdp_ffm.rundir status <dir>...`` prints the status of run directories;
 ``python -m pomdp_ffm.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy.
 """
 from __future__ import annotations
 
 import argparse
-import contextvars
 import datetime
 import errno
 import fcntl
@@ -31,7 +27,6 @@ import os
 import pickle
 import re
 import socket
-import stat
 import sys
 import warnings
 import zipfile
@@ -39,9 +34,7 @@ from pathlib import Path
 from typing import Any
 
 STATUSES = ("done", "running", "failed", "resumable", "new")  # the order status() tests them in
-CHECKPOINT_FORMAT = 2  # the layout of checkpoints/last.pt that this version writes and resumes
-# The run directory whose trainer is working now, where several train in one process (pomdp_ffm/seeds.py).
-CURRENT_RUN: contextvars.ContextVar[Path | None] = contextvars.ContextVar("current_run", default=None)
+CHECKPOINT_FORMAT = 3  # the layout of checkpoints/last.pt that this version writes and resumes
 
 
 class RunDirError(RuntimeError):
@@ -253,14 +246,6 @@ class RunDir:
         if untouched:
             remove_made([p for p in self._made if p != self.path / self.LOCK])
 
-    def __enter__(self) -> "RunDir":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.release()
-        return False
-
     def _require_lock(self, what: str) -> None:
         if self._lock_fd is None:
             raise RunDirError(f"refusing to write {what} in {self.path} without holding its lock")
@@ -342,29 +327,6 @@ def make_folders(path: Path) -> list[Path]:
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def why_not_makeable(path: Path) -> str | None:
-    """Why ``path`` cannot be made a directory (or written in), found without writing anything: a file in its way,
-    no permission (a read-only file system included), a name too long. None where nothing tells so."""
-    path = Path(path) if Path(path).is_absolute() else Path.cwd() / path  # ".." left to the kernel, as mkdir does
-    found, missing = path, []
-    while True:
-        try:
-            st = found.stat()  # through symlinks, as mkdir goes
-            break
-        except FileNotFoundError:
-            missing.append(found.name)
-            found = found.parent
-        except OSError as e:  # ENOTDIR (a file on the way), ENAMETOOLONG, ELOOP, EACCES
-            return f"{e.strerror}: {e.filename}"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{found} is not a directory"
-    if not os.access(found, os.W_OK | os.X_OK):
-        return f"no permission to write in {found}"
-    limit = os.pathconf(found, "PC_NAME_MAX")
-    long = [n for n in missing if len(os.fsencode(n)) > limit]
-    return f"a name is longer than {limit} bytes: {long[0][:40]}..." if long else None
-
-
 def remove_made(made: list[Path]) -> None:
     """Remove the folders ``make_folders`` made, each only while empty: something put in since is someone else's."""
     for p in made:
@@ -388,8 +350,9 @@ def set_aside(path: Path, label: str) -> Path:
 
 # --- checkpoints -----------------------------------------------------------------------------------------
 def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
-    """A checkpoint, loaded tensors-only. Anything else (a pickle with code in it, a truncated file, an old
-    format holding numpy objects) raises CheckpointError naming the file; the file is never unpickled in full."""
+    """A checkpoint, loaded tensors-only (``torch.load(weights_only=True)``). Anything else (a pickle with code in
+    it, a truncated file, an old format holding numpy objects) raises CheckpointError naming the file; the file is
+    never unpickled in full, so a downloaded tree of runs cannot run code."""
     import torch
 
     path = Path(path)
@@ -447,8 +410,11 @@ def _restore_config(run: RunDir) -> int:
     if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
         raise RunDirError(f"{run.checkpoint} was written by another version of pomdp-ffm (format "
                           f"{state.get('format')!r}, this one reads {CHECKPOINT_FORMAT}): its config copy is not used")
-    with run:
+    run.acquire()
+    try:
         run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(state["config"])))
+    finally:
+        run.release()
     print(f"{run.config}: restored from {run.checkpoint}")
     return 0
 

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from pomdp_ffm.agent import RecurrentAgent, Streams, masked_mean
+from pomdp_ffm import update as update_module
+from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.algos import SAC
-from pomdp_ffm.buffer import SeqBatch
+from pomdp_ffm.update import Aligned, actor_loss, actor_step, critic_loss, critic_step, masked_mean
+from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
 from pomdp_ffm.seq_models import FFM
 from pomdp_ffm.seq_models.ffm import DECAY_MIN
@@ -25,8 +27,8 @@ def make_batch(seed=0, pad_from=None):
         mask[pad_from:, 0] = 0.0  # window 0 ends early: its tail is another episode's data
     term = np.zeros((T, B, 1), np.float32)
     term[3, 2] = 1.0
-    return SeqBatch(obs=f(T, B, O), act=np.tanh(f(T, B, A)), rew=f(T, B, 1), term=term, obs2=f(T, B, O),
-                    mask=mask)
+    return Batch(observs=f(T, B, O), actions=np.tanh(f(T, B, A)), rewards=f(T, B, 1), terminals=term,
+                 next_observs=f(T, B, O), masks=mask)
 
 
 def make_agent(algo="sac", model="ffm", seed=0, **kw):
@@ -38,26 +40,15 @@ def make_agent(algo="sac", model="ffm", seed=0, **kw):
 
 def test_t_plus_one_alignment():
     batch = make_batch()
-    s = Streams.from_batch(batch, "cpu")
+    s = Aligned.from_batch(batch, "cpu")
     assert s.observs.shape == (T + 1, B, O) and s.actions.shape == (T + 1, B, A)
-    torch.testing.assert_close(s.observs[0], torch.from_numpy(batch.obs[0]), rtol=0, atol=0)
-    torch.testing.assert_close(s.observs[1:], torch.from_numpy(batch.obs2), rtol=0, atol=0)
+    torch.testing.assert_close(s.observs[0], torch.from_numpy(batch.observs[0]), rtol=0, atol=0)
+    torch.testing.assert_close(s.observs[1:], torch.from_numpy(batch.next_observs), rtol=0, atol=0)
     assert torch.count_nonzero(s.actions[0]) == 0 and torch.count_nonzero(s.rewards[0]) == 0
-    assert torch.count_nonzero(s.dones[0]) == 0
-    torch.testing.assert_close(s.actions[1:], torch.from_numpy(batch.act), rtol=0, atol=0)
-    torch.testing.assert_close(s.rewards[1:], torch.from_numpy(batch.rew), rtol=0, atol=0)
+    assert torch.count_nonzero(s.terminals[0]) == 0
+    torch.testing.assert_close(s.actions[1:], torch.from_numpy(batch.actions), rtol=0, atol=0)
+    torch.testing.assert_close(s.rewards[1:], torch.from_numpy(batch.rewards), rtol=0, atol=0)
     assert s.masks.shape == (T, B, 1)
-
-
-@pytest.mark.parametrize("as_tensors", [False, True], ids=["numpy", "tensors"])
-def test_the_streams_of_several_seeds_are_each_seeds_stacked(as_tensors):
-    batches = [make_batch(seed=k, pad_from=k + 2) for k in range(3)]
-    if as_tensors:  # what a CUDA-graph runner's staging holds
-        batches = [SeqBatch(*(torch.from_numpy(x) for x in b)) for b in batches]
-    got = Streams.from_batches(batches, "cpu")
-    for k, b in enumerate(batches):
-        for name, g, w in zip(Streams._fields, got, Streams.from_batch(b, "cpu")):
-            assert torch.equal(g[k], w), name
 
 
 def test_masked_mean_counts_valid_steps_only():
@@ -72,23 +63,23 @@ def test_masked_mean_counts_valid_steps_only():
 def test_a_padded_step_changes_no_loss(algo, model):
     agent = make_agent(algo, model)
     clean = make_batch(pad_from=7)
-    dirty = SeqBatch(*(x.copy() for x in clean))
-    for field in (dirty.obs, dirty.act, dirty.rew, dirty.obs2):
+    dirty = Batch(*(x.copy() for x in clean))
+    for field in (dirty.observs, dirty.actions, dirty.rewards, dirty.next_observs):
         field[7:, 0] = 1e3  # garbage in the masked tail of window 0
-    dirty.term[7:, 0] = 1.0
+    dirty.terminals[7:, 0] = 1.0
 
     def losses(batch):
         torch.manual_seed(123)  # the same policy/target noise for both
-        s = Streams.from_batch(batch, "cpu")
-        out = agent.algo.shared_actor_pass(agent, s)
-        q1, q2 = agent.critic_loss(s, out)
-        pi, _ = agent.actor_loss(s, out)
+        s = Aligned.from_batch(batch, "cpu")
+        out = agent.actor(*s.history)[0] if agent.algo.shares_actor_pass else None
+        q1, q2 = critic_loss(agent, s, out)
+        pi, _ = actor_loss(agent, s, out)
         return torch.stack([q1, q2, pi])
 
     torch.testing.assert_close(losses(clean), losses(dirty), rtol=0, atol=0)
     # ...while a change at a valid step does change them (the test can fail)
-    valid = SeqBatch(*(x.copy() for x in clean))
-    valid.rew[2, 0] += 5.0
+    valid = Batch(*(x.copy() for x in clean))
+    valid.rewards[2, 0] += 5.0
     assert not torch.allclose(losses(clean), losses(valid))
 
 
@@ -145,12 +136,12 @@ def test_one_update_changes_parameters_and_moves_targets(algo, model):
 
 def test_actor_step_leaves_critic_gradients_alone():
     agent = make_agent("sac", "gru")
-    s = Streams.from_batch(make_batch(), "cpu")
-    out = agent.algo.shared_actor_pass(agent, s)
-    agent._critic_step(s, out)
+    s = Aligned.from_batch(make_batch(), "cpu")
+    out = agent.actor(*s.history)[0]
+    critic_step(agent, s, out, grad_norms=False)
     critic_grads = [p.grad.clone() for p in agent.critic.parameters()]
     critic_params = [p.detach().clone() for p in agent.critic.parameters()]
-    agent._actor_step(s, out)
+    actor_step(agent, s, out, grad_norms=False)
     for g, p, q in zip(critic_grads, agent.critic.parameters(), critic_params):
         torch.testing.assert_close(p.grad, g, rtol=0, atol=0)  # the logged q_grad_norm is the critic loss's alone
         torch.testing.assert_close(p.detach(), q, rtol=0, atol=0)
@@ -168,7 +159,7 @@ def test_td3_policy_delay_option():
 def test_acting_carries_state_and_matches_sequence():
     agent = make_agent("td3", "ffm")
     batch = make_batch()
-    s = Streams.from_batch(batch, "cpu")
+    s = Aligned.from_batch(batch, "cpu")
     with torch.no_grad():
         seq_actions, _ = agent.actor(s.actions[:, :1], s.rewards[:, :1], s.observs[:, :1])
     state = agent.initial_state(1)
@@ -178,18 +169,6 @@ def test_acting_carries_state_and_matches_sequence():
         np.testing.assert_allclose(a, seq_actions[t, 0].numpy(), rtol=1e-5, atol=1e-8)
     noisy, _ = agent.act(s.observs[0, 0].numpy(), np.zeros(A), 0.0, agent.initial_state(1), deterministic=False)
     assert np.all(np.abs(noisy) <= 1.0)
-
-
-def test_unknown_algorithm_and_model_fail_clearly():
-    with pytest.raises(ValueError, match=r"policy.algo_name='ppo' is not one of \['sac', 'td3'\]"):
-        PolicyConfig(algo_name="ppo")
-    with pytest.raises(ValueError, match=r"policy.seq_model='rnn' is not one of \['lstm', 'gru', 'ffm', 'mlp'\]"):
-        PolicyConfig(seq_model="rnn")
-
-
-def test_shared_memory_is_refused():
-    with pytest.raises(ValueError, match="policy.separate=false"):
-        PolicyConfig(separate=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,7 +206,7 @@ def optimizer_steps(agent):
 
 
 def tensor_batch(batch, device="cpu"):
-    return SeqBatch(*(torch.as_tensor(x, device=device) for x in batch))
+    return Batch(*(torch.as_tensor(x, device=device) for x in batch))
 
 
 def test_the_host_read_guard_catches_what_it_should():
@@ -274,11 +253,11 @@ def test_fixed_temperature_is_a_constant_tensor():
 def per_call_bound_path(agent):
     """The update as it ran before patches/014: each FFM clamps its decay before every call when a value is out of
     range (a host read), the agent never clamps, and SAC multiplies by the Python float log_alpha.exp().item()."""
-    for net in agent._nets():
-        if isinstance(net.encoder.memory, FFM):
-            net.encoder.memory.external_decay_bound = False
+    for net in (agent.actor, agent.critic, *(t for t, _ in agent.targets())):
+        net.encoder.memory.bounded_by_owner(False)
 
-    def update_temperature(self, log_prob_mean):  # the old code, which kept alpha as a Python float
+    def temperature_step(self, entropy):  # the old code, which kept alpha as a Python float
+        log_prob_mean = -entropy
         if self.alpha_optim is not None:
             f = self.log_alpha.exp() if self.cfg.alpha_loss == "alpha" else self.log_alpha
             loss = -(f * (log_prob_mean + self.target_entropy)).sum()
@@ -288,10 +267,10 @@ def per_call_bound_path(agent):
         return {"alpha": self.alpha}
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(RecurrentAgent, "_bound_decays", lambda self, *nets: None)
+        m.setattr(update_module, "bound_memories_", lambda *nets: None)
         m.setattr(SAC, "alpha", property(lambda self: self.log_alpha.exp().item() if self.log_alpha is not None
                                          else float(self.cfg.entropy_alpha)))
-        m.setattr(SAC, "update_temperature", update_temperature)
+        m.setattr(SAC, "temperature_step", temperature_step)
         yield
 
 
@@ -307,7 +286,7 @@ def run_updates(agent, n=20):
                             for m in agent.modules() if isinstance(m, FFM))
         state = agent.initial_state(1)
         for t in range(3):
-            a, state = agent.act(probe.obs[t, 0], probe.act[t, 0], float(probe.rew[t, 0, 0]), state, True)
+            a, state = agent.act(probe.observs[t, 0], probe.actions[t, 0], float(probe.rewards[t, 0, 0]), state, True)
             actions.append(a)
     return stats, np.stack(actions), agent.state_dict(), out_of_bound
 

@@ -150,7 +150,7 @@ def test_cpu_acting_is_the_agents_acting_as_of_its_last_refresh(algo, model):
         torch.manual_seed(seed)
         state, out = actor.initial_state(2), []
         for t in range(6):
-            a, state = actor.act(probe.obs[t, :2], probe.act[t, :2], probe.rew[t, :2, 0], state, deterministic)
+            a, state = actor.act(probe.observs[t, :2], probe.actions[t, :2], probe.rewards[t, :2, 0], state, deterministic)
             out.append(a)
         return np.stack(out)
 
@@ -183,28 +183,6 @@ def test_loop_benchmark_of_a_seed_axis_and_its_projection_to_another_task(capsys
     assert projected["acting"] == pytest.approx(2 * (1_510_000 - 10_000) * r["per"]["act"])
 
 
-def test_loop_benchmark_counts_a_seed_axis_joint_rounds_without_a_gpu(capsys):
-    # --joint-eager: the joint rounds of the CUDA path, run eagerly on a CPU, so that the share of updates they
-    # take can be counted; on a falling task (episodes of different lengths) nearly all of them (the last seed
-    # to finish updates alone).
-    from pomdp_ffm.bench import loop
-    from pomdp_ffm.bench.__main__ import main
-    from pomdp_ffm import seeds
-
-    falls = [*SMALL[1:], "env=HopperMJ-V-v0", "seeds=[0,1,2]"]
-    r = loop.run(falls, steps=1500, device="cpu", threads=1, joint_eager=True)
-    assert not seeds._eager_joint_rounds  # only inside the run
-    assert 0.9 * r["n_updates"] <= r["n_joint_updates"] < r["n_updates"]
-    loop.report(r)
-    assert f"updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']}" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        main(["loop", "--joint-eager", *SMALL])
-    assert "--joint-eager counts a seed axis's joint rounds: give seeds=[...]" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["update", "--joint-eager"])
-    assert "--joint-eager is an option of `loop`" in capsys.readouterr().err
-
-
 def test_acting_benchmark_with_seeds_times_both_ways():
     from pomdp_ffm.bench.acting import run_seeds
 
@@ -214,14 +192,13 @@ def test_acting_benchmark_with_seeds_times_both_ways():
     assert all(r.value > 0 and r.unit == "us" for r in rows)
 
 
-def test_update_benchmark_with_seeds_times_separate_together_and_stacked():
+def test_update_benchmark_with_seeds_times_separate_and_together():
     from pomdp_ffm.bench.update import run_seeds
 
     rows = run_seeds([2], repeats=1, device=torch.device("cpu"))
     got = {(r.model, r.metric) for r in rows}
-    assert {(v, "seed_updates_per_s") for v in ("separate", "together", "stacked", "stacked+fused")} <= got
-    ops = {r.model: r.value for r in rows if r.metric == "ops_per_round"}
-    assert set(ops) == {"separate", "stacked"} and ops["stacked"] < ops["separate"]
+    assert {(v, "seed_updates_per_s") for v in ("separate", "together")} <= got
+    assert {r.model for r in rows if r.metric == "ops_per_round"} == {"separate"}
     assert all(r.value > 0 for r in rows)
 
 
@@ -323,7 +300,7 @@ def test_loop_benchmark_jobs_run_at_once_each_in_its_own_process(capsys):
     answers, sigint = [], signal.getsignal(signal.SIGINT)
     try:
         loop._job(type("Queue", (), {"put": lambda self, item: answers.append(item)})(), 0,
-                  ([*SMALL, "env=Nope-v0"], 400, "cpu", 1, False))
+                  ([*SMALL, "env=Nope-v0"], 400, "cpu", 1))
     finally:
         signal.signal(signal.SIGINT, sigint)  # a job ignores Ctrl-C (its parent stops it)
     ((k, failed),) = answers

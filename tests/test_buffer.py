@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from pomdp_ffm.buffer import SeqBatch, SeqReplayBuffer
+from pomdp_ffm.buffer import TRANSITIONS, Batch, SeqReplayBuffer
+from pomdp_ffm.rollout import Episode
 
 
 def episode(ep_id, length, obs_dim=2, act_dim=1, terminal=False):
@@ -19,13 +20,17 @@ def episode(ep_id, length, obs_dim=2, act_dim=1, terminal=False):
     return obs, actions, rewards, terminals, next_obs
 
 
+def as_episode(*arrays) -> Episode:
+    return Episode(**dict(zip(TRANSITIONS, arrays)), ret=0.0, length=len(arrays[0]), success=False)
+
+
 def add(buf, ep_id, length, **kw):
-    buf.add_episode(*episode(ep_id, length, obs_dim=buf.obs_dim, act_dim=buf.act_dim, **kw))
+    buf.add_episode(as_episode(*episode(ep_id, length, obs_dim=buf.obs_dim, act_dim=buf.act_dim, **kw)))
 
 
 def window_of(batch, b):
     """(episode id, first step) of window b."""
-    return int(batch.obs[0, b, 0]), int(batch.obs[0, b, 1])
+    return int(batch.observs[0, b, 0]), int(batch.observs[0, b, 1])
 
 
 # ---------------------------------------------------------------- weights
@@ -53,7 +58,7 @@ def test_sequence_length_one_makes_every_step_a_start():
     add(buf, 0, 4)
     np.testing.assert_array_equal(buf.weights[:4], 1.0)
     batch = buf.sample(50)
-    assert batch.mask.shape == (1, 50, 1) and np.all(batch.mask == 1)
+    assert batch.masks.shape == (1, 50, 1) and np.all(batch.masks == 1)
 
 
 # ---------------------------------------------------------------- batch contents
@@ -62,8 +67,8 @@ def test_batch_is_time_major_float32_and_matches_stored_transitions():
     for i, length in enumerate([9, 4, 15, 2, 30]):
         add(buf, i, length, terminal=(i % 2 == 0))
     batch = buf.sample(32)
-    assert isinstance(batch, SeqBatch)
-    shapes = {"obs": 3, "act": 2, "rew": 1, "term": 1, "obs2": 3, "mask": 1}
+    assert isinstance(batch, Batch)
+    shapes = {"observs": 3, "actions": 2, "rewards": 1, "terminals": 1, "next_observs": 3, "masks": 1}
     for name, dim in shapes.items():
         arr = getattr(batch, name)
         assert arr.shape == (6, 32, dim), name
@@ -71,14 +76,14 @@ def test_batch_is_time_major_float32_and_matches_stored_transitions():
     lengths = [9, 4, 15, 2, 30]
     for b in range(32):
         ep, s = window_of(batch, b)
-        valid = int(batch.mask[:, b, 0].sum())
+        valid = int(batch.masks[:, b, 0].sum())
         for t in range(valid):
             step = s + t
-            assert batch.obs[t, b, 0] == ep and batch.obs[t, b, 1] == step
-            assert batch.obs2[t, b, 1] == step + 1
-            np.testing.assert_array_equal(batch.act[t, b], ep * 1000 + step)
-            assert batch.rew[t, b, 0] == pytest.approx(ep + step / 100.0)
-            assert batch.term[t, b, 0] == float(ep % 2 == 0 and step == lengths[ep] - 1)
+            assert batch.observs[t, b, 0] == ep and batch.observs[t, b, 1] == step
+            assert batch.next_observs[t, b, 1] == step + 1
+            np.testing.assert_array_equal(batch.actions[t, b], ep * 1000 + step)
+            assert batch.rewards[t, b, 0] == pytest.approx(ep + step / 100.0)
+            assert batch.terminals[t, b, 0] == float(ep % 2 == 0 and step == lengths[ep] - 1)
 
 
 def test_windows_never_cross_an_episode_start():
@@ -87,7 +92,7 @@ def test_windows_never_cross_an_episode_start():
     for i, length in enumerate(lengths):
         add(buf, i, length)
     batch = buf.sample(2000)
-    mask = batch.mask[:, :, 0]
+    mask = batch.masks[:, :, 0]
     # The mask is a prefix of ones: once a window leaves its episode it never comes back.
     assert np.all(np.diff(mask, axis=0) <= 0)
     for b in range(mask.shape[1]):
@@ -96,10 +101,10 @@ def test_windows_never_cross_an_episode_start():
         # Legal starts: the window fits, or it is the single start of a short episode.
         assert s == 0 or s + 8 <= lengths[ep]
         assert valid == min(8, lengths[ep] - s)
-        assert np.all(batch.obs[:valid, b, 0] == ep)
+        assert np.all(batch.observs[:valid, b, 0] == ep)
         if valid < 8 and ep + 1 < len(lengths):
             # Padding holds the real next episode's data, removed only by the mask.
-            assert batch.obs[valid, b, 0] == ep + 1 and batch.obs[valid, b, 1] == 0
+            assert batch.observs[valid, b, 0] == ep + 1 and batch.observs[valid, b, 1] == 0
 
 
 # ---------------------------------------------------------------- distribution
@@ -148,11 +153,11 @@ def test_wrap_around_with_partial_overwrite():
     add(buf, 2, 7)   # slots 16..19, 0..2
     assert len(buf) == 20 and buf.top == 3
     state = buf.state_dict()
-    np.testing.assert_array_equal(state["obs"][[16, 19, 0, 2], 0], [2, 2, 2, 2])
-    np.testing.assert_array_equal(state["obs"][[0, 1, 2], 1], [4, 5, 6])
+    np.testing.assert_array_equal(state["observs"][[16, 19, 0, 2], 0], [2, 2, 2, 2])
+    np.testing.assert_array_equal(state["observs"][[0, 1, 2], 1], [4, 5, 6])
     # Episode 0 keeps its surviving tail (steps 3..7) and that tail's weights (starts 0..4).
-    np.testing.assert_array_equal(state["obs"][3:8, 0], 0)
-    np.testing.assert_array_equal(state["obs"][3:8, 1], [3, 4, 5, 6, 7])
+    np.testing.assert_array_equal(state["observs"][3:8, 0], 0)
+    np.testing.assert_array_equal(state["observs"][3:8, 1], [3, 4, 5, 6, 7])
     np.testing.assert_allclose(buf.weights, [0, 0, 0, 1, 1, 0, 0, 0] + [1] * 5 + [0] * 3
                                + [1] * 4)
     batch = buf.sample(3000)
@@ -160,13 +165,13 @@ def test_wrap_around_with_partial_overwrite():
     for b in range(3000):
         ep, s = window_of(batch, b)
         seen.add((ep, s))
-        valid = int(batch.mask[:, b, 0].sum())
+        valid = int(batch.masks[:, b, 0].sum())
         if (ep, s) == (0, 3):
             assert valid == 0  # its first slot is the write head
         else:
             assert valid == 4
-            assert np.all(batch.obs[:, b, 0] == ep)
-            np.testing.assert_array_equal(batch.obs[:, b, 1], np.arange(s, s + 4))
+            assert np.all(batch.observs[:, b, 0] == ep)
+            np.testing.assert_array_equal(batch.observs[:, b, 1], np.arange(s, s + 4))
     assert seen == {(0, 3), (0, 4), *((1, s) for s in range(5)), *((2, s) for s in range(4))}
 
 
@@ -177,9 +182,9 @@ def test_write_head_masks_short_newest_episode_before_wrap():
     add(buf, 0, 10)
     add(buf, 1, 3)
     batch = buf.sample(500)
-    newest = batch.obs[0, :, 0] == 1
+    newest = batch.observs[0, :, 0] == 1
     assert newest.any()
-    np.testing.assert_array_equal(batch.mask[:, newest, 0].sum(axis=0), 3)
+    np.testing.assert_array_equal(batch.masks[:, newest, 0].sum(axis=0), 3)
 
 
 def test_write_head_masks_stale_data_after_wrap():
@@ -189,13 +194,13 @@ def test_write_head_masks_stale_data_after_wrap():
     add(buf, 2, 2)   # slots 16, 17, top 18
     assert buf.top == 18
     batch = buf.sample(2000)
-    newest = batch.obs[0, :, 0] == 2
+    newest = batch.observs[0, :, 0] == 2
     assert newest.any()
     # Weights along slots 16,17,18,19,0,1 are [1,0,0,0,1,1]: the next 0 -> positive switch is at
     # position 4, but the write head at position 2 must already end the window.
-    np.testing.assert_array_equal(batch.mask[:, newest, 0].T, np.tile([1, 1, 0, 0, 0, 0], (newest.sum(), 1)))
+    np.testing.assert_array_equal(batch.masks[:, newest, 0].T, np.tile([1, 1, 0, 0, 0, 0], (newest.sum(), 1)))
     # Padding keeps whatever is stored (episode 0's stale steps 18, 19), not zeros.
-    np.testing.assert_array_equal(batch.obs[2:4, newest, 1].T, np.tile([18, 19], (newest.sum(), 1)))
+    np.testing.assert_array_equal(batch.observs[2:4, newest, 1].T, np.tile([18, 19], (newest.sum(), 1)))
 
 
 # ---------------------------------------------------------------- checkpointing
@@ -206,18 +211,18 @@ def test_state_dict_round_trip(lengths):
         add(buf, i, length)
     buf.sample(16)  # advance the RNG so its state, not the seed, is what gets restored
     state = buf.state_dict()
-    assert state["obs"].shape[0] == len(buf) == min(64, sum(lengths))
+    assert state["observs"].shape[0] == len(buf) == min(64, sum(lengths))
     clone = SeqReplayBuffer(64, 2, 2, sampled_seq_len=5, sample_weight_baseline=0.5, seed=0)
     clone.load_state_dict(state)
     assert len(clone) == len(buf) and clone.top == buf.top
     for _ in range(3):
         a, b = buf.sample(32), clone.sample(32)
-        for name in SeqBatch._fields:
+        for name in Batch._fields:
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     # Writes after a resume continue identically too.
     add(buf, 99, 11)
     add(clone, 99, 11)
-    for name in SeqBatch._fields:
+    for name in Batch._fields:
         np.testing.assert_array_equal(getattr(buf.sample(8), name), getattr(clone.sample(8), name))
 
 
@@ -246,9 +251,9 @@ def test_bad_input_raises_clear_errors():
         add(buf, 0, 11)
     obs, act, rew, term, obs2 = episode(0, 4)
     with pytest.raises(ValueError, match=r"actions has shape \(4, 3\), expected \(4, 1\)"):
-        buf.add_episode(obs, np.zeros((4, 3)), rew, term, obs2)
+        buf.add_episode(as_episode(obs, np.zeros((4, 3)), rew, term, obs2))
     with pytest.raises(ValueError, match="terminals must be 0/1"):
-        buf.add_episode(obs, act, rew, np.full(4, 2.0), obs2)
+        buf.add_episode(as_episode(obs, act, rew, np.full(4, 2.0), obs2))
     assert len(buf) == 0  # rejected episodes leave no trace
     add(buf, 0, 4)
     with pytest.raises(ValueError, match="batch_size.*0"):

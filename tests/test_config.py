@@ -1,6 +1,8 @@
 """The config tree (conf/): every combination composes and validates, reference values, clear errors."""
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import os
 import subprocess
@@ -12,11 +14,11 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from pomdp_ffm.config import (RENAMED_KEYS, RunConfig, check_known_keys, check_renamed_overrides, register_configs,
-                              with_current_key_names)
-from pomdp_ffm.envs import available_tasks, get_task
+from pomdp_ffm.algos import ALGORITHMS
+from pomdp_ffm.config import ALGORITHM_OPTIONS, RunConfig, check_known_keys, learning_settings, register_configs
+from pomdp_ffm.envs import available_tasks
 from pomdp_ffm.seq_models import available, build
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +28,8 @@ ALGOS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF / "seq_model").glob("*.yaml"))
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 BLT_PAPER = [f"{n}BLT-{v}-v0" for n in ("Ant", "HalfCheetah", "Hopper", "Walker") for v in "PV"]
+GROUPS = {p.name for p in CONF.iterdir() if p.is_dir()}
+PARSER = OverridesParser.create()
 
 register_configs()
 
@@ -36,14 +40,33 @@ def hydra_ctx():
         yield
 
 
+@functools.lru_cache(maxsize=None)
+def _composed(choices: tuple[str, ...]) -> DictConfig:
+    return compose("config", overrides=list(choices))
+
+
 def make(overrides=()) -> RunConfig:
-    return OmegaConf.to_object(compose("config", overrides=list(overrides)))
+    """``config`` with ``overrides``, validated, as Hydra composes it: the config groups chosen by composing (once
+    per choice: a composition takes a tenth of a second), then each value set as Hydra then sets it (the parsed
+    override, ``OmegaConf.update``)."""
+    parsed = PARSER.parse_overrides(list(overrides))
+    cfg = copy.deepcopy(_composed(tuple(o.input_line for o in parsed if o.key_or_group in GROUPS)))
+    for o in parsed:
+        if o.key_or_group not in GROUPS:
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    return OmegaConf.to_object(cfg)
+
+
+def group_file(group: str, name: str) -> DictConfig:
+    """A config file of a group, as its ``# @package _global_`` places it (its defaults list left out)."""
+    cfg = OmegaConf.load(CONF / group / f"{name}.yaml")
+    return OmegaConf.masked_copy(cfg, [k for k in cfg if k not in ("defaults", "hydra")])
 
 
 def test_groups_cover_the_engine():
     # Every task the engine knows has a config.
     assert ENVS == sorted(available_tasks())
-    assert ALGOS == ["sac", "td3"]
+    assert ALGOS == ["sac", "td3"] == sorted(ALGORITHMS) == sorted(ALGORITHM_OPTIONS)
     assert MODELS == sorted(available())
     for group, key, names in (("env", ("env", "env_name"), ENVS), ("algo", ("policy", "algo_name"), ALGOS),
                               ("seq_model", ("policy", "seq_model"), MODELS)):
@@ -54,12 +77,19 @@ def test_groups_cover_the_engine():
 
 
 def test_every_combination_composes_and_validates(hydra_ctx):
-    for env, algo, model in itertools.product(ENVS, ALGOS, MODELS):
-        cfg = make([f"env={env}", f"algo={algo}", f"seq_model={model}"])
-        assert (cfg.env.env_name, cfg.policy.algo_name, cfg.policy.seq_model) == (env, algo, model)
-        assert isinstance(cfg.train.buffer_size, int) and cfg.train.buffer_size == 1_000_000
-        # A float ratio (1.0 update per env step), not the int "1 update per iteration".
-        assert isinstance(cfg.train.num_updates_per_iter, float)
+    # Every file composes; every task x algorithm x memory then validates as Hydra composes it: the algo and
+    # seq_model files (@package _global_) merged after the env's, in the defaults list's order (pinned below).
+    for algo, model in itertools.product(ALGOS, MODELS):
+        composed = compose("config", overrides=[f"algo={algo}", f"seq_model={model}"])
+        assert composed == OmegaConf.merge(compose("config"), group_file("algo", algo), group_file("seq_model", model))
+    for env in ENVS:
+        base = compose("config", overrides=[f"env={env}"])
+        for algo, model in itertools.product(ALGOS, MODELS):
+            cfg = OmegaConf.to_object(OmegaConf.merge(base, group_file("algo", algo), group_file("seq_model", model)))
+            assert (cfg.env.env_name, cfg.policy.algo_name, cfg.policy.seq_model) == (env, algo, model)
+            assert isinstance(cfg.train.buffer_size, int) and cfg.train.buffer_size == 1_000_000
+            # A float ratio (1.0 update per env step), not the int "1 update per iteration".
+            assert isinstance(cfg.train.num_updates_per_iter, float)
 
 
 def test_blt_paper_tasks_match_reference_table(hydra_ctx):
@@ -154,43 +184,16 @@ def test_unknown_group_option_fails_clearly(hydra_ctx):
         compose("config", overrides=["seq_model=transformer"])
 
 
-def test_invalid_value_names_allowed_ones(hydra_ctx):
-    with pytest.raises(ValueError, match=r"policy.sac.alpha_loss='foo' is not one of \['alpha', 'log_alpha'\]"):
-        make(["policy.sac.alpha_loss=foo"])
-
-
-def test_renamed_keys_name_the_new_ones(hydra_ctx):
-    # patches/104: FFM's "gamma" (a form of its complex decay, not the discount policy.gamma) and "max_len"
-    # (the decay bound's horizon, not the episode length) were renamed.
-    assert RENAMED_KEYS == {"policy.ffm.gamma": "policy.ffm.decay_context_product",
-                            "policy.ffm.max_len": "policy.ffm.decay_horizon"}
-    for old, new in RENAMED_KEYS.items():
-        msg = rf"^config key {old} was renamed to {new} \(patches/104-ffm-option-names.md\)$"
-        # On the command line (train.py checks its arguments before Hydra composes) ...
-        for arg in (f"{old}=1", f"+{old}=1", f"++{old}=1", f"~{old}", f"{old}=a,b"):
-            with pytest.raises(ValueError, match=msg):
-                check_renamed_overrides(["env=Pendulum-V-v0", arg])
-        # ... appended with +, or in a stored config (e.g. an old run directory's config.yaml).
-        with pytest.raises(ValueError, match=msg):
-            check_known_keys(compose("config", overrides=[f"+{old}=1"]))
-        section, key = old.rsplit(".", 1)[0].split("."), old.rsplit(".", 1)[1]
-        with pytest.raises(ValueError, match=msg):
-            check_known_keys(OmegaConf.create({section[0]: {section[1]: {key: 1}}}))
-        # Hydra's own composition error still names the old key.
-        with pytest.raises(ConfigCompositionException, match=old):
-            compose("config", overrides=[f"{old}=1"])
-    check_renamed_overrides(["policy.gamma=0.9", "policy.ffm.decay_horizon=512", "--multirun", "seed=0,1"])
-    # A config stored before the rename reads as today's (resuming compares the two).
-    stored = {"seed": 0, "policy": {"gamma": 0.9, "ffm": {"gamma": "outer", "max_len": 1024, "beta": 0.01}}}
-    assert with_current_key_names(stored) == \
-        {"seed": 0, "policy": {"gamma": 0.9, "ffm": {"decay_context_product": "outer", "decay_horizon": 1024,
-                                                     "beta": 0.01}}}
-    assert stored["policy"]["ffm"]["gamma"] == "outer"  # a copy
-    assert with_current_key_names({"policy": {"seq_model": "gru"}}) == {"policy": {"seq_model": "gru"}}
+def test_ffm_options_reach_the_memory(hydra_ctx):
+    # patches/104: FFM's decay_context_product (a form of its complex decay, not the discount policy.gamma) and
+    # decay_horizon (the decay bound's horizon, not the episode length).
     c = make(["policy.ffm.decay_context_product=hadamard", "policy.ffm.decay_horizon=256"])
     ffm = build("ffm", input_size=8, hidden_size=c.policy.rnn_hidden_size, **c.policy.seq_model_options())
     assert ffm.alpha.shape == ffm.omega.shape == (ffm.memory_size, ffm.context_size)
     assert ffm.decay_horizon == 256 and c.policy.gamma == 0.9  # the discount is untouched
+    # Old names are unknown keys like any other (the migration is retired).
+    with pytest.raises(ConfigCompositionException, match="policy.ffm.gamma"):
+        compose("config", overrides=["policy.ffm.gamma=outer"])
 
 
 # Each bad value fails when the config is validated, with one line naming the full key, the value and the rule
@@ -212,11 +215,14 @@ BAD_VALUES = [
     (["policy.rnn_hidden_size=100"], "policy.rnn_hidden_size=100 with policy.ffm.context_size=None"),
     (["policy.rnn_num_layers=0", "seq_model=gru"], "policy.rnn_num_layers=0 must be >= 1"),
     (["policy.rnn_num_layers=2"], "policy.rnn_num_layers=2 must be 1 with policy.seq_model=ffm"),
+    (["policy.separate=false"], "policy.separate=False must be true (one memory shared by actor and critic"),
+    (["policy.algo_name=ppo"], "policy.algo_name='ppo' is not one of ['sac', 'td3']"),
+    (["policy.seq_model=rnn"], "policy.seq_model='rnn' is not one of ['lstm', 'gru', 'ffm', 'mlp']"),
     (["policy.dqn_layers=[256,0]"], "policy.dqn_layers=[256, 0] must be a list of layer widths >= 1"),
     (["policy.policy_layers=[-1]"], "policy.policy_layers=[-1] must be a list of layer widths >= 1"),
     (["policy.sac.entropy_alpha=-0.1"], "policy.sac.entropy_alpha=-0.1 must be >= 0"),
     (["policy.sac.alpha_lr=0"], "policy.sac.alpha_lr=0.0 must be > 0"),
-    (["policy.sac.target_entropy=inf"], "policy.sac.target_entropy=inf must be null (-|A|) or a finite number"),
+    (["policy.sac.target_entropy=inf"], "policy.sac.target_entropy=inf must be a finite number"),
     (["policy.sac.alpha_loss=foo"], "policy.sac.alpha_loss='foo' is not one of ['alpha', 'log_alpha']"),
     (["policy.td3.exploration_noise=-0.1"], "policy.td3.exploration_noise=-0.1 must be >= 0"),
     (["policy.td3.target_noise=-0.2"], "policy.td3.target_noise=-0.2 must be >= 0"),
@@ -239,7 +245,7 @@ BAD_VALUES = [
     (["policy.ffm.init_trace_range=[104,32]"], "policy.ffm.init_trace_range=[104.0, 32.0] must be null"),
     (["policy.ffm.init_period_range=[0,32]"], "policy.ffm.init_period_range=[0.0, 32.0] must be null"),
     (["env.env_type=meta"], "env.env_type='meta' is not one of ['pomdp']"),
-    (["env.env_name=HopperBLT-X-v0"], "env.env_name='HopperBLT-X-v0': Unknown task 'HopperBLT-X-v0'"),
+    (["env.env_name=HopperBLT-X-v0"], "env.env_name='HopperBLT-X-v0' is not one of ['Pendulum-F-v0', "),
     (["env.num_eval_tasks=0"], "env.num_eval_tasks=0 must be in [1, 1000]"),
     (["train.num_iters=-5"], "train.num_iters=-5 must be >= 1"),
     (["train.num_iters=0"], "train.num_iters=0 must be >= 1"),
@@ -265,9 +271,15 @@ BAD_VALUES = [
     (["eval.log_interval=0"], "eval.log_interval=0 must be >= 1"),
     (["eval.save_interval=0"], "eval.save_interval=0 must be -1 (no snapshots) or >= 1"),
     (["eval.save_interval=-2"], "eval.save_interval=-2 must be -1 (no snapshots) or >= 1"),
+    (["eval.during_updates=true", "eval.eval_stochastic=true"],
+     "eval.during_updates=true needs eval.eval_stochastic=false"),
+    (["eval.during_updates=true", "eval.episodes_together=false"],
+     "eval.during_updates=true needs eval.episodes_together=true"),
     (["checkpoint.interval=0"], "checkpoint.interval=0 must be >= 1"),
     (["seed=-1"], "seed=-1 must be in [0, 4294967295]"),
     (["seed=4294967296"], "seed=4294967296 must be in [0, 4294967295]"),
+    (["seeds=[0,0]"], "seeds=[0, 0] must be null or a list of distinct seeds in [0, 4294967295]"),
+    (["seeds=[1,2]"], "seeds=[1, 2] needs seed=1 (the first seed names the job's run directory), not seed=0"),
     (["device=gpu"], "device='gpu' must be one of auto, cpu, cuda, cuda:N"),
     (["device=cuda:x"], "device='cuda:x' must be one of auto, cpu, cuda, cuda:N"),
     (["num_threads=0"], "num_threads=0 must be in [1, 256]"),
@@ -302,20 +314,26 @@ def test_defaults_and_every_preset_validate(hydra_ctx):
     check_known_keys(cfg)
     assert isinstance(OmegaConf.to_object(cfg), RunConfig)
     for name in PRESETS:
-        cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
-        # every job of the preset's sweep, not only its base config (seeds one at a time: they change nothing
-        # else)
-        sweeps = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()])
-        axes = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()] for o in sweeps]
-        seeds = [a for a in axes if a[0].startswith("seed=")]
-        jobs = [*itertools.product(*(a for a in axes if not a[0].startswith("seed="))),
-                *([s] for a in seeds for s in a)]
-        assert len(jobs) > 1
-        for combo in jobs:
-            overrides = [f"experiment={name}", *combo]
-            cfg = compose("config", overrides=overrides)
-            check_known_keys(cfg)
-            assert isinstance(OmegaConf.to_object(cfg), RunConfig)
+        # Every job of the preset's sweep, not only its base config: composed once per task, the algo and
+        # seq_model files then merged as for test_every_combination_composes_and_validates, and the preset's own
+        # values after them (it comes last in the defaults list); the seeds change nothing else.
+        sweep = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True).hydra.sweeper.params
+        axes = {o.key_or_group: list(o.sweep_string_iterator())
+                for o in PARSER.parse_overrides([f"{k}={v}" for k, v in sweep.items()])}
+        assert set(axes) <= {"env", "algo", "seq_model", "seed"} and len(axes) > 1
+        for env in axes.get("env", [None]):
+            base = compose("config", overrides=[f"experiment={name}", *([f"env={env}"] if env else [])])
+            check_known_keys(base)
+            for algo, model in itertools.product(axes.get("algo", [None]), axes.get("seq_model", [None])):
+                files = [group_file(g, c) for g, c in (("algo", algo), ("seq_model", model)) if c]
+                cfg = OmegaConf.merge(base, *files, group_file("experiment", name))
+                for seed in axes.get("seed", [cfg.seed]):
+                    cfg.seed = int(seed)
+                    assert isinstance(OmegaConf.to_object(cfg), RunConfig)
+    job = ["experiment=paper", "env=HopperBLT-V-v0", "algo=td3", "seq_model=gru", "seed=3"]
+    merged = OmegaConf.merge(compose("config", overrides=job[:2]), group_file("algo", "td3"),
+                             group_file("seq_model", "gru"), group_file("experiment", "paper"), {"seed": 3})
+    assert merged == compose("config", overrides=job)
 
 
 def test_presets_compose(hydra_ctx):
@@ -337,17 +355,28 @@ def test_cfg_job_prints_composed_config(tmp_path):
     assert not (tmp_path / "runs").exists()  # printing starts nothing
 
 
-def test_the_env_worker_switches_are_validated(hydra_ctx):
-    from pomdp_ffm.config import EvalConfig, TrainConfig
+def test_types_are_the_schemas(hydra_ctx):
+    # OmegaConf checks each value against its field's type as the config is composed (no check of ours repeats
+    # it), naming the key and the value; the entry point prints it on one line (tests/test_launch.py).
+    for override, says in (("eval.workers=maybe", "Value 'maybe' is not a valid bool"),
+                           ("train.batch_size=1.5", "Value '1.5' of type 'float' could not be converted to Integer"),
+                           ("policy.dqn_layers=[256,x]", "Value 'x' of type 'str' could not be converted to Integer")):
+        with pytest.raises(ConfigCompositionException) as e:
+            compose("config", overrides=[override])
+        assert override in str(e.value) and str(e.value.__cause__).startswith(says)
 
-    cfg = make(["env=Pendulum-V-v0"])
-    assert cfg.train.env_worker is False and cfg.eval.workers is False
-    cfg = make(["env=Pendulum-V-v0", "train.env_worker=true", "eval.workers=true"])
-    assert cfg.train.env_worker is True and cfg.eval.workers is True
-    with pytest.raises(ValueError, match=r"^train.env_worker='yes' must be true or false$"):
-        TrainConfig(num_iters=1, num_init_rollouts_pool=1, batch_size=1, sampled_seq_len=2, env_worker="yes")
-    with pytest.raises(ValueError, match=r"^eval.workers=1 must be true or false$"):
-        EvalConfig(log_interval=1, workers=1)
+
+def test_a_stored_config_is_read_as_this_version_reads_it(hydra_ctx):
+    # An older run's config.yaml: switches this version no longer has (train.env_worker, a whole section), and
+    # a key added since. Neither is a difference in what the run learns; a setting that is still is one.
+    current = OmegaConf.to_container(compose("config"))
+    old = copy.deepcopy(current)
+    old["train"].update(env_worker=True, seed_axis_update="stacked")
+    old["policy"]["transformer"] = {"heads": 4}
+    del old["policy"]["sac"]["alpha_loss"]
+    assert learning_settings(old) == learning_settings(current)
+    old["policy"]["lr"] = 1e-3
+    assert {k for k, v in learning_settings(old).items() if learning_settings(current)[k] != v} == {"policy.lr"}
 
 
 def test_a_device_is_one_this_machine_has(monkeypatch):

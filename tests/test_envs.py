@@ -355,7 +355,7 @@ def test_workers_under_a_start_method_they_cannot_use_are_refused(monkeypatch):
     from pomdp_ffm.envs import worker_start_method
 
     monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "loky")
-    with pytest.raises(ValueError, match=r"this process uses 'loky'.*set both to false"):
+    with pytest.raises(ValueError, match=r"this process uses 'loky'.*set eval.workers=false"):
         worker_start_method()
 
 
@@ -375,22 +375,23 @@ def test_a_process_that_never_closed_its_worker_still_exits():
     assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-2000:]
 
 
-def test_a_trainer_that_fails_to_build_closes_its_worker(run_cfg, tmp_path, monkeypatch):
+def test_a_trainer_that_fails_to_build_closes_its_env(run_cfg, tmp_path, monkeypatch):
     from pomdp_ffm import trainer as trainer_mod
-    from pomdp_ffm.envs import EnvInWorker
 
-    made = []
+    made, closed = [], []
 
-    class Recorded(EnvInWorker):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            made.append(self)
+    def recorded(*a, **kw):
+        env = make_env(*a, **kw)
+        close = env.close
+        env.close = lambda: closed.append(env) or close()
+        made.append(env)
+        return env
 
     def broken(*a, **kw):
         raise RuntimeError("no memory left for the updater")
 
-    monkeypatch.setattr(trainer_mod, "EnvInWorker", Recorded)
+    monkeypatch.setattr(trainer_mod, "make_env", recorded)
     monkeypatch.setattr(trainer_mod, "make_updater", broken)
     with pytest.raises(RuntimeError, match="no memory left"):
-        trainer_mod.Trainer(run_cfg("train.env_worker=true"), tmp_path / "r")
-    assert len(made) == 1 and made[0].venv.closed and not made[0].venv.processes[0].is_alive()
+        trainer_mod.Trainer(run_cfg(), tmp_path / "r")
+    assert len(made) == 1 and closed == made

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from pomdp_ffm.buffer import SeqBatch
+from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import TD3Config, TrainConfig
-from pomdp_ffm.graph import ActingRunner, CaptureError, Staging, UpdateRunner, _copied, make_capturable_
+from pomdp_ffm.acting_graph import ActingRunner
+from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, _copied, make_capturable_
 from pomdp_ffm.seq_models import FFM
 
 from test_agent import make_agent, make_batch, tensor_batch
@@ -90,7 +91,7 @@ def run(update, agent, n=12, seed=7, batches=None):
         stats.append({k: v.clone() for k, v in st.items()})
         state = agent.initial_state(1)
         for t in range(2):
-            a, state = agent.act(probe.obs[t, 0], probe.act[t, 0], float(probe.rew[t, 0, 0]), state, True)
+            a, state = agent.act(probe.observs[t, 0], probe.actions[t, 0], float(probe.rewards[t, 0, 0]), state, True)
             actions.append(a)
     return stats, np.stack(actions), agent.training_state()
 
@@ -147,8 +148,9 @@ def test_runner_calls_the_agents_update_as_it_is_then():
     assert calls == [True, False] and graphed.eager_updates == graphed.replays == 0
 
 
-def test_update_is_update_streams_of_the_streams():
-    from pomdp_ffm.agent import Streams
+def test_agent_update_is_the_update_function_on_its_streams_counted():
+    # What a graph captures (update.update on static streams, the host deciding the actor step) is the eager path.
+    from pomdp_ffm.update import Aligned, update
 
     kw = {"td3": TD3Config(policy_delay=2)}
     a, b = make_agent("td3", "ffm", **kw), make_agent("td3", "ffm", **kw)
@@ -156,7 +158,9 @@ def test_update_is_update_streams_of_the_streams():
         torch.manual_seed(i)
         sa = a.update(make_batch(i), grad_norms=i == 1)
         torch.manual_seed(i)
-        sb = b.update_streams(Streams.from_batch(make_batch(i), "cpu"), grad_norms=i == 1)
+        sb = update(b, Aligned.from_batch(make_batch(i), "cpu"), actor_step_due=b.actor_step_due(),
+                    grad_norms=i == 1)
+        b.count_update()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
         assert a.num_updates == b.num_updates == i + 1
         assert ("policy_loss" in sa) == (i % 2 == 1) and a.actor_step_due() == (i % 2 == 0)
@@ -340,14 +344,14 @@ def test_acting_runner_logic_equals_the_agents_acting(algo, model):
     # one episode at a time per key: an older state whose graph a newer episode took is refused
     probe = make_batch(5)
     old = runner.initial_state(1)
-    runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], old, False)
-    runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], runner.initial_state(1), False)
+    runner.act(probe.observs[0, :1], probe.actions[0, :1], probe.rewards[0, :1, 0], old, False)
+    runner.act(probe.observs[0, :1], probe.actions[0, :1], probe.rewards[0, :1, 0], runner.initial_state(1), False)
     with pytest.raises(ValueError, match="taken by a newer episode"):
-        runner.act(probe.obs[1, :1], probe.act[1, :1], probe.rew[1, :1, 0], old, False)
+        runner.act(probe.observs[1, :1], probe.actions[1, :1], probe.rewards[1, :1, 0], old, False)
     with pytest.raises(ValueError, match=r"started as \(batch size, deterministic\)=\(1, True\)"):
         s = runner.initial_state(1)
-        runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], s, True)
-        runner.act(probe.obs[0, :1], probe.act[0, :1], probe.rew[0, :1, 0], s, False)
+        runner.act(probe.observs[0, :1], probe.actions[0, :1], probe.rewards[0, :1, 0], s, True)
+        runner.act(probe.observs[0, :1], probe.actions[0, :1], probe.rewards[0, :1, 0], s, False)
 
 
 def acting_episodes(agent, runner, steps: int, episodes: int = 4):
@@ -364,7 +368,7 @@ def acting_episodes(agent, runner, steps: int, episodes: int = 4):
                 torch.manual_seed(ep)
                 state, acts = actor.initial_state(n), []
                 for t in range(steps):
-                    a, state = actor.act(probe.obs[t, :n], probe.act[t, :n], probe.rew[t, :n, 0], state, det)
+                    a, state = actor.act(probe.observs[t, :n], probe.actions[t, :n], probe.rewards[t, :n, 0], state, det)
                     acts.append(a)
                 out.append(np.stack(acts))
             pairs.append(tuple(out))
@@ -389,7 +393,7 @@ def test_acting_goes_on_when_a_parameter_is_reallocated_mid_episode(model):
             if t == 3:
                 for p in actor.agent.actor.parameters() if actor is runner else ():
                     p.data = p.data.clone()
-            a, state = actor.act(probe.obs[t, :2], probe.act[t, :2], probe.rew[t, :2, 0], state, True)
+            a, state = actor.act(probe.observs[t, :2], probe.actions[t, :2], probe.rewards[t, :2, 0], state, True)
             acts.append(a)
         out.append(np.stack(acts))
     np.testing.assert_array_equal(out[0], out[1])
@@ -403,7 +407,7 @@ def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_p
     import pandas as pd
 
     from pomdp_ffm import trainer as trainer_mod
-    from pomdp_ffm.logger import TIME_COLUMNS
+    from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
     from test_trainer import read, train
 
     # device=cpu: the runners' logic with the stand-in; on a GPU machine tests/test_cuda.py runs the real thing
@@ -447,30 +451,12 @@ def test_staging_copies_each_batch_exactly_through_the_ring():
     assert staging.next == 1  # five fills through a ring of two
     # tensors (on the host or the device) are accepted; a different layout is refused
     staging.fill(tensor_batch(make_batch(9)))
-    assert torch.equal(staging.static[0], torch.from_numpy(make_batch(9).obs))
-    bad = make_batch(0)._replace(obs=np.zeros((3, 6, 5), np.float32))
+    assert torch.equal(staging.static[0], torch.from_numpy(make_batch(9).observs))
+    bad = make_batch(0)._replace(observs=np.zeros((3, 6, 5), np.float32))
     with pytest.raises(ValueError, match="one fixed layout.*train.cuda_graph=false"):
         staging.fill(bad)
     with pytest.raises(ValueError, match="one fixed layout"):
-        staging.fill(make_batch(0)._replace(term=make_batch(0).term.astype(np.float64)))
-
-
-def test_a_staging_of_several_seeds_holds_their_batches_stacked():
-    # A stacked update's input: seed k's batch is slice k of each static array, copied in with one copy through
-    # the ring (or from tensors, on the host or the device); each seed's batch must have the layout.
-    staging = Staging(make_batch(0), torch.device("cpu"), ring=2, seeds=3)
-    assert [tuple(s.shape) for s in staging.static] == [(3, *x.shape) for x in make_batch(0)]
-    for i in range(3):
-        batches = [make_batch(10 * i + k, pad_from=k + 2) for k in range(3)]
-        if i == 2:
-            batches[1] = tensor_batch(batches[1])
-        staging.fill(batches)
-        for j, s in enumerate(staging.static):
-            assert torch.equal(s, torch.stack([torch.as_tensor(np.asarray(b[j])) for b in batches]))
-    with pytest.raises(ValueError, match="holds 3 seeds' batches: got 2"):
-        staging.fill([make_batch(0)] * 2)
-    with pytest.raises(ValueError, match="one fixed layout"):
-        staging.fill([make_batch(0), make_batch(0), make_batch(0)._replace(obs=np.zeros((3, 6, 5), np.float32))])
+        staging.fill(make_batch(0)._replace(terminals=make_batch(0).terminals.astype(np.float64)))
 
 
 class FakeEvent:
@@ -498,14 +484,14 @@ def test_a_host_buffer_is_rewritten_only_after_its_copy():
     staging.fill(make_batch(1))  # buffer 1
     staging.events[0].done = True  # the GPU has run buffer 0's copy, not buffer 1's
     staging.fill(make_batch(2))  # buffer 0 again: free
-    assert staging.waits == 0 and staging.events[0].log == ["record", "record"]
+    assert staging.events[0].log == ["record", "record"]
     staging.fill(make_batch(3))  # buffer 1 again: its copy is still queued, so the host waits for it first
-    assert staging.waits == 1 and staging.events[1].log == ["record", "wait", "record"]
-    assert torch.equal(staging.static[0], torch.from_numpy(make_batch(3).obs))
+    assert staging.events[1].log == ["record", "wait", "record"]
+    assert torch.equal(staging.static[0], torch.from_numpy(make_batch(3).observs))
 
 
 def test_staging_keeps_mixed_dtypes():
-    batch = SeqBatch(*((np.arange(12 * 6 * k) % 7).astype(dt).reshape(12, 6, k) for k, dt in
+    batch = Batch(*((np.arange(12 * 6 * k) % 7).astype(dt).reshape(12, 6, k) for k, dt in
                        ((5, np.float32), (2, np.float64), (1, np.float32), (1, np.uint8), (5, np.float32),
                         (1, np.bool_))))
     staging = Staging(batch, torch.device("cpu"))
@@ -531,7 +517,7 @@ def test_capturable_optimisers_save_the_eager_state():
     assert all(g["capturable"] for o in agent.optimizers().values() for g in o.param_groups)
     # a deep copy (the tests' habit) and a load keep working; the load brings the eager form back
     twin = copy.deepcopy(agent)
-    twin.load_optimizer_state(after)
+    twin.load_training_state({**twin.training_state(), "optim": after})
     assert not any(g["capturable"] for o in twin.optimizers().values() for g in o.param_groups)
 
 
@@ -541,14 +527,12 @@ def test_the_switch_is_validated(run_cfg):
     assert TrainConfig.__dataclass_fields__["cuda_graph"].default is True
     assert run_cfg("train.cuda_graph=false").train.cuda_graph is False
     assert run_cfg().train.cuda_graph is True
-    with pytest.raises(ValueError, match=r"^train.cuda_graph='yes' must be true or false$"):
-        TrainConfig(num_iters=1, num_init_rollouts_pool=1, batch_size=1, sampled_seq_len=2, cuda_graph="yes")
 
 
 def test_the_trainer_runs_its_updates_through_the_runner(composed, tmp_path):
     from test_trainer import read, train
 
-    from pomdp_ffm.logger import TIME_COLUMNS
+    from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
     from pomdp_ffm.trainer import Trainer
 
     overrides = ("algo=td3", "seq_model=ffm", "policy.td3.policy_delay=2", "train.num_iters=4", "device=cpu")

@@ -15,8 +15,8 @@ import pytest
 
 from pomdp_ffm.grid import sweep_jobs
 from pomdp_ffm.rundir import RunDir
-from pomdp_ffm.config import Refused
-from pomdp_ffm.train import config_differences, precheck
+from pomdp_ffm.start import Refused, config_differences
+from pomdp_ffm.train import precheck
 
 ROOT = Path(__file__).resolve().parent.parent
 BLT_PAPER = {f"{n}BLT-{v}-v0" for n in ("Ant", "HalfCheetah", "Hopper", "Walker") for v in "PV"}
@@ -136,12 +136,12 @@ def test_composition_errors_are_one_line_and_exit_2(tmp_path, override, needle):
 
 
 def test_a_presets_sweep_is_checked_before_anything_runs(tmp_path):
-    # experiment=smoke sweeps seq_model=ffm,gru in its hydra.sweeper.params: its GRU jobs cannot stack their
-    # seeds' updates, and they are refused before the FFM jobs run, not after.
+    # experiment=smoke sweeps seed=0,1 in its hydra.sweeper.params: with seeds=[0,2] its seed=1 jobs cannot name
+    # their seed axis (by its first seed), and they are refused before the seed=0 jobs run, not after.
     root = tmp_path / "sweep"
-    proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "train.seed_axis_update=stacked", check=False)
+    proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seeds=[0,2]", check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
-    assert "needs policy.seq_model in ['ffm', 'mlp']" in proc.stderr and "seq_model=gru" in proc.stderr
+    assert "needs seed=0" in proc.stderr and "seed=1" in proc.stderr
     assert not root.exists()
 
 
@@ -152,7 +152,7 @@ def test_env_workers_under_joblibs_workers_are_refused_before_the_sweep_starts(t
 
     root = tmp_path / "sweep"
     proc = train(tmp_path, "experiment=smoke", "hydra/launcher=local", f"hydra.sweep.dir={root}",
-                 "train.env_worker=true", check=False)
+                 "eval.workers=true", "env.num_eval_tasks=2", check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
     assert "this sweep's jobs use 'loky'" in proc.stderr and "(in the job " in proc.stderr
     assert not root.exists()

@@ -5,7 +5,7 @@ terminal steps (done=1), and recomputes every quantity with a plain loop over ba
 the memories (critic, target critic, actor, target actor) run one step at a time with their state carried
 by hand, the Q and policy-head inputs are concatenated by hand, the tanh-Gaussian log-probability comes
 from torch.distributions.Normal, and the losses are sums over valid steps divided by their count. None of
-the agent's loss code (Streams, masked_mean, critic_loss, actor_loss, algos.*) is used for the expected
+the update's loss code (Aligned, masked_mean, critic_loss, actor_loss, algos.*) is used for the expected
 values. The agent's own noise draws (torch.randn_like) are recorded while it runs and fed to the loop, so
 the two agree to float64 rounding (the loop sums in another order: at most 2e-15 relative measured; checked at
 rtol 1e-9).
@@ -20,14 +20,14 @@ run against the copy; every one of them fails at least one test here):
   algos.py  SAC.next_actions       entropy bonus -alpha*logp -> +alpha*logp;  bonus dropped
   algos.py  SAC.actor_objective    alpha*logp - min(Q) -> -alpha*logp - min(Q);  whole sign flipped;
                                    min -> max;  alpha dropped
-  algos.py  SAC.update_temperature loss sign flipped (either form);  "alpha"/"log_alpha" forms swapped;
+  algos.py  SAC.temperature_loss   loss sign flipped (either form);  "alpha"/"log_alpha" forms swapped;
                                    logp + target -> logp - target
   algos.py  TD3.actor_objective    -min(Q) -> +min(Q);  actor_q="q1" uses Q2;  actor_q="min" uses Q1
   algos.py  TD3.next_actions       noise clip removed;  action clip to [-1, 1] removed;  the online actor
                                    instead of the target actor
-  agent.py  critic_loss            (1 - d) dropped;  gamma -> 1;  min -> max of the target heads;  the online
+  update.py critic_loss            (1 - d) dropped;  gamma -> 1;  min -> max of the target heads;  the online
                                    critic instead of the target critic
-  agent.py  masked_mean            divided by T*B instead of the number of valid steps;  x.mean() (no mask)
+  update.py masked_mean            divided by T*B instead of the number of valid steps;  x.mean() (no mask)
   nets.py   TanhGaussianHead.sample  the tanh-Jacobian term's sign flipped
 """
 import copy
@@ -38,8 +38,9 @@ import pytest
 import torch
 from torch.distributions import Normal
 
-from pomdp_ffm.agent import RecurrentAgent, Streams
-from pomdp_ffm.buffer import SeqBatch
+from pomdp_ffm.agent import RecurrentAgent
+from pomdp_ffm.update import Aligned, actor_loss, critic_loss
+from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
 
 O, A, T, B = 3, 2, 4, 3
@@ -51,7 +52,7 @@ MODELS = ["ffm", "gru", "lstm", "mlp"]
 
 # ------------------------------------------------------------------------------------------------------
 # fixtures: a tiny float64 agent and batch
-def make_batch(seed=0) -> SeqBatch:
+def make_batch(seed=0) -> Batch:
     rng = np.random.default_rng(seed)
     f = lambda *shape: rng.standard_normal(shape)
     obs, act, rew, obs2 = f(T, B, O), np.tanh(f(T, B, A)), f(T, B, 1), f(T, B, O)
@@ -64,7 +65,7 @@ def make_batch(seed=0) -> SeqBatch:
     term[3, 1] = 1.0   # a done on a padded step: ignored
     for x, v in ((obs, 9.0), (act, 0.9), (rew, -50.0), (obs2, -9.0)):
         x[mask[..., 0] == 0] = v  # garbage in the padded steps
-    return SeqBatch(obs, act, rew, term, obs2, mask)
+    return Batch(observs=obs, actions=act, rewards=rew, terminals=term, next_observs=obs2, masks=mask)
 
 
 def make_agent(algo, model, seed=0, sac=None, td3=None) -> RecurrentAgent:
@@ -139,7 +140,9 @@ def reference(agent, batch, next_noise, pi_noise=None, actor_critic=None, alpha=
     """
     cfg = agent.cfg
     sac = cfg.algo_name == "sac"
-    obs, act, rew, term, obs2, mask = (torch.as_tensor(x, dtype=torch.float64) for x in batch)
+    b64 = lambda x: torch.as_tensor(x, dtype=torch.float64)
+    obs, act, rew, term = b64(batch.observs), b64(batch.actions), b64(batch.rewards), b64(batch.terminals)
+    obs2, mask = b64(batch.next_observs), b64(batch.masks)
     actor_critic = agent.critic if actor_critic is None else actor_critic
     next_actor = agent.actor if sac else agent.actor_target
     sum_q1 = sum_q2 = sum_pi = sum_logp = 0.0
@@ -201,10 +204,10 @@ def agent_losses(agent, batch, monkeypatch):
     rec = NoiseRecorder()
     with monkeypatch.context() as m:
         m.setattr(torch, "randn_like", rec)
-        s = Streams.from_batch(batch, "cpu")
-        out = agent.algo.shared_actor_pass(agent, s)
-        qf1, qf2 = agent.critic_loss(s, out)
-        pi, log_prob = agent.actor_loss(s, out)
+        s = Aligned.from_batch(batch, "cpu")
+        out = agent.actor(*s.history)[0] if agent.algo.shares_actor_pass else None
+        qf1, qf2 = critic_loss(agent, s, out)
+        pi, log_prob = actor_loss(agent, s, out)
     return qf1, qf2, pi, log_prob, rec
 
 
@@ -217,7 +220,7 @@ def test_sac_critic_and_actor_losses(model, monkeypatch):
     close(qf1, exp["qf1_loss"], "qf1_loss")
     close(qf2, exp["qf2_loss"], "qf2_loss")
     close(pi, exp["policy_loss"], "policy_loss")
-    masked_lp = (log_prob * torch.as_tensor(batch.mask)).sum() / batch.mask.sum()
+    masked_lp = (log_prob * torch.as_tensor(batch.masks)).sum() / batch.masks.sum()
     close(masked_lp, exp["log_prob"], "mean log-prob")
     assert exp["qf1_loss"] != pytest.approx(exp["qf2_loss"], rel=1e-3)  # the twin heads differ
 
@@ -322,8 +325,8 @@ def test_the_reference_loop_is_sensitive():
     other = reference(agent, batch, nn_, pn, alpha=2 * ALPHA0)
     assert abs(base["qf1_loss"] - other["qf1_loss"]) > 1e-3 and abs(base["policy_loss"] - other["policy_loss"]) > 1e-3
     # garbage on the padded steps changes nothing; a valid step's reward does
-    dirty = SeqBatch(*(x.copy() for x in batch))
-    dirty.rew[3, 1] = 1e6
+    dirty = Batch(*(x.copy() for x in batch))
+    dirty.rewards[3, 1] = 1e6
     assert reference(agent, dirty, nn_, pn, alpha=ALPHA0) == base
-    dirty.rew[2, 1] += 1.0
+    dirty.rewards[2, 1] += 1.0
     assert reference(agent, dirty, nn_, pn, alpha=ALPHA0)["qf1_loss"] != base["qf1_loss"]

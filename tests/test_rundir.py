@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch
 
-from pomdp_ffm.logger import TIME_COLUMNS
-from pomdp_ffm.rundir import CheckpointError, RunDir, RunDirError, load_checkpoint
+from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
+from pomdp_ffm.rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
 from pomdp_ffm.rundir import main as rundir_main
 from pomdp_ffm.train import EXIT_REFUSED, EXIT_STOPPED, Refused, run
 from pomdp_ffm.trainer import Trainer
@@ -209,7 +209,7 @@ def test_folders_are_made_again_when_a_parent_is_taken_back_meanwhile(tmp_path, 
 def test_the_directory_check_leaves_dot_dot_to_the_kernel(tmp_path, monkeypatch):
     # lnk/.. is the link's target's parent, not this folder (where a file named runs is in the way): the path
     # can be made, as mkdir would make it.
-    from pomdp_ffm.rundir import why_not_makeable
+    from pomdp_ffm.train import why_not_makeable
 
     (tmp_path / "real" / "deep").mkdir(parents=True)
     (tmp_path / "lnk").symlink_to(tmp_path / "real" / "deep")
@@ -224,10 +224,13 @@ def test_writes_need_the_lock(tmp_path):
     r.path.mkdir()
     with pytest.raises(RunDirError, match="without holding its lock"):
         r.write_text(r.config, "x")
-    with r:
+    r.acquire()
+    try:
         r.write_text(r.config, "x")
         assert r.config.read_text() == "x"
         assert not list(r.path.glob(".*.tmp"))  # the per-process temporary file was renamed into place
+    finally:
+        r.release()
 
 
 def test_set_asides_in_one_second_keep_both(tmp_path, monkeypatch):
@@ -351,7 +354,7 @@ def test_a_run_directory_that_cannot_be_made_is_refused_in_one_line(tmp_path, wh
 
 def test_a_run_that_does_not_fit_in_memory_is_refused_naming_its_sizes(composed, tmp_path):
     class Huge(Trainer):
-        def __init__(self, cfg, run):
+        def __init__(self, *a, **kw):
             raise MemoryError("Unable to allocate 3.64 TiB for an array with shape (1000000000000, 1)")
 
     with pytest.raises(Refused, match=r"^the run does not fit in memory as configured \(train.buffer_size=\d+, "
@@ -359,7 +362,7 @@ def test_a_run_that_does_not_fit_in_memory_is_refused_naming_its_sizes(composed,
         run(composed(), tmp_path / "r", trainer_cls=Huge)
 
     class Broken(Trainer):
-        def __init__(self, cfg, run):
+        def __init__(self, *a, **kw):
             raise RuntimeError("a bug, not memory")
 
     with pytest.raises(RuntimeError, match="a bug, not memory"):  # anything else is not a refusal
@@ -507,9 +510,10 @@ def test_failed_run_writes_error_in_its_own_directory(composed, tmp_path):
 def test_checkpoint_loads_tensors_only(cut_run):
     run_dir, _ = cut_run
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert state["format"] == 2 and state["config"]["seed"] == 0
-    assert isinstance(state["buffer"]["obs"], torch.Tensor) and "modules" in state["agent"]
-    assert state["progress_rows"] and all(isinstance(c, str) for r in state["progress_rows"] for c in r)
+    assert state["format"] == CHECKPOINT_FORMAT and state["config"]["seed"] == 0
+    assert isinstance(state["buffer"]["observs"], torch.Tensor) and "modules" in state["agent"]
+    rows = state["progress"]["rows"]
+    assert rows and all(isinstance(c, str) for r in rows for c in r)
 
 
 def test_truncated_checkpoint_is_one_line_naming_the_file(cut_run):
@@ -647,10 +651,10 @@ def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, 
     assert capsys.readouterr().out.startswith("missing")
     run_dir, _ = cut_run
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    state["format"] = 3
+    state["format"] = CHECKPOINT_FORMAT + 1
     torch.save(state, run_dir / "checkpoints" / "last.pt")
     assert rundir_main(["restore-config", str(run_dir)]) == 2
-    assert "another version of pomdp-ffm (format 3" in capsys.readouterr().err
+    assert f"another version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}" in capsys.readouterr().err
 
 
 def test_a_failing_close_still_releases_the_lock(composed, tmp_path, monkeypatch):

@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 
 from pomdp_ffm.grid import combined_status, sweep_jobs
-from pomdp_ffm.logger import TIME_COLUMNS
+from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.rundir import RunDir
-from pomdp_ffm.seeds import seed_dirs
+from pomdp_ffm.start import seed_dirs
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
+from test_trainer import collect
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,8 +25,8 @@ def read(run_dir: Path) -> pd.DataFrame:
 
 @pytest.mark.parametrize("overrides", [("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=gru")])
 def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
-    # Exact: each seed's turns run with its own global RNG streams swapped in, so it draws what it draws alone.
-    # On a CPU: on CUDA the seeds' updates run together and share the lead seed's streams (patches/016).
+    # Exact: each seed's turns run with its own global random generators swapped in, so it draws what it draws alone.
+    # On a CPU: on CUDA the seeds' updates run together and share the lead seed's generators (patches/016).
     overrides = (*overrides, "device=cpu")
     out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0")
     assert set(out["seeds"]) == {0, 1} and not out["stopped"]
@@ -47,9 +48,9 @@ def test_a_seed_refused_under_its_lock_leaves_no_lock_in_the_seeds_before_it(com
     other = RunDir(tmp_path / "axis" / "seed-1")
 
     class Raced(Trainer):
-        def __init__(self, cfg, run):
-            super().__init__(cfg, run)
-            if cfg.seed == 1:
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if self.cfg.seed == 1:
                 other.acquire()
 
     with pytest.raises(Refused, match=r"seed-1 is in use by pid "):
@@ -147,39 +148,36 @@ def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
 
 # --- bursts run together (on CUDA: one graph for the seeds' updates) ----------------------------------------------
 def joint_with(monkeypatch, make):
-    """Joint rounds through ``make(trainers)`` wherever seeds.joint_runner would make a runner on CUDA (two seeds
+    """Joint rounds through ``make(trainers)`` wherever joint.joint_runner would make a runner on CUDA (two seeds
     or more)."""
-    from pomdp_ffm import seeds as seeds_mod
+    from pomdp_ffm import joint as joint_mod
 
     made = []
-    monkeypatch.setattr(seeds_mod, "joint_runner",
+    monkeypatch.setattr(joint_mod, "joint_runner",
                         lambda trainers: made.append(make(trainers)) or made[-1] if len(trainers) > 1 else None)
     return made
 
 
-@pytest.mark.parametrize("overrides, stacked", [
-    (("algo=sac", "seq_model=ffm"), False), (("algo=td3", "seq_model=lstm"), False),
-    (("algo=sac", "seq_model=ffm"), True), (("algo=td3", "seq_model=mlp"), True),
-    (("env=HopperMJ-V-v0", "algo=td3", "policy.td3.policy_delay=2", "seq_model=mlp",
-      "train.num_updates_per_iter=0.1", "train.num_iters=1"), True)],
-    ids=["sac-ffm", "td3-lstm", "sac-ffm-stacked", "td3-mlp-stacked", "td3-mlp-stacked-falls"])
+@pytest.mark.parametrize("overrides", [
+    ("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=lstm"),
+    ("env=HopperMJ-V-v0", "algo=td3", "policy.td3.policy_delay=2", "seq_model=mlp",
+     "train.num_updates_per_iter=0.1", "train.num_iters=1")],
+    ids=["sac-ffm", "td3-lstm", "td3-mlp-falls"])
 def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(composed, tmp_path, monkeypatch,
-                                                                            overrides, stacked):
+                                                                            overrides):
     # The joint path runs on CUDA only; here on a CPU, once through the runner's logic (the Python stand-in for
-    # graphs) and once eagerly (each seed's update in turn within the joint round, or the stacked update,
-    # pomdp_ffm/stacked.py): the same logs, the same number of updates as the seed alone, and a stop and resume
-    # in between changes nothing, not a bit (a resumed process acts and updates on weights laid out as before).
+    # graphs) and once eagerly (each seed's update in turn within the joint round): the same logs, the same
+    # number of updates as the seed alone, and a stop and resume in between changes nothing, not a bit (a resumed
+    # process acts and updates on weights laid out as before).
     from pomdp_ffm.graph import UpdateRunner
     from test_graph import PythonGraphs
 
-    overrides = ("train.num_iters=4", "device=cpu", f"train.seed_axis_update={'stacked' if stacked else 'branches'}",
-                 *overrides)
-    eager = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False,
-                                                            stacked=stacked))
+    overrides = ("train.num_iters=4", "device=cpu", *overrides)
+    eager = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "eager" / "seed-0")
-    assert eager and all(not r.graphed and (r.stacked is not None) == stacked for r in eager)
+    assert eager and all(not r.graphed for r in eager)
     graphs = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], backend=PythonGraphs(),
-                                                             warmup=2, stacked=stacked))
+                                                             warmup=2))
 
     class StopOnSeed2(Trainer):
         def _iteration(self):
@@ -206,7 +204,7 @@ def _trainers_with_data(run_cfg, tmp_path, overrides=(), n=3):
     trainers = []
     for k in range(n):
         t = Trainer(run_cfg(*overrides, f"seed={k}"), tmp_path / f"t{k}")
-        t.collect_episode(random_actions=True)
+        collect(t)
         trainers.append(t)
     return trainers
 
@@ -216,8 +214,8 @@ def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, length
     # One update per seed a round, until the shortest burst is over; gradient norms (a burst's last update) only
     # in the statistics of the seeds at their last update, though computed for all in that round.
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.seeds import JointBursts
-    from pomdp_ffm.trainer import Burst
+    from pomdp_ffm.joint import JointBursts
+    from pomdp_ffm.burst import Burst
 
     trainers = _trainers_with_data(run_cfg, tmp_path)
     bursts = [Burst(t, {"n": n, "done": 0, "sums": {}, "counts": {}}) for t, n in zip(trainers, lengths)]
@@ -240,8 +238,8 @@ def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_pat
     # After bursts of other lengths the seeds' update counts differ: they agree on the actor step for some rounds
     # (counts 0 and 1 with a delay of 3: one round), then part; the joint rounds stop there, without an error.
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.seeds import JointBursts
-    from pomdp_ffm.trainer import Burst
+    from pomdp_ffm.joint import JointBursts
+    from pomdp_ffm.burst import Burst
 
     trainers = _trainers_with_data(run_cfg, tmp_path, ("algo=td3", f"policy.td3.policy_delay={delay}"), n=2)
     for t, c in zip(trainers, counts):
@@ -249,44 +247,6 @@ def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_pat
     bursts = [Burst(t, {"n": 6, "done": 0, "sums": {}, "counts": {}}) for t in trainers]
     JointBursts(lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False)).run([0, 1], trainers, bursts)
     assert [b.done for b in bursts] == [joint_rounds] * 2
-    for t in trainers:
-        t.close()
-
-
-def test_a_stacked_runner_replaces_the_runners_of_the_seed_sets_it_overlaps(run_cfg, tmp_path):
-    # A stacked runner moves its seeds' weights into storage of its own: a runner of an overlapping set (seeds that
-    # ended leave a smaller set) would have to re-stack and re-capture at its next round, so it is dropped, with
-    # its graphs and storage, once nothing of it is queued; a runner of other seeds stays.
-    from test_graph import PythonGraphs
-
-    from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.seeds import JointBursts
-    from pomdp_ffm.trainer import Burst
-
-    synced = []
-
-    class Backend(PythonGraphs):
-        def synchronize(self):
-            synced.append(self)
-
-    trainers = _trainers_with_data(run_cfg, tmp_path, ("seq_model=ffm",), n=5)
-    made = {}
-    joint = JointBursts(lambda ts: made.setdefault(
-        tuple(trainers.index(t) for t in ts), UpdateRunner([t.agent for t in ts], backend=Backend(), warmup=1,
-                                                           stacked=True)))
-
-    def run(seeds):
-        ts = [trainers[k] for k in seeds]
-        joint.run(list(seeds), ts, [Burst(t, {"n": 3, "done": 0, "sums": {}, "counts": {}}) for t in ts])
-
-    run((0, 1))
-    run((2, 3))
-    assert set(joint._runners) == {(0, 1), (2, 3)} and made[(0, 1)].replays > 0 and not synced
-    run((1, 2, 4))
-    assert set(joint._runners) == {(1, 2, 4)}
-    assert synced == [made[(0, 1)].backend, made[(2, 3)].backend]
-    assert made[(1, 2, 4)].stacked.linked() and not made[(0, 1)].stacked.linked()
-    assert [t.agent.num_updates for t in trainers] == [3, 6, 6, 3, 3]
     for t in trainers:
         t.close()
 
@@ -428,7 +388,7 @@ def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
     gathered(monkeypatch)
     answered = []
     monkeypatch.setattr(EnvsStepping, "answer", lambda self: answered.append(1))
-    run(composed(*overrides, "seeds=[0,1]", "eval.workers=true", "train.env_worker=true"),
+    run(composed(*overrides, "seeds=[0,1]", "eval.workers=true"),
         tmp_path / "axis" / "seed-0")
     assert answered
     for k in (0, 1):
@@ -440,7 +400,7 @@ def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, mon
     # Each seed acts through an ActingRunner on the Python stand-in for graphs, so the axis submits to the
     # runners' graphs and waits: by default the steps are gathered (every seed acts through a runner).
     from pomdp_ffm import trainer as trainer_mod
-    from pomdp_ffm.graph import ActingRunner
+    from pomdp_ffm.acting_graph import ActingRunner
     from test_graph import PythonGraphs
 
     overrides = ("algo=sac", "seq_model=gru", "env.num_eval_tasks=3", "device=cpu")
@@ -470,11 +430,17 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
                 self.stop.request(signal.SIGTERM)
             return (yield from super()._collect(random_actions))
 
-        def _evaluations(self):
-            # seed 0's evaluation begins before the other seeds run their bursts, which check for a stop
-            if where == "evaluate" and self.cfg.seed == 0 and self.counters.env_steps == 600:
-                self.stop.request(signal.SIGTERM)
-            return (yield from super()._evaluations())
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            evaluations = self.evaluator.evaluations
+
+            def stopping():
+                # seed 0's evaluation begins before the other seeds run their bursts, which check for a stop
+                if where == "evaluate" and self.cfg.seed == 0 and self.counters.env_steps == 600:
+                    self.stop.request(signal.SIGTERM)
+                return (yield from evaluations())
+
+            self.evaluator.evaluations = stopping
 
     out = run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopMidway)
     assert out["stopped"] and all(r["stopped"] for r in out["seeds"].values())
@@ -505,10 +471,10 @@ def test_a_failing_seed_with_gathered_acting(composed, tmp_path, monkeypatch):
 
 def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(composed, tmp_path, monkeypatch):
     # Gathered steps swap torch's generators only; a step that draws from numpy's global one (here an episode's
-    # end, in the seed's light turn) would draw from another seed's stream: found, and every seed fails saying so.
+    # end, in the seed's light turn) would draw from another seed's generator: found, and every seed fails saying so.
     import numpy as np
 
-    from pomdp_ffm.seeds import SharedStreamsDrawn
+    from pomdp_ffm.seeds import SharedRNGDrawn
 
     gathered(monkeypatch)
 
@@ -519,10 +485,10 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
                 np.random.random()
             return ep
 
-    with pytest.raises(SharedStreamsDrawn, match="global random generator"):
+    with pytest.raises(SharedRNGDrawn, match="global random generator"):
         run(composed("seeds=[0,1]", "device=cpu"), tmp_path / "axis" / "seed-0", trainer_cls=DrawsGlobally)
     for k in (0, 1):
-        assert "SharedStreamsDrawn" in (tmp_path / "axis" / f"seed-{k}" / "ERROR.txt").read_text()
+        assert "SharedRNGDrawn" in (tmp_path / "axis" / f"seed-{k}" / "ERROR.txt").read_text()
 
 
 def _host_rng(run_dir: Path) -> tuple:
@@ -532,7 +498,7 @@ def _host_rng(run_dir: Path) -> tuple:
     return rng["numpy"]["keys"].tolist(), rng["numpy"]["pos"], rng["python"]
 
 
-def test_gathered_checkpoints_hold_each_seeds_own_host_streams(composed, tmp_path, monkeypatch):
+def test_gathered_checkpoints_hold_each_seeds_own_host_rng(composed, tmp_path, monkeypatch):
     # A seed's last checkpoint is written after its last acting step, in a turn that swaps torch's generators
     # only: it still saves that seed's numpy and Python states (what a resume restores), not another seed's.
     # The updates here draw from numpy's global generator (they run in full turns, where that is allowed), so
@@ -560,7 +526,7 @@ def test_a_global_draw_before_a_seed_finishes_is_found_before_its_done(composed,
     # before the seed is marked done, so no seed ends DONE with logs that are not its own.
     import numpy as np
 
-    from pomdp_ffm.seeds import SharedStreamsDrawn
+    from pomdp_ffm.seeds import SharedRNGDrawn
 
     class DrawsAtTheLastRow(Trainer):
         def log_evaluation(self, *results):
@@ -569,7 +535,7 @@ def test_a_global_draw_before_a_seed_finishes_is_found_before_its_done(composed,
             return super().log_evaluation(*results)
 
     gathered(monkeypatch)
-    with pytest.raises(SharedStreamsDrawn):
+    with pytest.raises(SharedRNGDrawn):
         run(composed("algo=sac", "seq_model=gru", "device=cpu", "seeds=[0,1]"), tmp_path / "axis" / "seed-0",
             trainer_cls=DrawsAtTheLastRow)
     assert [RunDir(tmp_path / "axis" / f"seed-{k}").status() for k in (0, 1)] == ["failed", "failed"]
@@ -608,12 +574,15 @@ def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(comp
     # raised in that seed's turn, and the other seeds finish.
     from pomdp_ffm.graph import UpdateRunner
     from pomdp_ffm.rundir import RunDir
-    from test_trainer import DURING, Spread
+    from test_trainer import DURING, Spread, after_defer
 
     class FailingCopy(Trainer):
-        def _defer_evaluation(self):
-            super()._defer_evaluation()
-            copy = self._actor_copy
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            after_defer(self, self.break_the_copy)
+
+        def break_the_copy(self):
+            copy = self.evaluator.actor_copy
             if self.cfg.seed != 1 or "act" in vars(copy):
                 return
             calls, act = [0], copy.act

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from pomdp_ffm.seq_models import ABLATIONS, available, build
-from pomdp_ffm.seq_models.ffm import (DECAY_MIN, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON, aggregate_closed,
-                                      aggregate_loop, aggregate_scan, reference_decay_limit)
+from pomdp_ffm.seq_models.ffm import DECAY_MIN, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON, reference_decay_limit
+from pomdp_ffm.seq_models.recurrence import aggregate_closed, aggregate_loop, aggregate_scan
 
 MODELS = ["lstm", "gru", "ffm", "mlp"]
 
@@ -204,7 +204,7 @@ def test_gradients_match_float64_recurrence(T):
 
 @pytest.mark.parametrize("method", ["loop", "scan"])
 def test_custom_backward_passes_gradcheck(method):
-    from pomdp_ffm.seq_models.ffm import _LinearRecurrence
+    from pomdp_ffm.seq_models.recurrence import _LinearRecurrence
 
     torch.manual_seed(0)
     for T in (1, 17, 40):
@@ -295,7 +295,7 @@ def test_owner_managed_decay_bound_gives_the_per_call_values(hadamard):
     standalone = build("ffm", input_size=4, hidden_size=32, **opts)
     managed = build("ffm", input_size=4, hidden_size=32, **opts)
     managed.load_state_dict(standalone.state_dict())
-    managed.external_decay_bound = True
+    managed.bounded_by_owner()
     for ffm in (standalone, managed):
         with torch.no_grad():
             ffm.alpha.view(-1)[:3] = torch.tensor([5.0, -1.0, 0.0])  # a write out of the bound
@@ -306,7 +306,7 @@ def test_owner_managed_decay_bound_gives_the_per_call_values(hadamard):
         managed(x)  # no host read, and no clamp: the write is the owner's to bound
     assert managed.alpha.view(-1)[0].item() == 5.0
     with no_host_reads():
-        managed.bound_decay_()
+        managed.bound_()
         y_managed, s_managed = managed(x)
     y_standalone, s_standalone = standalone(x)
     assert torch.equal(managed.alpha, standalone.alpha)
@@ -316,14 +316,14 @@ def test_owner_managed_decay_bound_gives_the_per_call_values(hadamard):
     free = build("ffm", input_size=4, hidden_size=32, decay_bound=False)
     with torch.no_grad():
         free.alpha[0] = 5.0
-    free.bound_decay_()
+    free.bound_()
     assert free.alpha[0].item() == 5.0
 
 
 @pytest.mark.parametrize("managed", [False, True])
 def test_load_state_dict_bounds_the_decay(managed):
     ffm = build("ffm", input_size=4, hidden_size=32)
-    ffm.external_decay_bound = managed
+    ffm.bounded_by_owner(managed)
     state = {k: v.clone() for k, v in ffm.state_dict().items()}
     state["alpha"][0], state["alpha"][1] = 5.0, -1.0
     ffm.load_state_dict(state)
@@ -370,12 +370,6 @@ def test_the_closed_form_takes_no_horizon_whose_bound_underflows_gamma():
                                          rf"{MIN_CLOSED_DECAY_HORIZON} with aggregator='closed'"):
         build("ffm", input_size=4, hidden_size=32, decay_horizon=MIN_CLOSED_DECAY_HORIZON - 1, aggregator="closed")
     build("ffm", input_size=4, hidden_size=32, decay_horizon=1, aggregator="loop")
-
-
-def test_renamed_ffm_options_name_the_new_ones():
-    for old, new in (("gamma", "decay_context_product"), ("max_len", "decay_horizon")):
-        with pytest.raises(TypeError, match=rf"'{old}' is now '{new}'"):
-            build("ffm", input_size=4, hidden_size=32, **{old: "outer" if old == "gamma" else 1024})
 
 
 def test_acting_gamma_cache_follows_parameter_updates():

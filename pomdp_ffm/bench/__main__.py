@@ -13,7 +13,6 @@ import sys
 
 import torch
 
-from ..config import Refused
 from .common import print_table, write_csv
 
 
@@ -93,18 +92,12 @@ def main(argv=None) -> None:
     p.add_argument("--jobs", type=_at_least(1), default=None,
                    help="loop: run this many copies at once, each in a process of its own (jobs sharing this "
                         "machine and its GPU), and report their env steps/s in all")
-    p.add_argument("--joint-eager", action="store_true",
-                   help="loop, with seeds=[...]: run the seed axis's joint rounds on this device even without CUDA "
-                        "graphs (eagerly), to count how many updates its schedule runs together; the times are "
-                        "not those of the GPU path")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
     if bad or (overrides and args.which not in ("loop", "eval", "overlap")):
         p.error(f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop`, `eval` and `overlap` take "
                 "key=value overrides)")
 
-    if args.joint_eager and args.which != "loop":
-        p.error(f"--joint-eager is an option of `loop` (a seed axis's joint rounds), not of `{args.which}`")
     if args.jobs is not None and args.which != "loop":
         p.error(f"--jobs is an option of `loop`, not of `{args.which}`")
     args.jobs = args.jobs or 1
@@ -117,8 +110,6 @@ def main(argv=None) -> None:
             p.error("--jobs and --project do not go together (each job projects its own task's budget)")
         if (args.project is None) != (args.env_step_ms is None):
             p.error("--project and --env-step-ms go together")
-        if args.joint_eager and not any(o.startswith("seeds=") for o in overrides):
-            p.error("--joint-eager counts a seed axis's joint rounds: give seeds=[...]")
         if args.project is not None:
             from ..envs import get_task
 
@@ -126,6 +117,8 @@ def main(argv=None) -> None:
                 get_task(args.project)
             except ValueError as e:
                 p.refuse(f"--project {args.project}: {e}")
+    from ..start import Refused  # (here: after the re-exec, as every import of the training stack)
+
     if args.csv and not os.path.isdir(os.path.dirname(os.path.abspath(args.csv))):
         p.refuse(f"--csv {args.csv}: its folder does not exist")
     device = _device(p, args.device)
@@ -150,6 +143,8 @@ def main(argv=None) -> None:
 
 
 def _run(p: _Parser, args, overrides: list[str], device: torch.device) -> None:
+    from ..start import Refused
+
     if args.which == "loop":
         from . import loop
 
@@ -157,7 +152,7 @@ def _run(p: _Parser, args, overrides: list[str], device: torch.device) -> None:
 
         if args.jobs == 1:
             try:
-                result = loop.run_single(overrides, args.steps, args.device, args.threads, args.joint_eager)
+                result = loop.run_single(overrides, args.steps, args.device, args.threads)
             except loop.StoppedEarly as e:
                 print(f"stopped: {e}", file=sys.stderr)
                 sys.exit(EXIT_STOPPED)
@@ -167,7 +162,7 @@ def _run(p: _Parser, args, overrides: list[str], device: torch.device) -> None:
             if result["stopped"]:
                 sys.exit(EXIT_STOPPED)
             return
-        answers = loop.run_jobs(args.jobs, overrides, args.steps, args.device, args.threads, args.joint_eager)
+        answers = loop.run_jobs(args.jobs, overrides, args.steps, args.device, args.threads)
         if all("refused" in a for a in answers):  # the same settings, refused by each job's trainer alike
             raise Refused(answers[0]["refused"])
         loop.report_jobs(answers)

@@ -2,18 +2,18 @@
 on the host) at the HopperBLT-V dimensions, batch 1 as in collection, for SAC with each memory, three ways:
 
 * ``agent``: the agent's own ``act`` on its device (the reference acts on its GPU);
-* ``graph`` (CUDA): ``graph.ActingRunner``, the step as a CUDA-graph replay (the trainer's ``train.cuda_graph``);
+* ``graph`` (CUDA): ``acting_graph.ActingRunner``, the step as a CUDA-graph replay (the trainer's ``train.cuda_graph``);
 * ``cpu-copy`` (CUDA): a CPU copy of the actor (``CpuActing`` below), the other way to cheap acting on a GPU
   machine; measured against the graph, not used by the trainer.
 
 Median microseconds per step over interleaved rounds of episodes of INNER steps, carrying the memory state.
 
-``--seeds S ...`` adds a seed axis's acting (SAC+FFM and SAC+GRU, S agents, each with its own RNG streams), in
+``--seeds S ...`` adds a seed axis's acting (SAC+FFM and SAC+GRU, S agents, each with its own random generators), in
 microseconds per seed-step, two ways:
 
 * ``separate``: each seed plays its episode in its own turn, as the seeds of an axis do on a CPU;
-* ``gathered``: each step submitted for every seed (in its streams) before any is waited for, and each seed's
-  next step submitted as soon as its action is back, as ``seeds.JointActs`` does on CUDA with graphs (the host
+* ``gathered``: each step submitted for every seed (from its generators) before any is waited for, and each seed's
+  next step submitted as soon as its action is back, as ``joint.JointActs`` does on CUDA with graphs (the host
   launching one seed's step while the GPU runs another's).
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ import torch
 
 from ..agent import RecurrentAgent, act_with
 from ..config import PolicyConfig
-from ..graph import ActingRunner, make_actor
+from ..joint import SeedRNG
+from ..acting_graph import ActingRunner, make_actor
 from ..rollout import AgentPolicy
 from .common import Row, interleaved_medians
 from .update import ACT, OBS
@@ -80,36 +81,35 @@ def run(repeats: int, device: torch.device, models=("ffm", "gru", "lstm"), deter
 
 
 def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models=("ffm", "gru")) -> list[Row]:
-    from ..seeds import RNGStreams
-
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((INNER, 1, OBS)).astype(np.float32)
     rows: list[Row] = []
     for model in models:
         for S in seed_counts:
-            actors, streams = [], []
+            actors, rngs = [], []
             for k in range(S):
                 torch.manual_seed(k)
                 agent = RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name="sac")).to(device)
                 actors.append(make_actor(agent, cuda_graph=True))  # graph replays on CUDA, the agent on a CPU
-                streams.append(RNGStreams())
+                rngs.append(SeedRNG())
+                rngs[-1].keep()
             policies = [AgentPolicy(actor, deterministic=False) for actor in actors]  # what a rollout submits to
 
             def separate():
-                for actor, stream in zip(actors, streams):
-                    with stream.active():
+                for actor, rng in zip(actors, rngs):
+                    with rng.active():
                         episode(actor, obs, deterministic=False)
 
             def gathered():
                 states, actions, waits = [], [], []
-                for policy, stream in zip(policies, streams):
-                    with stream.active(host=False):
+                for policy, rng in zip(policies, rngs):
+                    with rng.active(host=False):
                         states.append(policy.initial_state(1))
                         actions.append(np.zeros((1, ACT), np.float32))
                         waits.append(policy.submit(obs[0], actions[-1], REWARD, states[-1], None))
                 for t in range(INNER):
-                    for k, (policy, stream) in enumerate(zip(policies, streams)):
-                        with stream.active(host=False):
+                    for k, (policy, rng) in enumerate(zip(policies, rngs)):
+                        with rng.active(host=False):
                             actions[k], states[k] = waits[k]()
                             if t + 1 < INNER:
                                 waits[k] = policy.submit(obs[t + 1], actions[k], REWARD, states[k], None)

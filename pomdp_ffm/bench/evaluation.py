@@ -17,7 +17,7 @@ import gymnasium
 import numpy as np
 
 from ..envs import EnvInWorker, make_env
-from ..rollout import AgentPolicy, run_episodes
+from ..rollout import AgentPolicy, answered, play_episodes
 from ..rundir import RunDir
 from ..trainer import Trainer
 from .common import Row, interleaved_medians
@@ -48,9 +48,9 @@ def run(overrides: list[str], repeats: int, device: str, threads: int | None) ->
     sync = gymnasium.vector.SyncVectorEnv([lambda: make_env(task) for _ in range(n)])
     asyn = gymnasium.vector.AsyncVectorEnv([lambda: make_env(task) for _ in range(n)])
     fns = {
-        "one-after-another": lambda: [run_episodes([single], policy, record=False) for _ in range(n)],
-        "together": lambda: run_episodes(envs, policy, record=False),
-        "workers": lambda: run_episodes(workers, policy, record=False),
+        "one-after-another": lambda: [answered(play_episodes([single], policy, record=False)) for _ in range(n)],
+        "together": lambda: answered(play_episodes(envs, policy, record=False)),
+        "workers": lambda: answered(play_episodes(workers, policy, record=False)),
         "sync-vector": lambda: _vector_episodes(sync, policy, n),
         "async-vector": lambda: _vector_episodes(asyn, policy, n),
     }

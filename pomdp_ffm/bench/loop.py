@@ -34,11 +34,11 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import Refused, RunConfig, register_configs
+from ..config import RunConfig, register_configs
 from ..envs import get_task
 from ..grid import CONF_DIR
-from ..seeds import eager_joint_rounds
 from ..signals import STOP_SIGNALS, SweepSignals, stop_sweep, sweep_stopped
+from ..start import Refused
 from ..train import run as train_run
 from ..trainer import Trainer, env_step_budget
 
@@ -69,8 +69,7 @@ def full_budget(cfg: RunConfig, max_len: int) -> dict[str, float]:
             "eval_steps": evals * cfg.env.num_eval_tasks * max_len}
 
 
-def run(overrides: list[str], steps: int, device: str, threads: int | None, joint_eager: bool = False) -> dict:
-    """``joint_eager``: a seed axis's joint rounds run on any device (seeds.eager_joint_rounds)."""
+def run(overrides: list[str], steps: int, device: str, threads: int | None) -> dict:
     full_cfg, _ = compose_run(overrides, device, threads)
     max_len = get_task(full_cfg.env.env_name).max_episode_steps
     iter_len, _ = env_step_budget(full_cfg.train, max_len)
@@ -82,11 +81,11 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None, join
     made: list[Trainer] = []
 
     class Recording(Trainer):
-        """Times what happens once per run (building, the final checkpoint) apart from the loop's parts."""
+        """Timed by part (``timers``), and what happens once per run (building, the final checkpoint) apart."""
 
         def __init__(self, *a, **kw):
             t0 = time.perf_counter()
-            super().__init__(*a, **kw)
+            super().__init__(*a, timers=Counter(), **kw)
             self.timers["once"] += time.perf_counter() - t0
             made.append(self)
 
@@ -100,13 +99,11 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None, join
     with tempfile.TemporaryDirectory() as d:
         # The entry point's own path; with seeds=[...] the seed axis (its directories: .../seed-<k>).
         t0 = time.perf_counter()
-        with eager_joint_rounds() if joint_eager else contextlib.nullcontext():
-            out = train_run(composed, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
+        out = train_run(composed, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
         wall = time.perf_counter() - t0
-    tm, pool_timers = Counter(), Counter()
+    tm = Counter()
     for trainer in made:  # the seeds' parts add up (a joint round charges each seed its share)
         tm.update(trainer.timers)
-        pool_timers.update(trainer.pool_timers)
     # A stop signal (e.g. the `timeout` around a benchmark on a lent machine) ends the run at its next chance:
     # what it timed until then is still a measurement, so it is reported, marked as stopped.
     if out.get("stopped") and not tm.get("n_updates", 0):
@@ -120,7 +117,7 @@ def run(overrides: list[str], steps: int, device: str, threads: int | None, join
     }
     parts = {"env": tm.get("env", 0.0), "act": tm.get("act", 0.0), "sample": tm.get("sample", 0.0),
              "update": tm.get("update", 0.0), "eval": tm.get("eval", 0.0),
-             "pool": sum(pool_timers.values()), "once": tm.get("once", 0.0)}
+             "pool": tm.get("pool_act", 0.0) + tm.get("pool_env", 0.0), "once": tm.get("once", 0.0)}
     # once: building the trainers and the final checkpoint, not projected; other: what no part timed (the
     # entry point's checks and files, logging, the loop's own bookkeeping), not projected either
     parts["other"] = max(wall - sum(parts.values()), 0.0)
@@ -189,14 +186,13 @@ def _job(results, index: int, args: tuple) -> None:
     results.put((index, answer))
 
 
-def run_single(overrides: list[str], steps: int, device: str, threads: int | None, joint_eager: bool = False) -> dict:
+def run_single(overrides: list[str], steps: int, device: str, threads: int | None) -> dict:
     """``run`` in this process, a stop signal during its start remembered (``_stops_remembered``)."""
     with _stops_remembered():
-        return run(overrides, steps, device, threads, joint_eager=joint_eager)
+        return run(overrides, steps, device, threads)
 
 
-def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int | None,
-             joint_eager: bool = False) -> list[dict]:
+def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int | None) -> list[dict]:
     """``run`` n times at once, each in a process of its own: n jobs of a grid sharing this machine (and its GPU,
     whose updates then run while another job's envs step). Each job's answer is its result (``run``'s) or says
     why it has none: ``stopped_early``, ``refused``, ``error`` or ``lost`` (the process ended without an answer,
@@ -215,7 +211,7 @@ def run_jobs(n: int, overrides: list[str], steps: int, device: str, threads: int
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, usr1)
     results = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_job, args=(results, k, (overrides, steps, device, threads, joint_eager)))
+    procs = [ctx.Process(target=_job, args=(results, k, (overrides, steps, device, threads)))
              for k in range(n)]
     received: list[int] = []  # the stop signals this process got
     killed: set[int] = set()
@@ -314,7 +310,7 @@ def report(r: dict) -> None:
               "costs include its warm-up)")
     if r["seeds"] > 1:
         # Outside joint rounds: a seed left alone once the others have finished, or seeds without a joint runner.
-        none = ("; the seeds take turns on a CPU or without train.cuda_graph (--joint-eager counts the rounds)"
+        none = ("; the seeds take turns on a CPU or without train.cuda_graph"
                 if not r["n_joint_updates"] else "")
         print(f"  updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']} "
               f"({100 * r['n_joint_updates'] / max(r['n_updates'], 1):.1f} %{none})")

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import tempfile
 
-from ..rollout import answered
+from ..burst import Burst
+from ..rollout import RandomPolicy, answered, play_episodes
 from ..rundir import RunDir
-from ..trainer import Burst, Trainer
+from ..trainer import Trainer
 from .common import Row, interleaved_medians
 from .loop import compose_run
 
@@ -27,30 +28,31 @@ from .loop import compose_run
 def run(overrides: list[str], updates: int, repeats: int, device: str, threads: int | None) -> list[Row]:
     cfg, _ = compose_run([*overrides, "eval.during_updates=true"], device, threads)
     trainer = Trainer(cfg, RunDir(tempfile.gettempdir()))  # writes nothing
-    while trainer.counters.env_steps < trainer.max_len:  # at least one full episode's worth of windows
-        trainer.collect_episode(random_actions=True)
+    env, steps = trainer.env, 0
+    while steps < trainer.max_len:  # at least one full episode's worth of windows, from random actions
+        (ep,) = answered(play_episodes([env], RandomPolicy([env]), record=True))
+        if ep.length >= 2:
+            trainer.buffer.add_episode(ep)
+        steps += ep.length
+    evaluator = trainer.evaluator
 
     def burst() -> None:
         b = Burst(trainer, {"n": updates, "done": 0, "sums": {}, "counts": {}})
         trainer.run_updates(b)
         b.close()
 
-    def play_deferred() -> None:  # what is left of the deferred evaluation, at once
-        deferred, trainer._deferred = trainer._deferred, None
-        answered(deferred.rest())
-
     def evaluation() -> None:  # as "during" plays it: the actor's copy, taken now
-        trainer._defer_evaluation()
-        play_deferred()
+        evaluator.defer({"env_steps": 0})
+        answered(evaluator.rest())
 
     def after() -> None:
         burst()
         evaluation()
 
     def during() -> None:
-        trainer._defer_evaluation()
+        evaluator.defer({"env_steps": 0})
         burst()
-        play_deferred()
+        answered(evaluator.rest())
 
     evaluation()  # builds the actor's copy and its acting
 

@@ -12,13 +12,11 @@ variants are timed in the same interleaved rounds, and ``graph_speedup`` is eage
 ``--seeds 1 5 10 20`` adds the seed axis (pomdp_ffm/seeds.py): for each S, S SAC+FFM agents updated as S separate
 runners in turn (each its own graph on CUDA: what S separate runs cost on one GPU) against one runner that
 updates the S agents together (``UpdateRunner.update_all``: on CUDA one graph with a branch per seed, on a CPU
-the same updates in turn) and one that updates them as one update over stacked weights (``stacked``,
-pomdp_ffm/stacked.py; S > 1; ``stacked+fused`` with the seeds' Adam steps as PyTorch's fused kernel), and on CUDA
-each with TF32 matmuls (captured with TF32 on). Reported as seed-updates/s and the ratio to the separate runners,
-with the operators a round dispatches outside the optimisers' steps (``ops_per_round``, counted on an eager round:
-on a GPU each is a kernel launch, which bounds an update of this size; the separate runners' count is also the
-branches'). The optimisers are left out of the count as they run per tensor on a CPU and as multi-tensor calls on
-CUDA; joint_step makes the seeds' steps one call.
+the same updates in turn), and on CUDA with TF32 matmuls (captured with TF32 on). Reported as seed-updates/s and
+the ratio to the separate runners, with the operators a round dispatches outside the optimisers' steps
+(``ops_per_round``, counted on an eager round: on a GPU each is a kernel launch, which bounds an update of this
+size). The optimisers are left out of the count as they run per tensor on a CPU and as multi-tensor calls on
+CUDA.
 """
 from __future__ import annotations
 
@@ -30,21 +28,20 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..agent import RecurrentAgent
-from ..buffer import SeqBatch
+from ..buffer import Batch
 from ..config import PolicyConfig
 from ..graph import WARMUP_UPDATES, UpdateRunner
-from ..stacked import STACKABLE_MEMORIES
 from .common import DispatchedOps, Row, interleaved_medians
 
 OBS, ACT, BATCH, SEQ = 6, 3, 64, 64
 SHAPE = f"HopperBLT-V_B{BATCH}_T{SEQ}_h128"
 
 
-def random_batch(rng: np.random.Generator) -> SeqBatch:
+def random_batch(rng: np.random.Generator) -> Batch:
     f = lambda *s: rng.standard_normal(s).astype(np.float32)
-    mask = np.ones((SEQ, BATCH, 1), np.float32)
-    return SeqBatch(f(SEQ, BATCH, OBS), np.tanh(f(SEQ, BATCH, ACT)), f(SEQ, BATCH, 1),
-                    np.zeros((SEQ, BATCH, 1), np.float32), f(SEQ, BATCH, OBS), mask)
+    return Batch(observs=f(SEQ, BATCH, OBS), actions=np.tanh(f(SEQ, BATCH, ACT)), rewards=f(SEQ, BATCH, 1),
+                 terminals=np.zeros((SEQ, BATCH, 1), np.float32), next_observs=f(SEQ, BATCH, OBS),
+                 masks=np.ones((SEQ, BATCH, 1), np.float32))
 
 
 def matmul_gflops(device: torch.device, repeats: int = 20) -> float:
@@ -112,19 +109,9 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
                 out.append(RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name="sac")).to(device))
             return out
 
-        def joint_runner(stacked: bool, fused_adam: bool = False) -> UpdateRunner:
-            runner = UpdateRunner(agents(), cuda_graph=graph, stacked=stacked)
-            if fused_adam:
-                runner.stacked.fused_adam = True
-            return runner
-
         separate = [UpdateRunner(a, cuda_graph=graph) for a in agents()]
-        kinds = {"together": (False, False)}
-        if S > 1 and model in STACKABLE_MEMORIES:
-            kinds.update({"stacked": (True, False), "stacked+fused": (True, True)})
-        if graph:
-            kinds.update({f"{k}+tf32": v for k, v in kinds.items()})
-        joint = {k: joint_runner(*v) for k, v in kinds.items()}
+        kinds = ["together", "together+tf32"] if graph else ["together"]
+        joint = {k: UpdateRunner(agents(), cuda_graph=graph) for k in kinds}
         variants = {"separate": lambda i: [r(batches[(i + k) % 4]) for k, r in enumerate(separate)]}
         variants.update({name: (lambda i, r=r: r.update_all([batches[(i + k) % 4] for k in range(S)]))
                          for name, r in joint.items()})
@@ -144,20 +131,18 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
         for k, v in med.items():
             rows.append(Row("seed-axis", shape, k, "round_ms", v * 1e3, "ms"))
             rows.append(Row("seed-axis", shape, k, "seed_updates_per_s", S / v, "1/s"))
-        for k, stacked in (("separate", False), ("stacked", True)):
-            if k in variants:
-                rows.append(Row("seed-axis", shape, k, "ops_per_round",
-                                ops_per_round(agents(), batches[:1] * S, stacked), "ops"))
+        rows.append(Row("seed-axis", shape, "separate", "ops_per_round", ops_per_round(agents(), batches[:1] * S),
+                        "ops"))
         del separate, joint, variants
         if graph:
             torch.cuda.empty_cache()
     return rows
 
 
-def ops_per_round(agents: list[RecurrentAgent], batches: list, stacked: bool) -> int:
+def ops_per_round(agents: list[RecurrentAgent], batches: list) -> int:
     """The operators one eager round of these agents' updates dispatches outside the optimisers' steps (a graph
     replay dispatches none)."""
-    runner = UpdateRunner(agents, cuda_graph=False, stacked=stacked)
+    runner = UpdateRunner(agents, cuda_graph=False)
     runner.update_all(batches)  # the optimisers' state is made at a first step
     with DispatchedOps(optimisers=False) as counted:
         runner.update_all(batches)

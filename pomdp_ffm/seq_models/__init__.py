@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 
 from .base import SeqModel, State
-from .ffm import ABLATIONS, FFM, RENAMED_OPTIONS
+from .ffm import ABLATIONS, FFM
 from .rnn import GRU, LSTM, MLP
 
 _REGISTRY: dict[str, type[SeqModel]] = {"lstm": LSTM, "gru": GRU, "ffm": FFM, "mlp": MLP}
@@ -35,10 +35,6 @@ def _lookup(name: str) -> type[SeqModel]:
 def build(name: str, *, input_size: int, hidden_size: int, **opts) -> SeqModel:
     allowed = options(name)
     unknown = sorted(set(opts) - set(allowed))
-    renamed = [f"{k!r} is now {RENAMED_OPTIONS[k]!r}" for k in unknown if name == "ffm" and k in RENAMED_OPTIONS]
-    if renamed:
-        raise TypeError(f"seq model {name!r}: option(s) renamed: {'; '.join(renamed)} "
-                        "(patches/104-ffm-option-names.md)")
     if unknown:
         raise TypeError(f"seq model {name!r} got unknown option(s) {unknown}; allowed: {allowed}")
     return _lookup(name)(input_size=input_size, hidden_size=hidden_size, **opts)

@@ -24,6 +24,15 @@ class SeqModel(nn.Module):
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         raise NotImplementedError
 
+    def bound_(self) -> None:
+        """Project the parameters back into their allowed range after a write to them (an optimiser step, a
+        Polyak average), in place and without a host synchronisation. Nothing to do for most models."""
+
+    def bounded_by_owner(self, owner: bool = True) -> "SeqModel":
+        """Leave ``bound_`` to the owner, who calls it after every write it makes, instead of checking the bound
+        at each call (a host read per call where there is one); ``owner=False`` goes back. Returns the model."""
+        return self
+
     def _check_input(self, x: torch.Tensor) -> None:
         if x.dim() != 3 or x.shape[-1] != self.input_size:
             raise ValueError(
