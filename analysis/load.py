@@ -103,6 +103,8 @@ def find_run_dirs(roots: Iterable[str | Path]) -> list[tuple[Path, Path]]:
 
 
 # --------------------------------------------------------------------------- progress.csv
+# A run of the paper's longest budget writes well under 1 MiB; a file past this is not a run's log.
+MAX_PROGRESS_BYTES = 256 << 20
 
 def _is_number(text: str) -> bool:
     try:
@@ -126,7 +128,12 @@ def read_progress(path: str | Path) -> tuple[pd.DataFrame | None, list[tuple[str
     """
     path = Path(path)
     problems: list[tuple[str, str]] = []
-    raw = path.read_bytes()
+    if not path.is_file():
+        return None, [("skipped", "not a regular file (a device, a FIFO or a folder)")]
+    with open(path, "rb") as f:
+        raw = f.read(MAX_PROGRESS_BYTES + 1)
+    if len(raw) > MAX_PROGRESS_BYTES:
+        return None, [("skipped", f"larger than {MAX_PROGRESS_BYTES >> 20} MiB, far more than a run writes")]
     if not raw:
         return None, [("skipped", "empty file (0 bytes)")]
     text = raw.decode("utf-8", errors="replace")

@@ -10,6 +10,7 @@ with their header (``state()``), and a resumed run can check progress.csv agains
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import os
@@ -19,6 +20,12 @@ from .metrics import ENV_STEPS
 from .rundir import set_aside
 
 log = logging.getLogger("pomdp_ffm")
+
+
+def _csv_text(rows: list[list[str]]) -> str:
+    out = io.StringIO()
+    csv.writer(out).writerows(rows)
+    return out.getvalue()
 
 
 def _fmt(v) -> str:
@@ -82,10 +89,9 @@ class MetricsWriter:
             log.warning("%s is missing: rebuilt its %d rows from the checkpoint", self.path, n)
             self._rewrite(expected)
             return
-        with open(self.path, newline="") as f:
-            found = list(csv.reader(f))
+        found, unreadable = self._read(len(_csv_text([columns, *stored])))
         header, rows = (found[0], found[1:]) if found else (None, [])
-        if header == columns and rows[:n] == stored:
+        if unreadable is None and header == columns and rows[:n] == stored:
             if len(rows) > n:
                 aside = set_aside(self.path, "after-checkpoint")
                 log.warning("%s: %d row(s) were logged after the checkpoint; the resumed run logs them again (the "
@@ -97,12 +103,28 @@ class MetricsWriter:
             self._rewrite(expected)
             return
         aside = set_aside(self.path, "damaged")
-        why = ("its header differs from the checkpoint's" if header != columns else
+        why = (unreadable if unreadable is not None else
+               "its header differs from the checkpoint's" if header != columns else
                f"it holds {len(rows)} row(s) where the checkpoint has {n}" if len(rows) < n else
                "its rows differ from the checkpoint's copy")
         log.warning("%s did not match the checkpoint (%s): moved it to %s and rebuilt its %d rows from the "
                     "checkpoint", self.path, why, aside.name, n)
         self._rewrite(expected)
+
+    def _read(self, expected_bytes: int) -> tuple[list[list[str]], str | None]:
+        """The file's rows, or why they cannot be read: not a regular file (a device, a FIFO), far larger than a run
+        could have written beside the checkpoint's rows (read with that bound), or not UTF-8 CSV text."""
+        if not self.path.is_file():
+            return [], "it is not a regular file"
+        bound = 4 * expected_bytes + (1 << 20)  # rows logged after the checkpoint: a few hundred at most
+        with open(self.path, "rb") as f:
+            data = f.read(bound + 1)
+        if len(data) > bound:
+            return [], f"it holds more than {bound} bytes, far more than this run wrote"
+        try:
+            return list(csv.reader(io.StringIO(data.decode("utf-8"), newline=""))), None
+        except (UnicodeDecodeError, csv.Error) as e:
+            return [], f"it is not CSV text ({type(e).__name__}: {str(e)[:80]})"
 
     def _rewrite(self, rows: list[list[str]]) -> None:
         # A complete file beside the old one, then swapped in: a crash never leaves half a file.

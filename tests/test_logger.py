@@ -64,3 +64,37 @@ def test_a_column_the_resumed_run_no_longer_logs_is_refused_not_dropped(tmp_path
     with pytest.raises(ValueError, match="metrics/return_eval_total_sto"):
         MetricsWriter(path, columns(SAC.metrics, False), checkpoint=state)
     assert read(path)[0][0][STOCHASTIC[EVAL_RETURN]] == "-99.0"  # untouched
+
+
+@pytest.mark.parametrize("damage", ["bad-utf8", "nul", "fifo", "device", "huge"])
+def test_an_unreadable_progress_csv_is_set_aside_and_rebuilt(tmp_path, damage):
+    # Damaged bytes are damage: the resumed run keeps the file beside it and rebuilds the rows from its checkpoint,
+    # reading no more than a bound.
+    import os
+
+    cols = columns(SAC.metrics, False)
+    path = tmp_path / "progress.csv"
+    w = MetricsWriter(path, cols)
+    w.write({ENV_STEPS: 200, EVAL_RETURN: -123.4}, 200)
+    state = w.state()
+    w.close()
+    if damage == "bad-utf8":
+        with open(path, "ab") as f:
+            f.write(b"\xff\n")
+    elif damage == "nul":
+        with open(path, "ab") as f:
+            f.write(b"\0\0\0\n")
+    elif damage == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    elif damage == "device":
+        path.unlink()
+        path.symlink_to("/dev/zero")
+    else:
+        with open(path, "ab") as f:
+            f.write(b"x" * (3 << 20))
+    MetricsWriter(path, cols, checkpoint=state).close()
+    rows, header = read(path)
+    assert header == cols and len(rows) == 1 and rows[0][EVAL_RETURN] == "-123.4"
+    (kept,) = tmp_path.glob("progress.csv.*")  # damaged, or (NUL bytes read as a row) logged after the checkpoint
+    assert kept.name.startswith("progress.csv.damaged-" if damage != "nul" else "progress.csv.after-checkpoint-")

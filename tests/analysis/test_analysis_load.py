@@ -316,3 +316,20 @@ def test_a_cached_status_follows_the_runs_lock(tmp_path):
         holder.wait()
     table, _ = load.load_runs([tmp_path / "runs"], cache_dir=tmp_path / "cache")
     assert table["status"].unique().tolist() == ["unfinished"]
+
+
+def test_a_progress_file_that_is_no_log_is_skipped_without_reading_it_whole(tmp_path, monkeypatch):
+    import os
+
+    from analysis import load
+
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    device = tmp_path / "device.csv"
+    device.symlink_to("/dev/urandom")
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"z/env_steps,metrics/return_eval_total\n" + b"1,2\n" * 64)
+    monkeypatch.setattr(load, "MAX_PROGRESS_BYTES", 100)
+    for path, why in ((fifo, "not a regular file"), (device, "not a regular file"), (big, "larger than")):
+        table, problems = load.read_progress(path)
+        assert table is None and problems[0][0] == "skipped" and why in problems[0][1], path
