@@ -139,6 +139,20 @@ def _check_finished(run: RunDir, state: dict | None, budget: int | None) -> None
                           f"{fix}")
 
 
+def _check_counters(run: RunDir, state: dict, budget: int | None) -> None:
+    """The checkpoint's clocks are counts this run could have reached: whole numbers from 0, env steps within
+    its budget (where the caller knows it)."""
+    counters = state.get("counters")
+    names = ("env_steps", "rollouts", "rl_steps")
+    bad = [f"{k}={counters.get(k)!r}" for k in names if not isinstance(counters, dict)
+           or not isinstance(counters.get(k), int) or isinstance(counters.get(k), bool) or counters[k] < 0]
+    if not bad and budget is not None and counters["env_steps"] > budget:
+        bad = [f"env_steps={counters['env_steps']} past the run's budget of {budget}"]
+    if bad:
+        raise RunDirError(f"{run.checkpoint} holds counters no run reaches ({', '.join(bad)}), so it was damaged or "
+                          "crafted; delete it to start this run again, or choose another run directory")
+
+
 def plan(run: RunDir, run_cfg: RunConfig, composed: dict, budget: int | None = None) -> tuple[str, dict | None]:
     """Decide, reading only, what this start does: ('skip', None), ('resume', checkpoint) or ('fresh', None).
     Raises RunDirError, naming the file and the fix, for anything it cannot continue faithfully. ``budget``: the
@@ -174,6 +188,7 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict, budget: int | None = N
             raise RunDirError(f"checkpoint.save_buffer=false would replace {run.checkpoint}, which holds the replay "
                               "buffer this run resumes from, with checkpoints that cannot be resumed; resume it "
                               "with checkpoint.save_buffer=true")
+        _check_counters(run, state, budget)
         return "resume", state
     if run.config.exists():
         _refuse_other_experiment(run, _stored_config(run), composed, "was started with")

@@ -565,6 +565,19 @@ def test_checkpoint_without_its_buffer_is_refused_in_one_line(composed, tmp_path
     assert not (run_dir / "ERROR.txt").exists() and (run_dir / "attempts.log").read_text() == attempts
 
 
+@pytest.mark.parametrize("counters", [{"env_steps": -5}, {"env_steps": 10**9}, {"rl_steps": 1.5}])
+def test_a_checkpoint_with_counters_no_run_reaches_is_refused(cut_run, counters):
+    run_dir, cfg = cut_run
+    path = run_dir / "checkpoints" / "last.pt"
+    state = load_checkpoint(path)
+    state["counters"].update(counters)
+    torch.save(state, path)
+    attempts = (run_dir / "attempts.log").read_text()
+    with pytest.raises(Refused, match=r"last.pt holds counters no run reaches \((env_steps|rl_steps)="):
+        run(cfg, run_dir)
+    assert (run_dir / "attempts.log").read_text() == attempts
+
+
 def test_garbage_checkpoint_gets_a_reason_not_torch_advice(cut_run):
     run_dir, cfg = cut_run
     path = run_dir / "checkpoints" / "last.pt"
