@@ -247,6 +247,23 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
     return composed
 
 
+def _printed_config_overrides(argv: list[str]) -> list[str] | None:
+    """The overrides of a command that prints the composed config (``--cfg job|hydra|all``, with
+    ``--resolve`` or ``--package``), or None for any other command."""
+    flags = {"--cfg", "-c", "--package", "-p"}
+    if not any(a in ("--cfg", "-c") for a in argv):
+        return None
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif a != "--resolve":
+            rest.append(a)
+    return None if any(a.startswith("-") and a not in ("-m", "--multirun") for a in rest) else rest
+
+
 def cli() -> None:
     """``python -m pomdp_ffm.train``: the command line checked (``precheck``), then Hydra's main. A sweep that
     a stop signal stopped (``signals.SweepSignals``) exits with EXIT_STOPPED once its jobs in hand have saved
@@ -255,6 +272,9 @@ def cli() -> None:
     early: list[int] = []  # a stop while the command is checked: nothing has started, nothing starts
     before = {sig: signal.signal(sig, lambda signum, frame: early.append(signum)) for sig in STOP_SIGNALS}
     try:
+        printed = _printed_config_overrides(argv)
+        if printed is not None:
+            precheck(printed, check_dirs=False)  # an invalid config is refused, not printed as if it were fine
         composed = precheck(argv)
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

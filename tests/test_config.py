@@ -353,6 +353,9 @@ def test_cfg_job_prints_composed_config(tmp_path):
     cfg = yaml.safe_load(out)
     assert cfg["train"]["batch_size"] == 64 and cfg["policy"]["algo_name"] == "td3"
     assert not (tmp_path / "runs").exists()  # printing starts nothing
+    bad = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "train.batch_size=-3", "--cfg", "job"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.strip() == "error: train.batch_size=-3 must be >= 1"
 
 
 def test_types_are_the_schemas(hydra_ctx):
