@@ -10,7 +10,9 @@ e.g. a task without normalisation constants) are listed in report.md.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 @dataclass
 class Context:
     args: argparse.Namespace
-    out: Path
+    out: Path  # where this command writes; swapped into --out once complete
+    cache: Path | None = None  # --out's cache of loaded runs
     written: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # report.md's "Notes"
     # The one list of skipped input and warnings: loading's, then every step's (see summary()).
@@ -103,7 +106,7 @@ class Context:
     def emit(self, paths) -> None:
         for p in paths:
             self.written.append(Path(p))
-            print(f"wrote {p}")
+            print(f"wrote {Path(self.args.out) / Path(p).relative_to(self.out)}")  # where it will be once complete
 
     def tables(self, name: str) -> Path:
         return self.out / "tables" / name
@@ -197,7 +200,7 @@ def _load(ctx: Context, pub=None) -> None:
     a = ctx.args
     table, report = load.empty_table(), LoadReport()
     if a.runs:
-        cache = None if a.no_cache else ctx.out / ".cache"
+        cache = None if a.no_cache else ctx.cache
         try:
             table, report = load.load_runs(a.runs, cache_dir=cache)
         except (FileNotFoundError, ValueError) as exc:
@@ -332,6 +335,25 @@ def cmd_efficiency(ctx: Context) -> None:
     ctx.emit(figures.plot_efficiency(summary, ctx.figs("efficiency"), ctx.formats))
 
 
+def _check_max_steps(ctx: Context) -> None:
+    first = None if ctx.table is None or ctx.table.empty else ctx.table["env_steps"].min()
+    if ctx.args.max_steps is not None and first is not None and ctx.args.max_steps < first:
+        raise UsageError(f"--max-steps {ctx.args.max_steps:g} is below every run's first evaluation (the earliest is "
+                         f"at {int(first)} env steps): nothing would be left to analyse")
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Each entry of the finished report ``new`` in place of its namesake in ``out`` (kept aside until then)."""
+    old = Path(tempfile.mkdtemp(prefix=".old-report-", dir=out))
+    for entry in new.iterdir():
+        target = out / entry.name
+        if target.exists():
+            target.rename(old / entry.name)
+        entry.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    new.rmdir()
+
+
 def _prepare_out(out: str) -> Path | None:
     """The output folder, created if needed; None (after a one-line error) when it cannot be one."""
     path = Path(out)
@@ -364,23 +386,33 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _validate(args, command)  # before --out is created: bad input leaves nothing behind
     pub = _read_published(args) if args.published else None
+    made = not Path(args.out).exists()
     out = _prepare_out(args.out)
     if out is None:
         return 2
-    ctx = Context(args=args, out=out)
-    if args.runs or pub is not None:
-        _load(ctx, pub)
-    steps = list(_RUNNERS) if command == "all" else [command]
-    if ctx.table is not None and ctx.table.empty:
-        ctx.notes.append("no run could be loaded; only the report (and benchmarks) were produced")
-        steps = [s for s in steps if s == "efficiency"]
-    if command == "all" and ctx.table is None:
-        steps = ["efficiency"]
-    for step in steps:
-        _RUNNERS[step](ctx)
-    report = write_report(ctx)
-    print(f"wrote {report}")
-    print(f"wrote {ctx.out / 'issues.csv'}")
+    # Written beside the previous report, then swapped in: a failure leaves that report, not half a new one.
+    ctx = Context(args=args, out=Path(tempfile.mkdtemp(prefix=".new-report-", dir=out)), cache=out / ".cache")
+    try:
+        if args.runs or pub is not None:
+            _load(ctx, pub)
+        _check_max_steps(ctx)
+        steps = list(_RUNNERS) if command == "all" else [command]
+        if ctx.table is not None and ctx.table.empty:
+            ctx.notes.append("no run could be loaded; only the report (and benchmarks) were produced")
+            steps = [s for s in steps if s == "efficiency"]
+        if command == "all" and ctx.table is None:
+            steps = ["efficiency"]
+        for step in steps:
+            _RUNNERS[step](ctx)
+        write_report(ctx)
+        _swap_in(ctx.out, out)
+    except BaseException:
+        shutil.rmtree(ctx.out, ignore_errors=True)
+        if made and not any(p.name != ".cache" for p in out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)  # a folder this command made holds nothing of a report
+        raise
+    print(f"wrote {out / 'report.md'}")
+    print(f"wrote {out / 'issues.csv'}")
     for line in console_lines(ctx.report):
         print(line, file=sys.stderr)
     print(ctx.report.summary())

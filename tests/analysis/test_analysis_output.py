@@ -1,0 +1,46 @@
+"""A report is written whole or not at all: it is built beside the previous one and swapped in at the end, so that
+bad input or a failure half-way leaves the previous report as it was (and a folder the command made, nothing)."""
+import numpy as np
+import pytest
+
+from analysis import cli
+from analysis_synth import steps_grid, write_our_run
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "runs"
+    for model in ("ffm", "gru"):
+        for seed in range(2):
+            write_our_run(root, "HopperBLT-V-v0", "sac", model, seed, steps_grid(8), np.linspace(100, 900, 8) + seed)
+    return root
+
+
+def snapshot(out):
+    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and ".cache" not in
+            p.parts}
+
+
+def test_max_steps_below_every_first_evaluation_is_one_line_and_writes_nothing(tree, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert cli.main([str(tree), "--out", str(out), "--max-steps", "1000", "--resamples", "50"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("error: --max-steps 1000 is below every run's first evaluation (the earliest is at 12000 env "
+                       "steps): nothing would be left to analyse")
+    assert not out.exists()
+
+
+def test_a_failure_half_way_leaves_the_previous_report(tree, tmp_path, monkeypatch):
+    out = tmp_path / "report"
+    assert cli.main([str(tree), "--out", str(out), "--resamples", "50"]) == 0
+    before = snapshot(out)
+    assert (out / "report.md").exists() and any(p.parts[0] == "figures" for p in before)
+
+    def broken(ctx):
+        raise RuntimeError("a figure failed")
+
+    monkeypatch.setitem(cli._RUNNERS, "lines", broken)
+    with pytest.raises(RuntimeError, match="a figure failed"):
+        cli.main([str(tree), "--out", str(out), "--resamples", "50"])
+    assert snapshot(out) == before
+    assert sorted(p.name for p in out.iterdir()) == sorted({".cache", *(p.parts[0] for p in before)})
