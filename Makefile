@@ -14,9 +14,10 @@ demo: install
 	$(PYTHON) -m analysis lines $(DEMO_DIR)/run --out $(DEMO_DIR)/report --curves runmax
 	@echo "log: $(DEMO_DIR)/run/progress.csv   plot: $(DEMO_DIR)/report/figures/"
 
-# The default suite (under 6 minutes on 2 cores); `make test-all` adds the slow tests (CI runs it: .ci/run).
+# The default suite, on two cores at once (under 6 minutes on a 2-core machine); `make test-all` adds the slow tests
+# and runs them one at a time (CI runs it: .ci/run).
 test: install
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -m "not slow" -n 2
 
 test-all: install
 	$(PYTHON) -m pytest -q
