@@ -17,7 +17,7 @@ demo: install
 # The default suite, on two cores at once (under 6 minutes on a 2-core machine); `make test-all` adds the slow tests
 # and runs them one at a time (CI runs it: .ci/run).
 test: install
-	$(PYTHON) -m pytest -q -m "not slow" -n 2
+	$(PYTHON) -m pytest -q -m "not slow" -n 2 --dist worksteal
 
 test-all: install
 	$(PYTHON) -m pytest -q

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from pomdp_ffm.exits import EXIT_UNWRITABLE
+
 from . import aggregate, curves, figures, load, published, stats
 from . import constants as C
 from .issues import LoadReport, console_lines
@@ -378,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # met writing the report (reads are reported per run): a read-only --out, a full disk
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: the report cannot be written{where}: {e.strerror or e}; the previous report in --out is "
+              "unchanged: free some space or make --out writable, then rerun", file=sys.stderr)
+        return EXIT_UNWRITABLE
 
 
 def _main(argv: list[str] | None) -> int:

@@ -7,8 +7,10 @@
     python launch/paper_grid.py --seed-axis --dry-run           # 32 jobs, each training seeds 0-4 in one process
 
 Anything after the options is passed to Hydra unchanged (overrides, e.g. seed=0,1 or
-hydra.launcher.timeout_min=720). Rerunning the same command skips finished runs and resumes interrupted
-ones; the summary at the end says how many runs are done, failed or still to do.
+hydra.launcher.timeout_min=720). Each job's status comes from the checks its start makes (pomdp_ffm.start.status);
+a damaged one is listed with its reason before the launch, and the sweep refuses it, writing nothing there, while
+the others run. Rerunning the same command skips finished runs and resumes interrupted ones. The sweep names each
+refused or failed job and ends with "N finished, M refused, K failed"; exit codes: launch/README.md.
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ import subprocess
 import sys
 from collections import Counter
 
-from pomdp_ffm.grid import STATUSES, sweep_jobs
+from pomdp_ffm.exits import EXIT_OK, EXIT_REFUSED
+from pomdp_ffm.grid import kind, show_job, sweep_jobs
 from pomdp_ffm.signals import STOP_SIGNALS
-from pomdp_ffm.start import Refused
+from pomdp_ffm.start import STATUSES, Refused
 from pomdp_ffm.train import precheck
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
@@ -52,16 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         jobs = sweep_jobs(overrides)
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        for job in jobs:
-            print(f"{job.status:9s} {job.run_dir}  [{' '.join(job.overrides)}]")
-    counts = Counter(job.status for job in jobs)
+        return EXIT_REFUSED
+    for job in jobs:  # all of them in a dry run; else the damaged ones, which the sweep will refuse
+        if args.dry_run or kind(job.status) == "damaged":
+            print("\n".join(show_job(job, f"{job.run_dir}  [{' '.join(job.overrides)}]")))
+    counts = Counter(kind(job.status) for job in jobs)
     runs = sum(len(job.run_dirs) for job in jobs)
     print(f"{len(jobs)} jobs" + (f" ({runs} runs)" if runs != len(jobs) else "") + ": "
           + ", ".join(f"{counts[s]} {s}" for s in STATUSES))
     if args.dry_run:
-        return 0
+        return EXIT_REFUSED if counts["damaged"] else EXIT_OK
 
     cmd = [sys.executable, "-m", "pomdp_ffm.train", "--multirun", *overrides]
     print("+", " ".join(cmd), flush=True)
@@ -78,12 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    if rc < 0:  # ended by a signal (one that came before it could stop its runs): the shell's 128 + N
-        rc = 128 - rc
-    after = Counter(job.status for job in sweep_jobs(overrides))
-    print(f"after the launch: {after['done']} done, {after['failed']} failed (ERROR.txt in their run "
-          f"directories), {after['running']} still running, {after['resumable'] + after['new']} not finished")
-    return rc
+    # The sweep's own exit code, or where a signal ended it (before it could stop its runs) the shell's 128 + N.
+    return 128 - rc if rc < 0 else rc
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
-"""The recurrent actor and critic with separate memories (docs/reference.md#architecture), and the agent that
-owns them with their targets and optimisers. The update itself is pomdp_ffm/update.py.
-"""
+"""The recurrent actor and critic with separate memories (docs/reference.md#architecture), and the agent that owns
+them with their targets and optimisers; the update itself is pomdp_ffm/update.py."""
 from __future__ import annotations
 
 import copy
@@ -13,8 +12,25 @@ from .algos import build_algorithm
 from .buffer import Batch
 from .nets import FeatureExtractor, Mlp
 from .seq_models import build as build_seq_model
-from .seq_models.ffm import FFM
-from .update import Aligned, update
+from .seq_models.ffm import FFM, drop_gamma_caches
+from .update import Aligned, bound_memories_, update
+
+
+class DoesNotFit(ValueError):
+    """An update needs more memory than its device has free (RecurrentAgent.check_update_fits)."""
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device``: the GPU's, with what torch's allocator holds unused, or the host's available memory
+    (None where /proc/meminfo cannot tell)."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 class HistoryEncoder(nn.Module):
@@ -26,10 +42,9 @@ class HistoryEncoder(nn.Module):
         self.reward_embedder = FeatureExtractor(1, cfg.reward_embedding_size)
         self.observ_embedder = FeatureExtractor(obs_dim, cfg.observ_embedding_size)
         self.input_size = cfg.action_embedding_size + cfg.reward_embedding_size + cfg.observ_embedding_size
-        # Bounded by the update after each write (update.bound_memories_), not checked at each call: no host sync.
+        # Bounded by the update after each write (update.bound_memories_), not per call: no host read.
         self.memory = build_seq_model(cfg.seq_model, input_size=self.input_size, hidden_size=cfg.rnn_hidden_size,
                                       **cfg.seq_model_options()).bounded_by_owner()
-        self.hidden_size = cfg.rnn_hidden_size
 
     def forward(self, prev_actions, rewards, observs, state=None):
         x = torch.cat([self.action_embedder(prev_actions), self.reward_embedder(rewards),
@@ -49,10 +64,6 @@ class Actor(nn.Module):
         self.shortcut = FeatureExtractor(obs_dim, cfg.observ_embedding_size)
         self.head = head
 
-    @staticmethod
-    def head_input_size(cfg) -> int:
-        return cfg.rnn_hidden_size + cfg.observ_embedding_size
-
     def forward(self, prev_actions, rewards, observs, state=None):
         h, state = self.encoder(prev_actions, rewards, observs, state)
         return self.head(torch.cat([h, self.shortcut(observs)], dim=-1)), state
@@ -64,11 +75,8 @@ class Critic(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, cfg):
         super().__init__()
         self.encoder = HistoryEncoder(obs_dim, act_dim, cfg)
-        size = self.encoder.input_size
-        self.shortcut = FeatureExtractor(obs_dim + act_dim, size)
-        head_in = cfg.rnn_hidden_size + size
-        self.qf1 = Mlp(head_in, cfg.dqn_layers, 1)
-        self.qf2 = Mlp(head_in, cfg.dqn_layers, 1)
+        self.shortcut = FeatureExtractor(obs_dim + act_dim, self.encoder.input_size)
+        self.qf1, self.qf2 = (Mlp(cfg.rnn_hidden_size + self.encoder.input_size, cfg.dqn_layers, 1) for _ in range(2))
 
     def history(self, s: Aligned) -> torch.Tensor:
         return self.encoder(*s.history)[0]
@@ -78,7 +86,6 @@ class Critic(nn.Module):
         return self.qf1(x), self.qf2(x)
 
     def forward(self, s: Aligned, actions) -> tuple[torch.Tensor, torch.Tensor]:
-        """Q1, Q2 of ``actions`` at each step of ``s``'s history."""
         return self.q(self.history(s), s.observs, actions)
 
 
@@ -89,7 +96,7 @@ class RecurrentAgent(nn.Module):
         super().__init__()
         self.cfg, self.obs_dim, self.act_dim = cfg, obs_dim, act_dim
         self.algo = build_algorithm(cfg, act_dim)
-        head = self.algo.make_head(Actor.head_input_size(cfg), cfg.policy_layers, act_dim)
+        head = self.algo.make_head(cfg.rnn_hidden_size + cfg.observ_embedding_size, cfg.policy_layers, act_dim)
         self.actor = Actor(obs_dim, act_dim, cfg, head)
         self.critic = Critic(obs_dim, act_dim, cfg)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
@@ -97,32 +104,59 @@ class RecurrentAgent(nn.Module):
         self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr)
         self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=cfg.lr)
         self.num_updates = 0
-        for net in (self.actor, self.critic, *(t for t, _ in self.targets())):
-            net.encoder.memory.bound_()
+        bound_memories_(self.actor, self.critic, *(t for t, _ in self.targets()))
 
-    def targets(self) -> list[tuple[nn.Module, nn.Module]]:
-        """(target, source) pairs, each target Polyak-averaged towards its source."""
+    def targets(self) -> list[tuple[nn.Module, nn.Module]]:  # (target, source) pairs for Polyak averaging
         pairs = [(self.critic_target, self.critic)]
         return pairs + [(self.actor_target, self.actor)] if self.actor_target is not None else pairs
 
     def actor_step_due(self) -> bool:
-        """Whether the next update moves the actor, the targets and the temperature: every update, or every d-th
-        with a TD3 policy delay d (counted on the host, never data-dependent)."""
+        """Whether the next update moves the actor, targets and temperature (every d-th with a TD3 delay d)."""
         return (self.num_updates + 1) % self.algo.policy_delay == 0
 
     def update(self, batch: Batch, grad_norms: bool = False) -> dict[str, torch.Tensor]:
-        """One gradient step (pomdp_ffm/update.py) on a sampled batch, counted; the statistics as detached 0-d
-        tensors on the agent's device."""
         stats = update(self, Aligned.from_batch(batch, self.device), actor_step_due=self.actor_step_due(),
                        grad_norms=grad_norms)
         self.count_update()
         return stats
 
-    def count_update(self) -> None:
-        """One more update done (by ``update``, or by a graph replay of it: pomdp_ffm/graph.py)."""
+    def count_update(self) -> None:  # by ``update``, or by a graph replay of it (pomdp_ffm/graph.py)
         self.num_updates += 1
 
-    # --------------------------------------------------------------------------------------------
+    def update_memory(self) -> tuple[int, int]:
+        """An update's peak memory in bytes, (beyond the weights, per batch x (window + 1) row): saved activations,
+        a float per row per unit of width 2.5 times over (targets, the actor loss's critic heads, gradients). It is
+        1.5-2.9x the peak RSS measured on a CPU (torch 2.13; SAC, TD3; all memories; batch 8-64, window 64-4096,
+        hidden 32-512)."""
+        c, h, mem = self.cfg, self.cfg.rnn_hidden_size, self.critic.encoder.memory
+        memory = (4 * h + 6 * mem.memory_size * mem.context_size if isinstance(mem, FFM)  # gates, state, output
+                  else {"mlp": 2, "gru": 8}.get(c.seq_model, 10) * h * c.rnn_num_layers)
+        i, o = self.critic.encoder.input_size, c.observ_embedding_size
+        actor = i + memory + o + (h + o) + sum(c.policy_layers) + 2 * self.act_dim
+        critic = 2 * i + memory + (h + i) + 2 * (sum(c.dqn_layers) + 1)
+        window = 3 * (2 * self.obs_dim + self.act_dim + 3) + 4  # the sampled arrays, their indices, as tensors
+        params = [*self.actor.parameters(), *self.critic.parameters()]
+        size = params[0].element_size()  # fixed: gradients and Adam's two moments
+        return 3 * size * sum(p.numel() for p in params), int(size * (2.5 * (actor + critic) + window))
+
+    def check_update_fits(self, train, seq_len: int) -> None:
+        """DoesNotFit, naming the batch and window, where an update cannot fit the memory free: at the start, not
+        out of memory at the first update."""
+        fixed, per_row = self.update_memory()
+        free, need = free_memory(self.device), fixed + per_row * train.batch_size * (seq_len + 1)
+        if free is None or need <= free:
+            return
+        rows = max(free - fixed, 0) // per_row
+        fits = [f"train.sampled_seq_len <= {rows // train.batch_size - 1}"] if rows // train.batch_size > 2 else []
+        fits += [f"train.batch_size <= {rows // (seq_len + 1)}"] if rows // (seq_len + 1) >= 1 else []
+        fix = " or ".join(fits) + " fits" if fits else \
+            "smaller networks (policy.rnn_hidden_size, policy.dqn_layers, policy.policy_layers) are needed"
+        where = "of host memory available" if self.device.type == "cpu" else f"free on {self.device}"
+        window = f" ({seq_len} steps)" if train.sampled_seq_len == -1 else ""
+        raise DoesNotFit(f"train.sampled_seq_len={train.sampled_seq_len}{window} with train.batch_size="
+                         f"{train.batch_size} needs about {need / 2**30:.1f} GiB for an update, more than the "
+                         f"{free / 2**30:.1f} GiB {where}; {fix}")
+
     @property
     def device(self) -> torch.device:
         return next(self.critic.parameters()).device
@@ -131,19 +165,16 @@ class RecurrentAgent(nn.Module):
         return self.actor.encoder.initial_state(batch_size, self.device)
 
     def act(self, obs, prev_action, prev_reward, state, deterministic: bool):
-        """One acting step with the carried memory state, for one env (obs [O], prev_action [A], prev_reward a
-        float) or a batch of envs stepped together (obs [B, O], prev_action [B, A], prev_reward [B]).
-        Returns (actions in [-1, 1] with the batch shape of obs, state)."""
+        """One acting step for one env (obs [O], prev_action [A], prev_reward a float) or a batch (obs [B, O], ...):
+        (actions in [-1, 1] with obs's batch shape, the next memory state)."""
         return act_with(self.actor, self.algo, obs, prev_action, prev_reward, state, deterministic)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Every optimiser, by what it learns (the keys of a checkpoint's optimiser state): actor, critic and SAC's
-        learned temperature."""
+        """Every optimiser, by what it learns (the keys of a checkpoint's optimiser state)."""
         return {"actor": self.actor_optim, "critic": self.critic_optim, **self.algo.optimizers()}
 
     def training_state(self) -> dict:
-        """Everything an update depends on, as tensors and plain containers: the weights (actor, critic, targets,
-        SAC's log-temperature), the optimisers and the update count (TD3's policy delay)."""
+        """Everything an update depends on: weights, optimisers, the update count (TD3's policy delay)."""
         return {"modules": self.state_dict(), "optim": {k: o.state_dict() for k, o in self.optimizers().items()},
                 "num_updates": self.num_updates}
 
@@ -156,30 +187,21 @@ class RecurrentAgent(nn.Module):
 
 @torch.no_grad()
 def act_with(actor: Actor, algo, obs, prev_action, prev_reward, state, deterministic: bool):
-    """RecurrentAgent.act with a given actor (the agent's own, or its CPU copy): inputs go to the actor's device,
-    the action comes back as numpy."""
+    """RecurrentAgent.act with a given actor (the agent's own, or a copy); the action comes back as numpy."""
     dev = next(actor.parameters()).device
-    # Copies (torch.tensor), never views of the caller's numpy arrays: a CPU matmul's last bits depend on its
-    # input's address alignment, and a view starts wherever the caller's array does. Copies start aligned, as
-    # the CUDA-graph acting step's static inputs do (acting_graph.ActingRunner), so both compute the same bits.
+    # Copies, never views of the caller's arrays: a CPU matmul's last bits depend on its input's alignment, and
+    # copies start aligned as the acting graph's static inputs do (acting_graph.ActingRunner).
     f32 = lambda x: torch.tensor(np.asarray(x, np.float32), device=dev)
-    o = f32(obs)
-    single = o.dim() == 1
-    obs_dim, act_dim = o.shape[-1], np.shape(prev_action)[-1]
-    o = o.view(1, -1, obs_dim)  # [1, B, O]: one time step
-    a = f32(prev_action).view(1, -1, act_dim)
-    r = f32(prev_reward).view(1, -1, 1)
-    out, state = actor(a, r, o, state)
+    o, a, r = f32(obs), f32(prev_action), f32(prev_reward)
+    single, act_dim = o.dim() == 1, a.shape[-1]
+    out, state = actor(a.view(1, -1, act_dim), r.view(1, -1, 1), o.view(1, -1, o.shape[-1]), state)  # one step
     action = algo.act(out, deterministic).view(-1, act_dim).cpu().numpy()
     return (action[0] if single else action), state
 
 
-
 class ActorSnapshot:
-    """A copy of an agent's actor on the agent's device, set to the actor's weights by ``take()``: what an
-    evaluation played during the next burst of updates acts with (``eval.during_updates``), while those updates
-    move the actor itself. It acts as the agent does (``initial_state``, ``act``, and the attributes
-    acting_graph.ActingRunner reads), with the same computation, so its actions are the actor's at ``take()``."""
+    """A copy of the agent's actor, set to its weights by ``take()``: an evaluation during the next burst of updates
+    (``eval.during_updates``) acts with it, as the agent acts, while the updates move the actor itself."""
 
     def __init__(self, agent: RecurrentAgent):
         self.algo, self.obs_dim, self.act_dim, self.source = agent.algo, agent.obs_dim, agent.act_dim, agent
@@ -191,29 +213,17 @@ class ActorSnapshot:
 
     @torch.no_grad()
     def take(self) -> None:
-        """The actor's current weights, copied in place (graphs captured on this copy keep reading them); on
-        CUDA the copy is queued after the updates already queued, and before those queued next."""
+        """The actor's weights, copied in place (graphs on this copy keep reading them), queued after the updates."""
         for dst, src in zip(self.actor.state_dict().values(), self.source.actor.state_dict().values()):
             dst.copy_(src)
-        for m in self.actor.modules():
-            if isinstance(m, FFM):
-                m.drop_gamma_cache()
+        drop_gamma_caches(self.actor)
 
-    def initial_state(self, batch_size: int = 1):
-        return self.actor.encoder.initial_state(batch_size, self.device)
-
-    def act(self, obs, prev_action, prev_reward, state, deterministic: bool):
-        return act_with(self.actor, self.algo, obs, prev_action, prev_reward, state, deterministic)
+    initial_state, act = RecurrentAgent.initial_state, RecurrentAgent.act  # they read actor, algo and device
 
 
 class OffStreamActing:
-    """An ActorSnapshot acting eagerly on a CUDA stream of its own, which waits for the work queued before each
-    ``take()`` (the updates whose result it copies) and for nothing queued after: its steps run while the
-    device works through the next burst's updates, and a step's wait is for its own kernels only.
-
-    Not CUDA-graph replays: a replay writes the default generator's seed and offset into tensors that every
-    graph of that generator reads (in some torch releases), so a replay beside queued update graphs could hand
-    them the wrong offset. Deterministic eager acting draws nothing and touches no generator state."""
+    """An ActorSnapshot acting on its own CUDA stream, beside the next burst's updates. Eagerly: a graph replay
+    writes the generator state that (in some torch releases) queued update graphs read."""
 
     def __init__(self, snapshot: ActorSnapshot):
         self.snapshot = snapshot

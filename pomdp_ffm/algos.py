@@ -1,9 +1,5 @@
-"""What SAC and TD3 supply to the one update (pomdp_ffm/update.py), as small functions over tensors: the policy
-head, the next actions and their entropy bonus in the critic target, the actions the actor loss differentiates,
-the per-step actor objective, and the temperature step. Reference quirks are config fields with the reference's
-defaults (``policy.sac.*``, ``policy.td3.*``).
-
-This module is the algorithm registry: the only code that knows algorithm names.
+"""What SAC and TD3 supply to the one update (pomdp_ffm/update.py), as small functions over tensors; reference
+quirks are config fields (``policy.sac.*``, ``policy.td3.*``). The registry: the only code that knows their names.
 """
 from __future__ import annotations
 
@@ -18,34 +14,27 @@ class SAC(nn.Module):
     uses_target_actor = False
     policy_delay = 1
     metrics = ("qf1_loss", "qf2_loss", "policy_loss", "policy_entropy", "alpha")  # update()'s, in column order
+    make_head = TanhGaussianHead  # (input_size, hidden_sizes, act_dim) -> the policy head
 
     def __init__(self, policy_cfg, act_dim: int):
         super().__init__()
         self.cfg = cfg = policy_cfg.sac
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else float(cfg.target_entropy)
         if cfg.automatic_entropy_tuning:
-            # log(alpha) starts at 0, i.e. alpha = 1.0; the config's entropy_alpha is then unused (reference).
+            # alpha starts at 1.0 and the config's entropy_alpha is unused (the reference)
             self.log_alpha = nn.Parameter(torch.zeros(1))
             self.alpha_optim = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
         else:
             self.log_alpha, self.alpha_optim = None, None
-            # float64 holds the config's number exactly, like the Python float the reference multiplies by: a
-            # float32 tensor times this 0-d tensor rounds it to float32 first, as it rounds a Python float.
-            # Not persistent: checkpoints keep their keys; the value always comes from the config.
+            # float64: a float32 tensor times it rounds it as it rounds the reference's Python float. Not
+            # persistent: the value always comes from the config.
             self.register_buffer("fixed_alpha", torch.tensor(float(cfg.entropy_alpha), dtype=torch.float64),
                                  persistent=False)
 
     @property
     def alpha(self) -> torch.Tensor:
-        """The temperature, a detached 0-d tensor: exp(log_alpha) when tuned (what the reference reads with .item()
-        after each temperature step, without the host synchronisation), else the config's entropy_alpha."""
-        if self.log_alpha is None:
-            return self.fixed_alpha
-        return self.log_alpha.detach().exp().view(())
-
-    @staticmethod
-    def make_head(input_size, hidden_sizes, act_dim) -> nn.Module:
-        return TanhGaussianHead(input_size, hidden_sizes, act_dim)
+        """The temperature, a detached 0-d tensor (the reference's .item(), without the host read)."""
+        return self.fixed_alpha if self.log_alpha is None else self.log_alpha.detach().exp().view(())
 
     def next_actions(self, policy_out):
         """Actions a' ~ pi(.|h_{t+1}) over the T+1 steps, and the soft value's bonus -alpha log pi(a')."""
@@ -63,8 +52,8 @@ class SAC(nn.Module):
         return self.alpha * log_prob - torch.min(q1, q2)
 
     def temperature_loss(self, entropy: torch.Tensor) -> torch.Tensor:
-        # target_entropy - entropy equals the reference's log_prob + target_entropy bit for bit (negation is exact)
-        scale = self.log_alpha.exp() if self.cfg.alpha_loss == "alpha" else self.log_alpha  # reference: "alpha"
+        # target_entropy - entropy is the reference's log_prob + target_entropy bit for bit (negation is exact)
+        scale = self.log_alpha.exp() if self.cfg.alpha_loss == "alpha" else self.log_alpha
         return -(scale * (self.target_entropy - entropy)).sum()
 
     def temperature_step(self, entropy: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -88,15 +77,12 @@ class TD3(nn.Module):
     shares_actor_pass = False  # the critic target's actions come from the target actor
     uses_target_actor = True
     metrics = ("qf1_loss", "qf2_loss", "policy_loss")
+    make_head = DeterministicHead
 
     def __init__(self, policy_cfg, act_dim: int):
         super().__init__()
         self.cfg = policy_cfg.td3
         self.policy_delay = int(self.cfg.policy_delay)
-
-    @staticmethod
-    def make_head(input_size, hidden_sizes, act_dim) -> nn.Module:
-        return DeterministicHead(input_size, hidden_sizes, act_dim)
 
     def next_actions(self, target_actions):
         """The target actor's actions with clipped noise (target policy smoothing), and no bonus."""
@@ -116,9 +102,8 @@ class TD3(nn.Module):
         return {}
 
     def act(self, actions, deterministic: bool):
-        if deterministic:
-            return actions
-        return (actions + torch.randn_like(actions) * self.cfg.exploration_noise).clamp(-1.0, 1.0)
+        noisy = lambda: (actions + torch.randn_like(actions) * self.cfg.exploration_noise).clamp(-1.0, 1.0)
+        return actions if deterministic else noisy()
 
     @staticmethod
     def optimizers() -> dict[str, torch.optim.Optimizer]:
@@ -129,11 +114,7 @@ _REGISTRY = {"sac": SAC, "td3": TD3}
 ALGORITHMS = tuple(_REGISTRY)
 
 
-def algorithm_class(name: str) -> type[nn.Module]:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown algo_name {name!r}; available: {list(ALGORITHMS)}")
-    return _REGISTRY[name]
-
-
 def build_algorithm(policy_cfg, act_dim: int) -> nn.Module:
-    return algorithm_class(policy_cfg.algo_name)(policy_cfg, act_dim)
+    if policy_cfg.algo_name not in _REGISTRY:
+        raise ValueError(f"unknown algo_name {policy_cfg.algo_name!r}; available: {list(ALGORITHMS)}")
+    return _REGISTRY[policy_cfg.algo_name](policy_cfg, act_dim)

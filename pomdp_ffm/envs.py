@@ -1,11 +1,5 @@
-"""Task registry for the P/V/F occlusion benchmarks.
-
-A task id ``<Family>-{F,P,V}-v0`` names a base Gymnasium environment plus the subset of its
-observation vector the agent sees: ``F`` all dims (the fully observed MDP), ``P`` position-like
-dims only, ``V`` velocity-like dims only. The classic and PyBullet families reproduce the
-POMDP-Baselines index lists verbatim; the ``*MJ`` families are MuJoCo (Gymnasium v5)
-counterparts the reference never had. See ``docs/tasks.md`` for the table.
-"""
+"""Task registry for the P/V/F occlusion benchmarks (docs/tasks.md): ``<Family>-{F,P,V}-v0`` is a base Gymnasium
+env seeing all its observation dims (F), the position-like (P) or the velocity-like ones (V)."""
 
 from __future__ import annotations
 
@@ -25,40 +19,20 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-__all__ = [
-    "TaskSpec",
-    "TASKS",
-    "POMDPWrapper",
-    "EnvInWorker",
-    "available_tasks",
-    "get_task",
-    "make_env",
-]
+from .signals import end_with_parent
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """Static description of one task id."""
-
     name: str
     base_id: str
     obs_indices: tuple[int, ...]
     max_episode_steps: int
-    # Excluded from hashing because dicts are unhashable; the spec stays usable as a dict key.
     make_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property
-    def id(self) -> str:
-        # Gymnasium code that receives this object through ``env.spec`` reads ``spec.id``.
+    def id(self) -> str:  # Gymnasium code that receives this object through ``env.spec`` reads ``spec.id``
         return self.name
-
-    @property
-    def obs_dim(self) -> int:
-        return len(self.obs_indices)
-
-    @property
-    def is_bullet(self) -> bool:
-        return self.base_id.endswith("BulletEnv-v0")
 
 
 def _r(start: int, stop: int) -> tuple[int, ...]:
@@ -67,78 +41,33 @@ def _r(start: int, stop: int) -> tuple[int, ...]:
 
 # (family, base id, max steps, make kwargs, {variant: indices})
 _FAMILIES: list[tuple[str, str, int, dict[str, Any], dict[str, tuple[int, ...]]]] = [
-    # --- reference (POMDP-Baselines envs/pomdp), index lists copied exactly ---
-    # The reference's discrete tasks (CartPole, LunarLander) are not registered: they need SAC-discrete,
-    # which this project does not implement (patches/009-continuous-separate-only.md).
+    # The reference's (POMDP-Baselines envs/pomdp) index lists, copied exactly. Its discrete tasks (CartPole,
+    # LunarLander) need SAC-discrete, which this project does not implement (patches/009).
     ("Pendulum", "Pendulum-v1", 200, {}, {"F": (0, 1, 2), "P": (0, 1), "V": (2,)}),
-    (
-        "HopperBLT", "HopperBulletEnv-v0", 1000, {},
-        {
-            "F": _r(0, 15),
-            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14),
-            "V": (3, 4, 5, 9, 11, 13),
-        },
-    ),
-    (
-        "WalkerBLT", "Walker2DBulletEnv-v0", 1000, {},
-        {
-            "F": _r(0, 22),
-            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21),
-            "V": (3, 4, 5, 9, 11, 13, 15, 17, 19),
-        },
-    ),
-    (
-        "AntBLT", "AntBulletEnv-v0", 1000, {},
-        {
-            "F": _r(0, 28),
-            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25, 26, 27),
-            "V": (3, 4, 5, 9, 11, 13, 15, 17, 19, 21, 23),
-        },
-    ),
-    (
-        "HalfCheetahBLT", "HalfCheetahBulletEnv-v0", 1000, {},
-        {
-            "F": _r(0, 26),
-            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21, 22, 23, 24, 25),
-            "V": (3, 4, 5, 9, 11, 13, 15, 17, 19),
-        },
-    ),
-    # --- MuJoCo v5 (not in the reference). Default v5 observations are qpos without the
-    # root x (Ant: without x and y) followed by qvel, so P is the leading block and V the rest.
-    # Hopper: nq=6, nv=6 -> 5 + 6.
+    ("HopperBLT", "HopperBulletEnv-v0", 1000, {},
+     {"F": _r(0, 15), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14), "V": (3, 4, 5, 9, 11, 13)}),
+    ("WalkerBLT", "Walker2DBulletEnv-v0", 1000, {},
+     {"F": _r(0, 22), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21), "V": (3, 4, 5, 9, 11, 13, 15, 17, 19)}),
+    ("AntBLT", "AntBulletEnv-v0", 1000, {},
+     {"F": _r(0, 28), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25, 26, 27),
+      "V": (3, 4, 5, 9, 11, 13, 15, 17, 19, 21, 23)}),
+    ("HalfCheetahBLT", "HalfCheetahBulletEnv-v0", 1000, {},
+     {"F": _r(0, 26), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21, 22, 23, 24, 25),
+      "V": (3, 4, 5, 9, 11, 13, 15, 17, 19)}),
+    # MuJoCo v5 (not in the reference): its observations are qpos without the root x (Ant: x and y), then qvel,
+    # so P is the leading block and V the rest (nq - 1 + nv: Hopper 5 + 6, Walker2d and HalfCheetah 8 + 9).
     ("HopperMJ", "Hopper-v5", 1000, {}, {"F": _r(0, 11), "P": _r(0, 5), "V": _r(5, 11)}),
-    # Walker2d: nq=9, nv=9 -> 8 + 9.
     ("Walker2dMJ", "Walker2d-v5", 1000, {}, {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)}),
-    # HalfCheetah: nq=9, nv=9 -> 8 + 9.
-    (
-        "HalfCheetahMJ", "HalfCheetah-v5", 1000, {},
-        {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)},
-    ),
-    # Ant: nq=15, nv=14 -> 13 + 14. The 78 contact-force dims are switched off because they are
-    # neither positions nor velocities and would otherwise leak into F only.
-    (
-        "AntMJ", "Ant-v5", 1000, {"include_cfrc_ext_in_observation": False},
-        {"F": _r(0, 27), "P": _r(0, 13), "V": _r(13, 27)},
-    ),
+    ("HalfCheetahMJ", "HalfCheetah-v5", 1000, {}, {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)}),
+    # Ant: 13 + 14; its 78 contact-force dims are neither positions nor velocities and would leak into F only.
+    ("AntMJ", "Ant-v5", 1000, {"include_cfrc_ext_in_observation": False},
+     {"F": _r(0, 27), "P": _r(0, 13), "V": _r(13, 27)}),
 ]
 
 
-def _build_tasks() -> dict[str, TaskSpec]:
-    tasks: dict[str, TaskSpec] = {}
-    for family, base_id, max_steps, kwargs, variants in _FAMILIES:
-        for variant in ("F", "P", "V"):
-            name = f"{family}-{variant}-v0"
-            tasks[name] = TaskSpec(
-                name=name,
-                base_id=base_id,
-                obs_indices=tuple(int(i) for i in variants[variant]),
-                max_episode_steps=max_steps,
-                make_kwargs=dict(kwargs),
-            )
-    return tasks
-
-
-TASKS: dict[str, TaskSpec] = _build_tasks()
+TASKS: dict[str, TaskSpec] = {
+    f"{family}-{v}-v0": TaskSpec(f"{family}-{v}-v0", base_id, tuple(int(i) for i in variants[v]), max_steps, dict(kw))
+    for family, base_id, max_steps, kw, variants in _FAMILIES for v in ("F", "P", "V")}
 
 
 def available_tasks() -> list[str]:
@@ -146,72 +75,46 @@ def available_tasks() -> list[str]:
 
 
 def get_task(name: str) -> TaskSpec:
-    try:
+    if isinstance(name, str) and name in TASKS:
         return TASKS[name]
-    except (KeyError, TypeError):
-        pass
-    hint = ""
-    if isinstance(name, str):
-        close = difflib.get_close_matches(name, TASKS.keys(), n=3)
-        if close:
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?"
-    raise ValueError(
-        f"Unknown task {name!r}.{hint} Known tasks: {', '.join(available_tasks())}"
-    )
+    close = difflib.get_close_matches(name, TASKS, n=3) if isinstance(name, str) else []
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise ValueError(f"Unknown task {name!r}.{hint} Known tasks: {', '.join(available_tasks())}")
 
 
 class POMDPWrapper(gymnasium.Wrapper):
-    """Masks the observation to ``spec.obs_indices`` and rescales continuous actions.
-
-    The agent acts in ``[-1, 1]^A``; the action is clipped, mapped affinely onto the base
-    action box and clipped again (floating-point safety), as in the reference. ``action_space``
-    is deliberately left as the base env's native box because the reference draws its initial
-    random-exploration actions from it (and stores them unclipped).
-    """
+    """Masks the observation to ``spec.obs_indices``; maps the agent's actions in ``[-1, 1]^A`` onto the base
+    action box, clipping before and after, as the reference does. ``action_space`` stays the base env's box: the
+    reference draws its initial random actions from it (and stores them unclipped)."""
 
     def __init__(self, env: gymnasium.Env, spec: TaskSpec, seed: int | None = None):
         super().__init__(env)
         base_obs = env.observation_space
         if not isinstance(base_obs, spaces.Box) or len(base_obs.shape) != 1:
-            raise ValueError(
-                f"POMDPWrapper needs a 1-D Box observation space, got {base_obs!r} from {spec.base_id!r}"
-            )
+            raise ValueError(f"POMDPWrapper needs a 1-D Box observation space, got {base_obs!r} from {spec.base_id!r}")
         idx = np.asarray(spec.obs_indices, dtype=np.intp)
         n_base = base_obs.shape[0]
         bad = [int(i) for i in idx if not 0 <= i < n_base]
         if bad or idx.size == 0:
-            raise ValueError(
-                f"Task {spec.name!r}: observation indices {bad or list(idx)} are invalid for base "
-                f"{spec.base_id!r} whose observation has {n_base} dims (allowed 0..{n_base - 1})"
-            )
-        self._idx = idx
-        self._task_spec = spec
-        self.max_episode_steps = spec.max_episode_steps
-        self.observation_space = spaces.Box(
-            low=base_obs.low[idx].astype(np.float32),
-            high=base_obs.high[idx].astype(np.float32),
-            dtype=np.float32,
-        )
-
+            raise ValueError(f"Task {spec.name!r}: observation indices {bad or list(idx)} are invalid for base "
+                             f"{spec.base_id!r} whose observation has {n_base} dims (allowed 0..{n_base - 1})")
+        self._idx, self._task_spec, self.max_episode_steps = idx, spec, spec.max_episode_steps
+        self.observation_space = spaces.Box(base_obs.low[idx].astype(np.float32), base_obs.high[idx].astype(np.float32),
+                                            dtype=np.float32)
         act = env.action_space
         if not isinstance(act, spaces.Box):
             raise ValueError(f"Unsupported action space {act!r} for {spec.base_id!r}; allowed: Box")
-        self._act_low = act.low.astype(np.float64)
-        self._act_high = act.high.astype(np.float64)
-
+        self._act_low, self._act_high = act.low.astype(np.float64), act.high.astype(np.float64)
         self._pending_seed = seed
         if seed is not None:
             self.action_space.seed(seed)
 
-    # Overrides gymnasium's EnvSpec on purpose so callers can read the task description without
-    # touching private attributes. TaskSpec carries ``id`` and ``max_episode_steps``, the two
-    # fields gymnasium's own wrappers read from ``spec``.
+    # The task in place of gymnasium's EnvSpec: it has the ``id`` and ``max_episode_steps`` gymnasium's wrappers read.
     @property
     def spec(self) -> TaskSpec:  # type: ignore[override]
         return self._task_spec
 
     def _observe(self, obs: np.ndarray) -> np.ndarray:
-        # Fancy indexing already copies; the float32 cast makes dtype uniform across base envs.
         return np.asarray(obs)[self._idx].astype(np.float32)
 
     def rng_state(self) -> dict:
@@ -227,28 +130,21 @@ class POMDPWrapper(gymnasium.Wrapper):
         self._pending_seed = state["pending_seed"]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        if seed is None and self._pending_seed is not None:
-            seed = self._pending_seed
         # Only the first reset is seeded implicitly; later resets continue the env's RNG stream.
-        self._pending_seed = None
+        seed, self._pending_seed = self._pending_seed if seed is None else seed, None
         obs, info = self.env.reset(seed=seed, options=options)
         return self._observe(obs), info
 
     def _rescale(self, action: Any) -> np.ndarray:
         a = np.asarray(action, dtype=np.float64)
         if a.shape != self._act_low.shape:
-            raise ValueError(
-                f"Action shape {a.shape} does not match {self._task_spec.name!r}, "
-                f"which expects shape {self._act_low.shape}"
-            )
-        a = np.clip(a, -1.0, 1.0)
-        a = self._act_low + (a + 1.0) * 0.5 * (self._act_high - self._act_low)
-        a = np.clip(a, self._act_low, self._act_high)
-        return a.astype(self.env.action_space.dtype)
+            raise ValueError(f"Action shape {a.shape} does not match {self._task_spec.name!r}, "
+                             f"which expects shape {self._act_low.shape}")
+        a = self._act_low + (np.clip(a, -1.0, 1.0) + 1.0) * 0.5 * (self._act_high - self._act_low)
+        return np.clip(a, self._act_low, self._act_high).astype(self.env.action_space.dtype)
 
     def step(self, action: Any):
-        action = self._rescale(action)
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, reward, terminated, truncated, info = self.env.step(self._rescale(action))
         return self._observe(obs), reward, terminated, truncated, info
 
     # The two halves of ``step``, as an ``EnvInWorker`` has them (there the step runs in between; here in
@@ -261,20 +157,16 @@ class POMDPWrapper(gymnasium.Wrapper):
         return self.step(action)
 
     def reset_from(self, rng: dict) -> tuple[np.ndarray, dict]:
-        """Reset from the RNG state ``rng``: (the first observation, the RNG state after the reset), one link
-        of the evaluation's RNG chain (``Trainer._episodes_together``)."""
+        """(The first observation, the RNG state after) a reset from RNG state ``rng``: an evaluation's RNG chain."""
         self.set_rng_state(rng)
         obs, _ = self.reset()
         return obs, self.rng_state()
 
 
 class EnvInWorker:
-    """A task's env in a worker process, stepped there while the caller goes on: several of them step at once on
-    as many cores (``eval.workers``). It is Gymnasium's AsyncVectorEnv of one env, with autoreset off (the
-    rollout resets an env only when it starts its next episode), seen as one env: ``reset``, ``step`` or
-    ``step_async`` and ``step_wait``, and the env's own calls (``rng_state``, ``set_rng_state``,
-    ``reset_from``) forwarded to it. Observations, rewards and RNG streams are those of the same env in this
-    process (tests/test_envs.py)."""
+    """A task's env stepped in a worker process while the caller goes on (``eval.workers``): Gymnasium's
+    AsyncVectorEnv of one env, autoreset off, seen as one env, with the env's own calls forwarded; observations,
+    rewards and RNG streams are those of the same env in this process."""
 
     runs_elsewhere = True
 
@@ -284,8 +176,7 @@ class EnvInWorker:
             context=worker_start_method(), autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED)
         _OPEN_WORKERS.add(self)
         self.max_episode_steps = get_task(name).max_episode_steps
-        self.observation_space = self.venv.single_observation_space
-        self.action_space = self.venv.single_action_space
+        self.observation_space, self.action_space = self.venv.single_observation_space, self.venv.single_action_space
 
     def reset(self, **kwargs):
         obs, info = self.venv.reset(**kwargs)
@@ -295,8 +186,7 @@ class EnvInWorker:
         self.venv.step_async(np.asarray(action)[None])
 
     def step_ready(self) -> bool:
-        """Whether the step sent by ``step_async`` is done (its result waiting in the pipe): ``step_wait`` would
-        not block."""
+        """Whether ``step_wait`` would not block: the step's result is waiting in the pipe."""
         return self.venv.parent_pipes[0].poll()
 
     def step_wait(self):
@@ -307,8 +197,7 @@ class EnvInWorker:
         self.step_async(action)
         return self.step_wait()
 
-    # The action sampler that draws (the random pool's uniform actions) is this process's copy of the space,
-    # seeded as the worker's: its state is taken from here, the env's from the worker.
+    # The random pool's actions come from this process's copy of the action space: its state is taken from here.
     def rng_state(self) -> dict:
         return {**self.venv.call("rng_state")[0], "action_space": self.action_space.np_random.bit_generator.state}
 
@@ -326,22 +215,19 @@ class EnvInWorker:
         try:
             self.venv.close()
         except Exception:
-            # Gymnasium's close waits for a step in flight first, which a dead worker never answers: end it here,
-            # with SIGKILL (the worker ignores SIGTERM, see _make_env_in_worker).
+            # Gymnasium's close waits for a step a dead worker never answers; the worker ignores SIGTERM.
             for process in self.venv.processes:
                 if process.exitcode is None:
                     process.kill()
-            for pipe in self.venv.parent_pipes:
-                if pipe is not None:
-                    pipe.close()
+            for pipe in filter(None, self.venv.parent_pipes):
+                pipe.close()
             for process in self.venv.processes:
                 process.join(timeout=5)
             self.venv.closed = True  # its __del__ would try again
 
 
-# Workers still open when the interpreter exits are closed before multiprocessing's own exit handler runs:
-# that one stops daemon processes with SIGTERM, which these ignore, and would then wait for them forever.
-# (Registered after multiprocessing.util, whose import registers that handler: atexit runs the later first.)
+# Closed at exit before multiprocessing's handler (registered earlier, so run later), which would SIGTERM them
+# (ignored) and wait forever.
 _OPEN_WORKERS: "weakref.WeakSet[EnvInWorker]" = weakref.WeakSet()
 
 
@@ -351,41 +237,36 @@ def _close_open_workers() -> None:
         env.close()
 
 
-WORKER_START_METHODS = ("forkserver", "spawn")
-
-
 def check_worker_start_method(current: str | None, whose: str = "this process uses") -> None:
-    """Refuse to start env workers from a process whose start method is none of Python's: a child of forkserver
-    or spawn takes its parent's start method with it, and joblib's loky (the local launcher's workers) sets its
-    own, from which a worker cannot start."""
-    if current not in (None, "fork", *WORKER_START_METHODS):
+    """Refuse a start method that is none of Python's (joblib's loky, the local launcher's workers, sets its own, from
+    which a worker cannot start; a child of forkserver or spawn inherits its parent's)."""
+    if current not in (None, "fork", "forkserver", "spawn"):
         raise ValueError(f"evaluation envs in worker processes (eval.workers) need one of Python's start "
                          f"methods, but {whose} {current!r} (joblib's local launcher runs its jobs in loky's "
                          "workers); run them with hydra/launcher=slurm_local or basic, or set eval.workers=false")
 
 
 def worker_start_method() -> str:
-    """How ``EnvInWorker`` starts its process: forkserver where there is one, else spawn; never fork, since this
-    process may hold CUDA and OpenMP threads, which a forked child must not inherit. The forkserver preloads
-    this module and, when the entry point is one of the project's (``python -m pomdp_ffm.train``), that one: a
-    worker starts with what it would otherwise import again (torch among it), shared with the others."""
+    """Forkserver where there is one, else spawn; never fork (CUDA and OpenMP threads must not be inherited). Under
+    one of the project's entry points the forkserver preloads what it imported, but not the entry point itself,
+    which the worker runs again as its ``__main__`` (runpy would warn that it is already imported)."""
     check_worker_start_method(multiprocessing.get_start_method(allow_none=True))
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
     main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) or ""
-    preload = [__name__] + ([main] if main.startswith("pomdp_ffm.") else [])
+    ours = sorted(m for m in sys.modules if m.startswith("pomdp_ffm.") and m not in (main, __name__))
+    preload = [__name__] + (ours if main.startswith("pomdp_ffm.") else [])
     multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
     return "forkserver"
 
 
 def _make_env_in_worker(name: str, seed: int | None, main_pid: int) -> "POMDPWrapper":
-    # The job's stop signals (SLURM signals every process of the job; a terminal's Ctrl-C the whole group) are
-    # the main process's to act on: it checkpoints, then closes the workers. (Gymnasium also builds one env in
-    # the main process to read its spaces: that one leaves the handlers alone.)
+    # A job's stop signals reach every process (SLURM, a terminal's Ctrl-C): the main process acts on them; it
+    # checkpoints, then closes the workers. (Gymnasium's env built in the main process leaves its handlers alone.)
     if os.getpid() != main_pid:
-        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None), getattr(signal, "SIGUSR2", None)):
-            if sig is not None:
-                signal.signal(sig, signal.SIG_IGN)
+        end_with_parent(signal.SIGKILL)  # its parent (the forkserver) ends with the main process
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)
     return make_env(name, seed)
 
 
@@ -395,17 +276,9 @@ def _first(info: dict) -> dict:
 
 
 def make_env(name: str, seed: int | None = None) -> POMDPWrapper:
-    """Build the masked environment for task id ``name``.
-
-    With ``seed`` the first ``reset()`` (when called without its own seed) and the action-space
-    sampler are seeded with it.
-    """
+    """The masked environment of task ``name``; ``seed`` seeds its first ``reset()`` and its action sampler."""
     spec = get_task(name)
-    if spec.is_bullet:
-        # Imported here because it pulls in pybullet and registers its ids as a side effect;
-        # classic and MuJoCo tasks should not pay for that.
-        import pybullet_envs_gymnasium  # noqa: F401
-    base = gymnasium.make(
-        spec.base_id, max_episode_steps=spec.max_episode_steps, **dict(spec.make_kwargs)
-    )
+    if spec.base_id.endswith("BulletEnv-v0"):
+        import pybullet_envs_gymnasium  # noqa: F401  (registers the BLT ids; only those tasks pay for pybullet)
+    base = gymnasium.make(spec.base_id, max_episode_steps=spec.max_episode_steps, **dict(spec.make_kwargs))
     return POMDPWrapper(base, spec, seed=seed)

@@ -1,11 +1,5 @@
-"""Every statistic progress.csv logs, declared once: its name, its column (the reference's, from its
-policies/learner.py and utils/logger.py), and for an update's statistics how a burst of updates reduces it to its
-row. The update's return (pomdp_ffm/update.py, under these names), the burst's sums, the CSV header and the
-analysis reader (analysis/constants.py) all read this table.
-
-A train row carries the ``rl_loss/...`` columns of a burst, an evaluation row the ``z/...`` and ``metrics/...``
-columns; the other cells stay empty, as in the reference's logs.
-"""
+"""Every statistic progress.csv logs, declared once: name, the reference's column and, for an update's, how a burst
+reduces it; read by the update, the burst, the CSV header and analysis/constants.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,25 +10,18 @@ from typing import Iterable
 class Metric:
     name: str
     column: str
-    # "mean": over the burst's updates that reported it (a TD3 policy delay makes the actor's fewer); "last": the
-    # burst's last update's value (the gradient norms, computed at that update only).
+    # "mean" over the burst's updates that reported it (TD3's delay makes the actor's fewer), or "last" (the
+    # gradient norms, computed at the burst's last update only)
     reduce: str = "mean"
 
 
-def _update_metric(name: str, reduce: str = "mean") -> Metric:
-    return Metric(name, f"rl_loss/{name}", reduce)
-
-
 # What update() may return; each algorithm names the ones it reports (algos.SAC.metrics, algos.TD3.metrics).
-UPDATE = {m.name: m for m in (
-    *map(_update_metric, ("qf1_loss", "qf2_loss", "policy_loss", "policy_entropy", "alpha")),
-    *(_update_metric(name, "last") for name in ("q_grad_norm", "q_rnn_grad_norm", "pi_grad_norm",
-                                                 "pi_rnn_grad_norm")),
-)}
+UPDATE = {name: Metric(name, f"rl_loss/{name}", "last" if name.endswith("grad_norm") else "mean") for name in (
+    "qf1_loss", "qf2_loss", "policy_loss", "policy_entropy", "alpha",
+    "q_grad_norm", "q_rnn_grad_norm", "pi_grad_norm", "pi_rnn_grad_norm")}
 GRAD_NORMS = tuple(name for name, m in UPDATE.items() if m.reduce == "last")
 
-# The evaluation row: the clocks when it was due, then the deterministic evaluation (and the stochastic one with
-# eval.eval_stochastic), then the wall clock.
+# The evaluation row: the clocks, the deterministic (and with eval.eval_stochastic the stochastic) evaluation, time
 ENV_STEPS, ROLLOUTS, RL_STEPS = "z/env_steps", "z/rollouts", "z/rl_steps"
 EVAL_LENGTH, EVAL_RETURN, EVAL_SUCCESS = ("metrics/total_steps_eval", "metrics/return_eval_total",
                                           "metrics/success_rate_eval")

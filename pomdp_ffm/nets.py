@@ -17,20 +17,10 @@ class FeatureExtractor(nn.Module):
 
     def __init__(self, input_size: int, output_size: int):
         super().__init__()
-        self.output_size = output_size
         self.fc = nn.Linear(input_size, output_size) if output_size > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fc is None:
-            return x.new_zeros(*x.shape[:-1], 0)
-        return torch.relu(self.fc(x))
-
-
-def fanin_init_(layer: nn.Linear, bias: float = 0.1) -> None:
-    # rlkit's "fanin" init as the reference uses it: the bound uses weight.size(0), the *output* size.
-    bound = 1.0 / math.sqrt(layer.weight.size(0))
-    nn.init.uniform_(layer.weight, -bound, bound)
-    nn.init.constant_(layer.bias, bias)
+        return x.new_zeros(*x.shape[:-1], 0) if self.fc is None else torch.relu(self.fc(x))
 
 
 def uniform_init_(layer: nn.Linear, bound: float) -> None:
@@ -47,13 +37,14 @@ class Mlp(nn.Module):
         layers, size = [], input_size
         for h in hidden_sizes:
             fc = nn.Linear(size, h)
-            fanin_init_(fc)
+            bound = 1.0 / math.sqrt(h)  # rlkit's "fanin" init as the reference uses it: of the *output* size
+            nn.init.uniform_(fc.weight, -bound, bound)
+            nn.init.constant_(fc.bias, 0.1)
             layers += [fc, nn.ReLU()]
             size = h
         if output_size is not None:
-            last = nn.Linear(size, output_size)
-            uniform_init_(last, init_w)
-            layers.append(last)
+            layers.append(nn.Linear(size, output_size))
+            uniform_init_(layers[-1], init_w)
             size = output_size
         self.net = nn.Sequential(*layers)
         self.output_size = size

@@ -1,23 +1,19 @@
-"""Every signal a run answers, in one place.
-
-SIGTERM and SIGUSR1 ask a run to stop: the trainer finishes the update or episode in hand, saves
-checkpoints/last.pt and exits with EXIT_STOPPED. Inside a submitit job the scheduler's warning signal (USR2
-unless SUBMITIT_PREEMPT_SIGNAL says otherwise) does the same first, and submitit's own handler, which
-requeues the job with its timeout accounting and exits the process, runs only after the checkpoint is on disk
-(``hand_over``). Outside the ``with`` block, submitit's handler acts alone: there is nothing new to save then.
-
-In a sweep whose jobs run in the launching process (Hydra's basic launcher) or in its worker processes
-(joblib's, ``hydra/launcher=local``), a stop signal stops the sweep: the launching process forwards it to its
-workers (``SweepSignals``), the jobs in hand checkpoint and stop, the jobs after them do not start
-(``sweep_stopped``), and the launcher exits with EXIT_STOPPED. Rerunning the command resumes the stopped runs
-and starts the others. Under submitit every job is its own process and gets its own signals.
-"""
+"""Every signal a run answers (launch/README.md, "Rerun, resume, failures"): SIGTERM and SIGUSR1 stop a run with a
+checkpoint (EXIT_STOPPED); a submitit job's warning signal too, before submitit requeues it (``hand_over``). A
+sweep's stop signal is forwarded to its workers (``SweepSignals``) and no later job starts (``sweep_stopped``).
+Workers end with the process that started them, even one killed by SIGKILL."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
+import logging
+import multiprocessing
 import os
 import signal
 import sys
 import threading
+from multiprocessing import resource_tracker
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -25,18 +21,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class StopSignals:
     def __init__(self):
         self.requested: int | None = None
-        name = "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
-        self.warning_signum = getattr(signal, name, None)
-        self._requeue = None
-        self._warning_caught: tuple | None = None
+        self.warning_signum = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+        self._requeue = self._warning_caught = None  # (submitit's handler; the warning it gets when it comes)
         self._old: dict[int, object] = {}
 
-    def request(self, signum: int) -> None:
+    def request(self, signum: int, frame=None) -> None:
         """What a stop signal does (also callable directly, e.g. from a test)."""
         self.requested = signum
-
-    def _on_stop(self, signum, frame) -> None:
-        self.request(signum)
 
     def _on_warning(self, signum, frame) -> None:
         self._warning_caught = (signum, frame)
@@ -44,29 +35,21 @@ class StopSignals:
 
     def __enter__(self) -> "StopSignals":
         try:
-            for sig in STOP_SIGNALS:
-                self._old[sig] = signal.signal(sig, self._on_stop)
+            self._old.update((sig, signal.signal(sig, self.request)) for sig in STOP_SIGNALS)
             w = self.warning_signum
             if w is not None and w not in STOP_SIGNALS and callable(signal.getsignal(w)):
                 # A Python handler on the warning signal is submitit's: defer it until the checkpoint is saved.
                 self._requeue = signal.getsignal(w)
                 self._old[w] = signal.signal(w, self._on_warning)
         except ValueError:  # signals can only be handled in the main thread; a worker thread trains unguarded
-            self._restore()
-        # A stop that came while this run was being set up (remembered by SweepSignals), looked for once this
-        # handler is in, so that none falls between the two.
+            _restore(self._old)
+        # A stop remembered by SweepSignals while this run was set up: looked for once this handler is in.
         if _sweep_stop is not None:
             self.request(_sweep_stop)
         return self
 
     def __exit__(self, *exc) -> bool:
-        self._restore()
-        return False
-
-    def _restore(self) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        self._old.clear()
+        return _restore(self._old)
 
     def hand_over(self) -> None:
         """After the checkpoint: let submitit requeue the job (it exits the process) if its warning stopped us."""
@@ -74,9 +57,14 @@ class StopSignals:
             self._requeue(*self._warning_caught)
 
 
-# The stop signal this process received during a sweep, by a job or between two jobs: no later job of the sweep
-# starts in this process.
-_sweep_stop: int | None = None
+def _restore(old: dict) -> bool:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+    old.clear()
+    return False
+
+
+_sweep_stop: int | None = None  # the stop signal this process got in a sweep: no later job starts here
 
 
 def sweep_stopped() -> int | None:
@@ -91,30 +79,22 @@ def stop_sweep(signum: int | None) -> None:
 
 def _job_processes() -> list[int]:
     """The worker processes of joblib's loky executor, where Hydra's joblib launcher runs a sweep's jobs."""
-    module = sys.modules.get("joblib.externals.loky.reusable_executor")
-    executor = getattr(module, "_executor", None)
+    executor = getattr(sys.modules.get("joblib.externals.loky.reusable_executor"), "_executor", None)
     processes = getattr(executor, "_processes", None) or {}
     return [p.pid for p in list(processes.values()) if getattr(p, "pid", None)]
 
 
 class SweepSignals:
-    """Around a sweep launched in this process: a stop signal is remembered (``stop_sweep``) and forwarded to the
-    processes running the sweep's jobs. Installed in each job process too, between its jobs (where a job's
-    StopSignals is not), so that a signal there is remembered instead of killing the worker.
-
-    ``workers``: the jobs run in worker processes that this one starts (joblib's). Until a worker has installed
-    its own handler, at its first job, a forwarded signal would kill it; so the stop signals are blocked here,
-    which the workers inherit (a blocked signal waits for its process to unblock it: ``unblock_in_worker``), and
-    a thread of this process takes them with ``sigwait`` instead of a handler."""
+    """Around a sweep launched here: a stop signal is remembered (``stop_sweep``) and forwarded to the job
+    processes. ``workers`` (joblib's): a forwarded signal would kill a worker before its handler is in, so the
+    stop signals are blocked here, the workers inherit that (until ``unblock_in_worker``), and a thread takes
+    them with ``sigwait``."""
 
     def __init__(self, forward: bool = True, workers: bool = False):
         self.forward = forward
-        # sigwait needs both (macOS has pthread_sigmask, not sigtimedwait): elsewhere a worker stays exposed
-        # until its first job, as without this.
-        self.workers = workers and hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
+        self.workers = workers and hasattr(signal, "sigtimedwait")  # (not on macOS: there a worker stays exposed)
         self._old: dict[int, object] = {}
         self._signalled: set[int] = set()
-        self._watching = False
         self._watcher: threading.Thread | None = None
         self._mask: set | None = None
 
@@ -129,65 +109,110 @@ class SweepSignals:
         for pid in _job_processes():
             if again or pid not in self._signalled:
                 self._signalled.add(pid)
-                try:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                     os.kill(pid, _sweep_stop)
-                except ProcessLookupError:  # it ended meanwhile
-                    pass
 
     def _watch(self) -> None:
-        while self._watching:
-            got = signal.sigtimedwait(STOP_SIGNALS, 0.2)
-            if got is not None:
+        while self._watcher is not None:
+            if (got := signal.sigtimedwait(STOP_SIGNALS, 0.2)) is not None:
                 self._on_stop(got.si_signo)
-            else:
-                # Workers started after the stop get it too (blocked until their first job, they take it there and
-                # do not start it); a stop that came before any worker existed would otherwise reach no job.
+            else:  # workers started after the stop get it too (a stop before any worker existed would reach no job)
                 self._forward()
 
     def __enter__(self) -> "SweepSignals":
         try:
-            for sig in STOP_SIGNALS:
-                self._old[sig] = signal.signal(sig, self._on_stop)
+            self._old.update((sig, signal.signal(sig, self._on_stop)) for sig in STOP_SIGNALS)
         except ValueError:  # not the main thread
             self.__exit__()
             return self
         if self.workers:
             # The resource trackers, which multiprocessing and loky start with the first worker, unblock SIGINT and
             # SIGTERM in the thread that starts them once they are up: started now, before the block, they do not.
-            _start_resource_trackers()
+            resource_tracker.ensure_running()
+            with contextlib.suppress(ImportError):  # no joblib: no joblib launcher either
+                from joblib.externals.loky.backend import resource_tracker as loky_tracker
+                loky_tracker.ensure_running()
             self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-            self._watching = True
             self._watcher = threading.Thread(target=self._watch, name="sweep-signals", daemon=True)
             self._watcher.start()
         return self
 
     def __exit__(self, *exc) -> bool:
         if self._watcher is not None:
-            self._watching = False
-            self._watcher.join()
-            self._watcher = None
+            watcher, self._watcher = self._watcher, None  # (which ends its loop)
+            watcher.join()
         if self._mask is not None:  # a signal that came after the watcher stopped reaches this one's handler
             signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
             self._mask = None
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        self._old.clear()
-        return False
+        return _restore(self._old)
 
 
-def _start_resource_trackers() -> None:
-    from multiprocessing import resource_tracker
+class WorkerSignals(SweepSignals):
+    """In a process running a sweep's jobs: a stop signal between jobs is remembered. A joblib worker ends with
+    its launcher, even one killed by SIGKILL: the kernel sends it SIGTERM, a job in hand stops (checkpoint
+    saved), and the worker exits with ``exit_code`` after it, or at once when idle."""
 
-    resource_tracker.ensure_running()
+    def __init__(self, exit_code: int):
+        super().__init__(forward=False)
+        self.exit_code, self.busy = exit_code, False
+        self.parent = getattr(multiprocessing.parent_process(), "pid", None)  # None: jobs run here (n_jobs=1)
+
+    def __enter__(self) -> "WorkerSignals":
+        super().__enter__()
+        unblock_in_worker()
+        if self.parent is not None:
+            end_with_parent(signal.SIGTERM, self.parent)
+        return self
+
+    def orphaned(self) -> bool:
+        return self.parent is not None and os.getppid() != self.parent
+
+    def _on_stop(self, signum, frame=None) -> None:
+        super()._on_stop(signum, frame)
+        if not self.busy and self.orphaned():
+            os._exit(self.exit_code)
+
+    @contextlib.contextmanager
+    def job(self):
+        self.busy = True
+        try:
+            yield
+        finally:
+            self.busy = False
+            if self.orphaned():  # its result has nowhere to go, and no job will come
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(self.exit_code)
+
+
+@functools.cache
+def job_worker(exit_code: int) -> WorkerSignals:
+    """This process's WorkerSignals, installed at the first call (a joblib worker's start, or the first job)."""
+    return WorkerSignals(exit_code).__enter__()
+
+
+def workers_follow(exit_code: int) -> None:
+    """joblib's workers install their WorkerSignals as they start, so that one that never gets a job ends with
+    this process too (Hydra's launcher passes no initializer, so the "loky" backend is registered with one)."""
     try:
-        from joblib.externals.loky.backend import resource_tracker as loky_tracker
+        from joblib import register_parallel_backend
+        from joblib.parallel import LokyBackend
     except ImportError:  # no joblib: no joblib launcher either
         return
-    loky_tracker.ensure_running()
+    register_parallel_backend("loky", functools.partial(LokyBackend, initializer=job_worker, initargs=(exit_code,)))
+
+
+def end_with_parent(signum: int, parent: int | None = None) -> None:
+    """The kernel sends this process ``signum`` when its parent (pid ``parent``) ends, however it ends (Linux)."""
+    parent = os.getppid() if parent is None else parent
+    if sys.platform.startswith("linux"):
+        # prctl(PR_SET_PDEATHSIG) rather than a watchdog thread: no polling, and the kernel sends it even on SIGKILL.
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)
+        if os.getppid() != parent:  # it ended before the prctl: no signal will come
+            os.kill(os.getpid(), signum)
 
 
 def unblock_in_worker() -> None:
-    """In a job's worker process, once its handler is installed: the stop signals its launcher blocked
-    (``SweepSignals(workers=True)``) are let in, and one that came meanwhile is delivered now."""
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    """Let in the stop signals the launcher blocked, once this worker's handler is in."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -1,26 +1,8 @@
-"""Hydra entry point: ``python -m pomdp_ffm.train env=HopperBLT-V-v0 algo=td3 seq_model=ffm seed=0``.
-
-``--cfg job`` prints the composed config; ``experiment=<preset>`` runs a grid (conf/experiment/);
-``hydra/launcher=<basic|local|slurm|slurm_local>`` chooses where its jobs run (launch/README.md).
-
-Every setting is checked before anything is written (a bad one is a one-line error naming the key, the value
-and what is allowed). A run directory (``pomdp_ffm.rundir``) is then locked for the life of the run: a second
-process is refused, naming the holder. With ``resume=true`` (the presets set it) a run directory is a unit of
-work that can be started any number of times: a finished run (DONE) is skipped; an interrupted one continues
-from checkpoints/last.pt once the checkpoint, config.yaml and progress.csv agree with each other and with the
-config asked for; anything else is refused, naming the file and the fix. Every start is recorded in
-attempts.log; a failure leaves its traceback in ERROR.txt.
-
-Exit codes of a single run (a multirun reports each job's failure through Hydra instead):
-
-    0   finished (DONE written), or skipped because it had finished
-    1   failed: an error while training (traceback in ERROR.txt)
-    2   refused: a bad setting, or a run directory that is in use, damaged, or holds another experiment
-    3   diverged: a non-finite loss (checkpoints/diverged.pt saved, message in ERROR.txt)
-    75  stopped by SIGTERM/SIGUSR1 (or the scheduler's warning) with its checkpoint saved: rerun to resume
-"""
+"""Hydra entry point: ``python -m pomdp_ffm.train env=HopperBLT-V-v0 algo=td3 seq_model=ffm seed=0``, or a grid
+(``experiment=<preset>``; launch/README.md, with the exit codes); every setting is checked before any write."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -29,31 +11,29 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from . import signals
-from .config import register_configs
+from .config import register_configs, yaml_problem
 from .envs import check_worker_start_method
-from .grid import CONF_DIR, job_overrides
+from .exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
+from .grid import job_configs, job_overrides, sweep_outcome
+from .rundir import RunDir
 from .seeds import run_seeds
 from .signals import STOP_SIGNALS, StopSignals, SweepSignals
 from .start import Refused, check_and_lock, validate
 from .trainer import Trainer, TrainingDiverged
+from .unwritable import Unwritable
 
 register_configs()
 log = logging.getLogger("pomdp_ffm")
 
-EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_DIVERGED, EXIT_STOPPED = 0, 1, 2, 3, 75
-
 
 def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer) -> dict:
-    """Validate, lock, verify and train one run directory (or, with ``seeds``, one per seed: pomdp_ffm/seeds.py).
-    Raises Refused (nothing written), TrainingDiverged, or the error that stopped training (recorded in
-    ERROR.txt). Returns a summary dict. ``trainer_cls`` lets tests put an instrumented trainer on the real path."""
+    """Train one run directory (with ``seeds``, one per seed: seeds.py) and return a summary dict; raises Refused
+    (nothing written) or the error that stopped training. ``trainer_cls``: an instrumented trainer for tests."""
     if cfg.get("seeds"):
         return run_seeds(cfg, Path(run_dir), trainer_cls)
     stop = StopSignals()
@@ -74,7 +54,7 @@ def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Train
 
 
 def _remove_empty_dirs(path: Path, stop_at: Path) -> None:
-    """Hydra made the run directory (and its parents) before calling us; a refused start leaves none behind."""
+    """Hydra made the run directory and its parents before calling us: a refused start leaves none behind."""
     path, stop_at = path.resolve(), stop_at.resolve()
     if path.is_dir() and not any(path.iterdir()):
         path.rmdir()
@@ -84,55 +64,49 @@ def _remove_empty_dirs(path: Path, stop_at: Path) -> None:
         path = path.parent
 
 
-_between_jobs: SweepSignals | None = None  # in a joblib worker, from its first job on
-
-# The launchers whose jobs run in the launching process or in its worker processes: a stop signal sent to the
-# launching process stops their sweep (signals.SweepSignals). Under submitit every job has its own signals.
-_IN_PROCESS_LAUNCHERS = ("BasicLauncher", "JoblibLauncher")
-
-
 def _launcher(hydra_cfg) -> str:
-    """The class name of a composed Hydra config's launcher ("BasicLauncher", "JoblibLauncher", ...)."""
     return str(hydra_cfg.launcher.get("_target_", "")).rsplit(".", 1)[-1]
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
+    # In joblib's worker: a stop signal between two jobs stops the sweep, not the worker; it ends with the launcher.
+    joblib = hc.mode == RunMode.MULTIRUN and _launcher(hc) == "JoblibLauncher"
+    with signals.job_worker(EXIT_STOPPED).job() if joblib else contextlib.nullcontext():
+        return _job(cfg, hc)
+
+
+def _job(cfg: DictConfig, hc) -> dict:
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    global _between_jobs
-    if multirun and _between_jobs is None and _launcher(hc) == "JoblibLauncher":
-        # A worker of joblib's launcher: a stop signal between two of its jobs stops the sweep, not the worker; one
-        # that came before this first job waited, blocked (SweepSignals), and is taken now.
-        _between_jobs = SweepSignals(forward=False).__enter__()
-        signals.unblock_in_worker()
-    if multirun and signals.sweep_stopped() is not None:
-        # A stop signal stopped the sweep (during a job of this process or between two): this job does not start.
+    if multirun and (stopped := signals.sweep_stopped()) is not None:  # (in a job of this process, or between two)
         _remove_empty_dirs(run_dir, stop_at=Path(hc.sweep.dir))
-        log.info("not started: the sweep was stopped by signal %d", signals.sweep_stopped())
-        return {"stopped": True, "started": False, "signal": signals.sweep_stopped()}
+        log.info("not started: the sweep was stopped by signal %d", stopped)
+        return {"stopped": True, "started": False, "signal": stopped}
     try:
         result = run(cfg, run_dir)
-    except Refused as e:
-        _remove_empty_dirs(run_dir, stop_at=Path.cwd() if not multirun else Path(hc.sweep.dir))
-        if multirun:
+    except (Refused, TrainingDiverged, Unwritable) as e:  # (a failure is in attempts.log and ERROR.txt where it fits)
+        refused, unwritable = isinstance(e, Refused), isinstance(e, Unwritable)
+        if refused:
+            _remove_empty_dirs(run_dir, stop_at=Path.cwd() if not multirun else Path(hc.sweep.dir))
+        if multirun:  # named at the sweep's end (grid.SweepOutcomes), as the sweep goes on
+            return {"refused" if refused else "failed": str(e)}
+        fix = f"; {e.fix}, then rerun (resume=true continues from the last checkpoint)" if unwritable else ""
+        print(f"error: {e}{fix}", file=sys.stderr)
+        sys.exit(EXIT_REFUSED if refused else EXIT_UNWRITABLE if unwritable else EXIT_DIVERGED)
+    except Exception as e:
+        if not multirun:
             raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_REFUSED)
-    except TrainingDiverged as e:
-        if multirun:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(EXIT_DIVERGED)
+        log.error("%s failed", run_dir, exc_info=not (run_dir / RunDir.ERROR).exists())  # (else ERROR.txt has it)
+        return {"failed": f"{type(e).__name__}: {e}"}
     if result.get("stopped"):
         result["stop"].hand_over()  # inside submitit: requeue now that the checkpoint is on disk (exits)
         if not multirun:
             sys.exit(EXIT_STOPPED)
         signals.stop_sweep(result["signal"])
     elif multirun and result.get("stop") is not None and result["stop"].requested is not None:
-        # The signal came after the run's last look at it (its final evaluation, checkpoint, DONE): the run is
-        # done, and the sweep stops all the same.
+        # A signal after the run's last look at it (final evaluation, checkpoint, DONE): done, but the sweep stops.
         signals.stop_sweep(result["stop"].requested)
     result.pop("stop", None)
     return result
@@ -140,37 +114,23 @@ def main(cfg: DictConfig) -> dict:
 
 def _one_line(e: Exception) -> str:
     """Hydra's composition errors in one line: what was refused, why, and what is allowed."""
-    text = str(e)
+    text, problem = str(e), yaml_problem(e)
+    if problem is not None:  # a config file Hydra read
+        return problem + ("; remove one of them" if "duplicate key" in problem else "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if "Available options in" in text:  # an unknown config-group choice: name the choices
         head = lines[0].replace("In 'config': ", "")
         options = [ln.strip() for ln in text.split("Available options in", 1)[1].splitlines()[1:]
                    if ln.startswith("\t") and "provider=" not in ln]
         return f"{head}; the choices are {', '.join(options)}"
-    cause = e.__cause__
-    why = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
+    why = (str(e.__cause__ or "").strip().splitlines() or [""])[0]
     if lines and lines[0].startswith("Could not override"):
         return f"{lines[0].rstrip('.')}: {why}; `--cfg job` prints every key" if why else lines[0]
     return "; ".join([*lines[:1], *([why] if why else [])])
 
 
-def _check_dir(composed: DictConfig, key: str) -> None:
-    """Refuse a run or sweep directory (``key``) that cannot be made (a file in its way, no permission, a
-    read-only file system, a name too long) in one line, instead of Hydra's traceback once it tries; found
-    without writing anything (``why_not_makeable``). A directory named through Hydra's runtime values
-    (``${hydra:...}``) cannot be resolved yet, and is left to Hydra."""
-    try:
-        path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
-    except Exception:
-        return
-    why = why_not_makeable(path)
-    if why is not None:
-        raise Refused(f"{key}={path} cannot be made a directory ({why})")
-
-
 def why_not_makeable(path: Path) -> str | None:
-    """Why ``path`` cannot be made a directory (or written in), found without writing anything: a file in its way,
-    no permission (a read-only file system included), a name too long. None where nothing tells so."""
+    """Why ``path`` cannot be made a directory or written in, found without writing anything; else None."""
     path = Path(path) if Path(path).is_absolute() else Path.cwd() / path  # ".." left to the kernel, as mkdir does
     found, missing = path, []
     while True:
@@ -191,109 +151,97 @@ def why_not_makeable(path: Path) -> str | None:
     return f"a name is longer than {limit} bytes: {long[0][:40]}..." if long else None
 
 
-def _job_start_method(hydra_cfg) -> str | None:
-    """The multiprocessing start method a sweep's jobs run under: joblib's launcher runs them in loky's workers
-    (unless it runs one job at a time, in this process, or in threads); the others run them in processes of
-    Python's own."""
-    if _launcher(hydra_cfg) != "JoblibLauncher":
-        return None
-    launcher = hydra_cfg.launcher
-    if launcher.get("n_jobs") == 1 or launcher.get("backend") not in (None, "loky"):
-        return None
-    return "loky"
-
-
 def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
-    """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
-    key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
-    launched. Every job of a sweep (the command line's, and a preset's ``hydra.sweeper.params`` in a multirun)
-    is checked, with its own overrides as the sweep will start it; jobs that differ only in their seed are composed
-    once. Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left to Hydra. Returns the
-    config composed from the fixed overrides, with Hydra's (None where the command is left to Hydra). With
-    ``check_dirs``, the run (or sweep) directory must be one that can be made (``_check_dir``)."""
+    """Every job the command line starts, validated before Hydra starts anything (else Refused, nothing written),
+    and with ``check_dirs`` its directory; None for Hydra flags but --multirun. Returns the fixed part's config."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return None
-    args = [a for a in argv if not a.startswith("-")]
+    flag = any(a in ("-m", "--multirun") for a in argv)
     try:
-        every, composed = job_overrides(args, multirun=any(a in ("-m", "--multirun") for a in argv))
-        parser = OverridesParser.create()
-        multirun = any(a in ("-m", "--multirun") for a in argv) or composed.hydra.mode == RunMode.MULTIRUN
-        worker_method = _job_start_method(composed.hydra) if multirun else None
-        by_rest: dict[tuple[str, ...], list[tuple[list[str], object]]] = {}
-        for job in every:
-            seed = [o.value() for o in parser.parse_overrides(job) if o.input_line.startswith("seed=")]
-            plain = len(seed) == 1 and isinstance(seed[0], int) and not isinstance(seed[0], bool)
-            rest = tuple(x for x in job if not (plain and x.startswith("seed=")))
-            by_rest.setdefault(rest, []).append((job, seed[0] if plain else None))
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-            for (first, _), *others in by_rest.values():
-                cfg = compose("config", overrides=first)
-                for job, seed in [(first, None), *others]:
-                    job_cfg = cfg
-                    if seed is not None:  # the same job with another (integer) seed
-                        job_cfg = cfg.copy()
-                        OmegaConf.update(job_cfg, "seed", seed)
-                    try:
-                        if validate(job_cfg).eval_in_workers():
-                            check_worker_start_method(worker_method, "this sweep's jobs use")
-                    except (Refused, ValueError) as e:
-                        raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
+        every, composed = job_overrides([a for a in argv if not a.startswith("-")], multirun=flag)
+        multirun = flag or composed.hydra.mode == RunMode.MULTIRUN
+        # joblib runs the jobs in loky's workers (unless one at a time, or in threads); the others in Python's own
+        launcher = composed.hydra.launcher
+        loky = multirun and _launcher(composed.hydra) == "JoblibLauncher" and launcher.get("n_jobs") != 1 \
+            and launcher.get("backend") in (None, "loky")
+        for job, job_cfg in job_configs(every):
+            try:
+                if validate(job_cfg).eval_in_workers():
+                    check_worker_start_method("loky" if loky else None, "this sweep's jobs use")
+            except (Refused, ValueError) as e:
+                raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
     except Refused:
         raise
     except Exception as e:  # Hydra's and OmegaConf's composition errors
         raise Refused(_one_line(e)) from None
-    if check_dirs:
-        _check_dir(composed, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
+    except Exception:  # named by Hydra's runtime values (${hydra:...}), it cannot be resolved yet: left to Hydra
+        return composed
+    if check_dirs and (why := why_not_makeable(path)) is not None:
+        raise Refused(f"{key}={path} cannot be made a directory ({why})")
     return composed
 
 
 def _printed_config_overrides(argv: list[str]) -> list[str] | None:
-    """The overrides of a command that prints the composed config (``--cfg job|hydra|all``, with
-    ``--resolve`` or ``--package``), or None for any other command."""
-    flags = {"--cfg", "-c", "--package", "-p"}
+    """The overrides of a command that prints the config (``--cfg``, ``--resolve``, ``--package``), else None."""
     if not any(a in ("--cfg", "-c") for a in argv):
         return None
-    rest, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in flags:
-            skip = True
+    rest, args = [], iter(argv)
+    for a in args:
+        if a in ("--cfg", "-c", "--package", "-p"):
+            next(args, None)  # (its value)
         elif a != "--resolve":
             rest.append(a)
     return None if any(a.startswith("-") and a not in ("-m", "--multirun") for a in rest) else rest
 
 
+def _config_dir_as_searchpath(argv: list[str]) -> list[str]:
+    """``--config-dir DIR`` (``-cd``) as a search path, for the checks to read what Hydra will (given argv as is)."""
+    out, rest = [], iter(argv)
+    for a in rest:
+        if a in ("--config-dir", "-cd") or a.startswith("--config-dir="):
+            d = a.split("=", 1)[1] if "=" in a else next(rest, "")
+            if not d or "'" in d or any(x.startswith("hydra.searchpath=") for x in argv):
+                return argv  # (left to Hydra)
+            if not Path(d).is_dir():
+                raise ValueError(f"--config-dir {d} is not a directory")
+            a = f"hydra.searchpath=['file://{Path(d).resolve()}']"
+        out.append(a)
+    return out
+
+
 def cli() -> None:
-    """``python -m pomdp_ffm.train``: the command line checked (``precheck``), then Hydra's main. A sweep that
-    a stop signal stopped (``signals.SweepSignals``) exits with EXIT_STOPPED once its jobs in hand have saved
-    their checkpoints."""
+    """``python -m pomdp_ffm.train``: the command line checked (``precheck``), then Hydra's main; a sweep that a
+    stop signal stopped (``signals.SweepSignals``) exits with EXIT_STOPPED once its jobs in hand saved checkpoints."""
     argv = sys.argv[1:]
     early: list[int] = []  # a stop while the command is checked: nothing has started, nothing starts
     before = {sig: signal.signal(sig, lambda signum, frame: early.append(signum)) for sig in STOP_SIGNALS}
     try:
-        printed = _printed_config_overrides(argv)
+        checked = _config_dir_as_searchpath(argv)
+        printed = _printed_config_overrides(checked)
         if printed is not None:
             precheck(printed, check_dirs=False)  # an invalid config is refused, not printed as if it were fine
-        composed = precheck(argv)
+        composed = precheck(checked)
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
     multirun = composed is not None and (any(a in ("-m", "--multirun") for a in argv)
                                          or composed.hydra.mode == RunMode.MULTIRUN)
     launcher = _launcher(composed.hydra) if composed is not None else ""
-    in_process = multirun and launcher in _IN_PROCESS_LAUNCHERS
+    # Jobs in this process or its workers: a stop signal to it stops the sweep (under submitit, each job).
+    in_process = multirun and launcher in ("BasicLauncher", "JoblibLauncher")
     workers = launcher == "JoblibLauncher"
     if in_process:
         # Kept to the end of the process, not only of the sweep: a signal while joblib's workers shut down, after
         # the last job, is then taken (or left blocked) instead of ending the process by the signal.
         SweepSignals(workers=workers).__enter__()
+        if workers:
+            signals.workers_follow(EXIT_STOPPED)
     elif composed is not None and not multirun:
-        # One run (or one seed axis) in this process: a stop signal before the trainer's own handler is in (Hydra
-        # starting, the trainer being built, the lock being taken) is remembered, and that handler takes it
-        # (StopSignals), so that the run stops with its checkpoint and EXIT_STOPPED instead of dying by the
-        # signal; one after the run's end changes nothing. (Not around a submitit launcher, which must stay
-        # stoppable while it waits for its jobs.)
+        # A stop before StopSignals is in (Hydra starting, the lock taken) is remembered, so the run stops with its
+        # checkpoint. (Not around a submitit launcher, which must stay stoppable while it waits for its jobs.)
         SweepSignals(forward=False).__enter__()
     else:
         for sig, handler in before.items():
@@ -302,11 +250,19 @@ def cli() -> None:
     if early:
         print(f"stopped by signal {early[0]} before anything started; rerun the same command", file=sys.stderr)
         sys.exit(EXIT_STOPPED)
-    main()
+    try:
+        main()
+    finally:
+        # The outcome is decided: a stop signal as Python shuts down (a second SIGTERM) must not end it by the signal.
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
     if in_process and signals.sweep_stopped() is not None:
         print(f"stopped by signal {signals.sweep_stopped()}: the jobs in hand saved their checkpoints and the "
               "sweep's later jobs did not start; rerun the same command to resume", file=sys.stderr)
         sys.exit(EXIT_STOPPED)
+    ended = sweep_outcome() or {}  # (its jobs named, and summed up, by grid.SweepOutcomes)
+    if ended.get("stopped") or ended.get("refused") or ended.get("failed"):
+        sys.exit(EXIT_STOPPED if ended.get("stopped") else EXIT_FAILED)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def test_memory_bench_variant_subset_and_unknown_name():
 
     from pomdp_ffm.bench import memory
 
-    with pytest.raises(ValueError, match=r"unknown variant\(s\) \['nope'\].*'gru-loop'"):
+    with pytest.raises(ValueError, match=r"unknown \['nope'\]; on cpu they are .*'gru-loop'"):
         memory.run(["rl"], 1, torch.device("cpu"), ["ffm", "nope"])
 
 
@@ -118,10 +118,8 @@ def test_bench_refuses_overrides_it_does_not_take():
     (["eval", "+foo=1"], "unknown config key 'foo'"),
     (["loop", "--project", "Nope-v0", "--env-step-ms", "1"], "--project Nope-v0: Unknown task 'Nope-v0'"),
     (["loop", "--project", "HopperBLT-V-v0", "--env-step-ms", "-1"], "argument --env-step-ms: -1.0 must be a finite"),
-    (["loop", "--jobs", "0"], "argument --jobs: 0 must be >= 1"),
-    (["update", "--jobs", "2"], "--jobs is an option of `loop`, not of `update`"),
-    (["loop", "--jobs", "2", "--project", "HopperBLT-V-v0", "--env-step-ms", "1"],
-     "--jobs and --project do not go together"),
+    (["loop", "--project", "HopperBLT-V-v0"], "--project and --env-step-ms go together"),
+    (["loop", "--jobs", "3"], "unrecognized arguments: --jobs 3"),
     (["eval", "--csv", "/nonexistent-folder/x.csv"], "--csv /nonexistent-folder/x.csv: its folder does not exist"),
     ([], "the following arguments are required: which"),
 ])
@@ -242,7 +240,7 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
     from pomdp_ffm.trainer import Trainer
-    from pomdp_ffm.train import EXIT_STOPPED
+    from pomdp_ffm.exits import EXIT_STOPPED
 
     _stop_at_call(monkeypatch, Trainer, "sample_batch", 15)
     r = loop.run(SMALL, steps=3000, device="cpu", threads=1)
@@ -277,117 +275,6 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     assert not whole["stopped"] and not whole["unmeasured"]
 
 
-def test_loop_benchmark_jobs_run_at_once_each_in_its_own_process(capsys):
-    # --jobs N: N copies of the run in N processes at once (jobs sharing a machine and its GPU), each reported,
-    # with their env steps in all over the time from the first start to the last end.
-    import os
-
-    from pomdp_ffm.bench import loop
-    from pomdp_ffm.bench.__main__ import main
-
-    answers = loop.run_jobs(2, SMALL, 400, "cpu", 1)
-    assert len({a["pid"] for a in answers} | {os.getpid()}) == 3  # two processes of their own
-    assert max(a["start"] for a in answers) < min(a["end"] for a in answers)  # at once
-    loop.report_jobs(answers)
-    out = capsys.readouterr().out
-    assert "== job 1 of 2" in out and "== job 2 of 2" in out
-    steps = sum(a["steps"] for a in answers)
-    assert steps >= 800 and f"2 jobs at once: {steps} env steps in " in out and "h of this machine per job" in out
-    # A job's error is its own answer, with its traceback (a job's function, run here); a refusal by every job is
-    # the command's one-line error.
-    import signal
-
-    answers, sigint = [], signal.getsignal(signal.SIGINT)
-    try:
-        loop._job(type("Queue", (), {"put": lambda self, item: answers.append(item)})(), 0,
-                  ([*SMALL, "env=Nope-v0"], 400, "cpu", 1))
-    finally:
-        signal.signal(signal.SIGINT, sigint)  # a job ignores Ctrl-C (its parent stops it)
-    ((k, failed),) = answers
-    assert k == 0 and "Nope-v0" in failed["error"] and "Traceback" in failed["traceback"]
-    with pytest.raises(SystemExit) as e:
-        main(["loop", "--jobs", "2", "--threads", "1", *SMALL, "train.buffer_size=100000000000"])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "does not fit" in err, err
-
-
-def _bench_jobs(tmp_path):
-    """`bench loop --jobs 2` in a session of its own, its jobs' temporary run folders under tmp_path/jobs."""
-    import os
-
-    (tmp_path / "jobs").mkdir(exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "pomdp_ffm.bench", "loop", "--jobs", "2", "--threads", "1",
-                             "--steps", "200000", *SMALL], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, TMPDIR=str(tmp_path / "jobs")))
-
-
-def _job_pids(parent: int) -> list[int]:
-    from pathlib import Path
-
-    pids = []
-    for task in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (task / "stat").read_text()
-            cmd = (task / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmd:
-            pids.append(int(task.name))
-    return sorted(pids)
-
-
-def _wait_for(condition, what: str, timeout: float = 90) -> None:
-    import time
-
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_loop_benchmark_jobs_stop_together_and_report_a_lost_job(tmp_path):
-    # A stop signal to the command stops its jobs, each reporting what it ran; a job that does not stop (frozen
-    # here) is killed by a second one and reported as lost (exit 1). A stop signal to the whole process group (as
-    # `timeout` sends) while the jobs are still starting stops them (exit 75), rather than killing them or the
-    # resource tracker.
-    import os
-    import signal
-
-    proc = _bench_jobs(tmp_path)
-    try:
-        # Both jobs training: each has written an evaluation's row, after its first updates.
-        rows = lambda: [p for p in (tmp_path / "jobs").rglob("progress.csv") if len(p.read_text().splitlines()) > 1]
-        _wait_for(lambda: len(rows()) == 2, "both jobs' first evaluations")
-        jobs = _job_pids(proc.pid)
-        assert len(jobs) == 2
-        os.kill(jobs[0], signal.SIGSTOP)  # a job stuck where no stop reaches it
-        os.kill(proc.pid, signal.SIGTERM)
-        _wait_for(lambda: len(_job_pids(proc.pid)) < 2 or proc.poll() is not None, "the other job to stop")
-        os.kill(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 1, err
-    assert "no result: killed after a second stop signal" in out
-    assert out.count("STOPPED by a signal") == 1 and "1 of 2 jobs at once" in out
-
-    proc = _bench_jobs(tmp_path)
-    try:
-        _wait_for(lambda: len(_job_pids(proc.pid)) == 2, "the jobs' processes")
-        os.killpg(proc.pid, signal.SIGUSR1)  # the jobs' processes are still importing
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 75, err
-    assert "Traceback" not in err and "resource_tracker" not in err, err
-    assert out.count("== job ") == 2
-    assert out.count("stopped by a signal") + out.count("STOPPED by a signal") == 2, out
-
-
 def test_a_single_loop_benchmark_stopped_while_it_starts_stops(monkeypatch, capsys):
     # A stop signal before the run's own handler is in (Hydra composing, the trainers being built) is remembered,
     # and the run stops at its first chance: one line and the "stopped" exit code, not a killed process.
@@ -397,7 +284,7 @@ def test_a_single_loop_benchmark_stopped_while_it_starts_stops(monkeypatch, caps
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
     from pomdp_ffm.signals import sweep_stopped
-    from pomdp_ffm.train import EXIT_STOPPED
+    from pomdp_ffm.exits import EXIT_STOPPED
 
     got = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # in case nothing else holds it

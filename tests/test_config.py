@@ -397,3 +397,41 @@ def test_a_device_is_one_this_machine_has(monkeypatch):
     assert resolve_device("cuda:1") == torch.device("cuda:1")
     with pytest.raises(ValueError, match=r"device='cuda:2' but this machine has 2 CUDA device\(s\), cuda:0 to cuda:1"):
         resolve_device("cuda:2")
+
+
+def test_a_duplicated_key_in_a_config_file_is_one_line_naming_the_file_and_key(tmp_path):
+    # A user's experiment file, in a folder added with --config-dir (which Hydra reads, and so do the checks).
+    (tmp_path / "extra" / "experiment").mkdir(parents=True)
+    dup = tmp_path / "extra" / "experiment" / "mine.yaml"
+    dup.write_text("# @package _global_\ntrain:\n  batch_size: 4\n  num_iters: 2\n  batch_size: 8\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for flags in (["--config-dir", str(tmp_path / "extra")], ["-cd", "extra", "--cfg", "job"]):
+        proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", *flags, "experiment=mine"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.splitlines() == [f"error: {dup}, line 5: found duplicate key batch_size; remove one of them"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["extra"]  # nothing started
+
+
+def test_every_configured_update_fits_in_4_gib(hydra_ctx):
+    # The estimate that refuses a window or batch too large (RecurrentAgent.check_update_fits) never refuses a
+    # config the presets and task files run, on a machine with 4 GiB free (observation and action sizes above
+    # every task's).
+    from pomdp_ffm.agent import RecurrentAgent
+    from pomdp_ffm.envs import get_task
+
+    sizes = {}  # the tasks' distinct sizes (batch, window, network), each with one task that has them
+    for env in ENVS:
+        cfg = make([f"env={env}"])
+        t, p = cfg.train, cfg.policy
+        window = get_task(env).max_episode_steps if t.sampled_seq_len == -1 else t.sampled_seq_len
+        sizes.setdefault((t.batch_size, window, repr((p.action_embedding_size, p.observ_embedding_size,
+                                                      p.reward_embedding_size, p.rnn_hidden_size, p.dqn_layers,
+                                                      p.policy_layers))), env)
+    need = {}
+    for (batch, window, _), env in sizes.items():
+        for algo, model in itertools.product(ALGOS, MODELS):
+            fixed, per_row = RecurrentAgent(64, 8, make([f"env={env}", f"algo={algo}", f"seq_model={model}"]).policy) \
+                .update_memory()
+            need[env, algo, model] = fixed + per_row * batch * (window + 1)
+    assert len(sizes) >= 2 and max(need.values()) < 1 << 30, (sizes, need)

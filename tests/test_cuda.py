@@ -479,14 +479,15 @@ def test_acting_steps_submitted_together_equal_each_runners_alone(model):
     # step submitted for all three (each in its stream) before any is waited for, as a seed axis gathers them.
     # The replays queue one after another on the acting stream; each agent's actions are its own, bit for bit.
     from pomdp_ffm.acting_graph import ActingRunner
-    from pomdp_ffm.seeds import RNGStreams
+    from pomdp_ffm.joint import SeedRNG
 
     agents = [make_agent("sac", model, seed=k).to(CUDA) for k in range(3)]
     probe = make_batch(5)
     starts = []
     for k in range(3):
         torch.manual_seed(100 + k)
-        starts.append(RNGStreams())
+        starts.append(SeedRNG())
+        starts[-1].keep()
 
     def inputs(t):
         return probe.observs[t, :1], probe.actions[t, :1], probe.rewards[t, :1, 0]

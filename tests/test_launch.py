@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from pomdp_ffm.exits import EXIT_FAILED, EXIT_REFUSED
 from pomdp_ffm.grid import sweep_jobs
-from pomdp_ffm.rundir import RunDir
+from pomdp_ffm.rundir import RunDir, load_checkpoint
 from pomdp_ffm.start import Refused, config_differences
 from pomdp_ffm.train import precheck
 
@@ -52,7 +53,7 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
     root = tmp_path / "grid"
     assert grid.main(["--dry-run", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "160 jobs: 0 done, 0 running, 0 failed, 0 resumable, 160 new"
+    assert lines[-1] == "160 jobs: 0 done, 0 running, 0 damaged, 0 failed, 0 resumable, 160 new"
     jobs = [l.split()[1] for l in lines[:-1]]
     assert len(set(jobs)) == 160  # one directory per (task, algo, model, seed): reruns find them again
     parts = {tuple(Path(j).relative_to(root).parts) for j in jobs}
@@ -62,24 +63,58 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
     for algo in ("sac", "td3"):
         assert grid.main(["--dry-run", "--algo", algo, "--root", str(root)]) == 0
         out = capsys.readouterr().out.splitlines()
-        assert out[-1] == "80 jobs: 0 done, 0 running, 0 failed, 0 resumable, 80 new"
+        assert out[-1] == "80 jobs: 0 done, 0 running, 0 damaged, 0 failed, 0 resumable, 80 new"
         assert all(f"/{algo}_" in l for l in out[:-1])
     assert not root.exists()  # a dry run starts nothing
 
 
-def test_dry_run_reports_run_status(tmp_path):
+def test_dry_run_reports_run_status(tmp_path, capsys):
+    # Each job's status is what its start would do under the job's own config (pomdp_ffm.start.status): marker files
+    # alone, another task's finished run, or a file where the run belongs are damaged, each with its reason.
+    from pomdp_ffm.train import run
+
+    from conftest import TINY, compose_cfg
+
     root = tmp_path / "grid"
-    done = root / "HopperBLT-P-v0" / "sac_ffm" / "seed-0"
-    resume = root / "HopperBLT-P-v0" / "sac_gru" / "seed-3"
-    failed = root / "AntBLT-V-v0" / "td3_ffm" / "seed-1"
-    for d in (done, resume / "checkpoints", failed):
-        d.mkdir(parents=True)
-    (done / "DONE").write_text("env_steps=1510000\n")
-    (resume / "checkpoints" / "last.pt").write_bytes(b"")
-    (failed / "ERROR.txt").write_text("Traceback ...")
-    status = {j.run_dir: j.status for j in sweep_jobs(["experiment=paper", f"hydra.sweep.dir={root}"])}
-    assert (status[done], status[resume], status[failed]) == ("done", "resumable", "failed")
-    assert sum(s == "new" for s in status.values()) == 157
+    slot = {name: root / task / model / f"seed-{k}" for name, task, model, k in [
+        ("only DONE", "HopperBLT-P-v0", "sac_ffm", 0), ("empty last.pt", "HopperBLT-P-v0", "sac_gru", 3),
+        ("failed", "AntBLT-V-v0", "td3_ffm", 1), ("a Pendulum run", "HopperBLT-V-v0", "sac_gru", 0),
+        ("a file", "WalkerBLT-P-v0", "td3_gru", 4), ("locked", "AntBLT-P-v0", "sac_ffm", 2)]}
+    for d in slot.values():
+        d.parent.mkdir(parents=True, exist_ok=True)
+    (slot["only DONE"] / "checkpoints").mkdir(parents=True)
+    (slot["only DONE"] / "DONE").write_text("env_steps=1510000\n")
+    (slot["empty last.pt"] / "checkpoints").mkdir(parents=True)
+    (slot["empty last.pt"] / "checkpoints" / "last.pt").write_bytes(b"")
+    slot["failed"].mkdir()
+    (slot["failed"] / "ERROR.txt").write_text("Traceback ...")
+    run(compose_cfg([*TINY, "algo=sac", "seq_model=gru"]), slot["a Pendulum run"])
+    slot["a file"].write_text("")
+    held = RunDir(slot["locked"])
+    held.acquire()
+    try:
+        status = {j.run_dir: j.status for j in sweep_jobs(["experiment=paper", f"hydra.sweep.dir={root}"])}
+        assert sum(s == "new" for s in status.values()) == 154
+        got = {name: status[d] for name, d in slot.items()}
+        assert got["only DONE"].startswith(f"damaged: {slot['only DONE']} is finished but config.yaml is missing")
+        assert got["empty last.pt"].startswith(f"damaged: {slot['empty last.pt']}/checkpoints/last.pt cannot be "
+                                               "read as a tensors-only checkpoint")
+        assert got["failed"] == "failed"
+        assert got["locked"].startswith(f"running: locked by pid {os.getpid()} on host ")
+        pendulum = got["a Pendulum run"]
+        assert pendulum.startswith(f"damaged: {slot['a Pendulum run']} was finished with a different config")
+        assert "env.env_name: 'Pendulum-V-v0' -> 'HopperBLT-V-v0'" in pendulum
+        assert got["a file"] == f"damaged: {slot['a file']} is not a directory"
+        # The dry run lists them, one line each (a damaged one with its reason), and exits 2: a launch refuses them.
+        grid = _paper_grid()
+        assert grid.main(["--dry-run", "--root", str(root)]) == EXIT_REFUSED
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 161
+        assert lines[-1] == "160 jobs: 0 done, 1 running, 4 damaged, 1 failed, 0 resumable, 154 new"
+        assert f"damaged   {slot['a file']}  [env=WalkerBLT-P-v0 algo=td3 seq_model=gru seed=4 experiment=paper " \
+               f"hydra/launcher=local hydra.sweep.dir={root}]  {slot['a file']} is not a directory" in lines
+    finally:
+        held.release()
     # Command-line sweeps override the preset's, as in Hydra's BasicSweeper.
     assert len(sweep_jobs(["experiment=paper_td3", "seed=0,1", f"hydra.sweep.dir={root}"])) == 32
 
@@ -545,3 +580,222 @@ def test_a_stop_just_before_a_runs_handler_is_in_is_not_lost(monkeypatch):
     finally:
         monkeypatch.setattr(signals.signal, "signal", real)
         around.__exit__()
+
+
+def _files(root: Path) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("launcher", ["basic", "local"])
+def test_a_sweep_names_every_refused_job_and_sums_up(tmp_path, launcher):
+    # Two of the smoke sweep's four runs are damaged (DONE alone; a checkpoint that cannot be read): each is named
+    # with its reason, nothing is written into either, the other two train, and the sweep ends with its summary
+    # and exit 1 (launch/README.md), instead of the first refusal's traceback.
+    root = tmp_path / "sweep"
+    only_done, cut = root / "Pendulum-V-v0" / "sac_ffm" / "seed-0", root / "Pendulum-V-v0" / "sac_gru" / "seed-1"
+    (cut / "checkpoints").mkdir(parents=True)
+    (cut / "checkpoints" / "last.pt").write_bytes(b"PK\x03\x04 cut short")
+    only_done.mkdir(parents=True)
+    (only_done / "DONE").write_text("env_steps=600\n")
+    before = {d: _files(d) for d in (only_done, cut)}
+    proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", f"hydra/launcher={launcher}", check=False)
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1] == "2 finished, 2 refused, 0 failed"
+    assert lines[-3] == f"refused: {only_done}: {only_done} is finished but config.yaml is missing, so it cannot be " \
+                        "checked against this config; there is no checkpoint to restore it from: put it back from " \
+                        "a backup, or choose another run directory"
+    assert lines[-2].startswith(f"refused: {cut}: {cut}/checkpoints/last.pt cannot be read as a tensors-only "
+                                "checkpoint (") and lines[-2].endswith("Delete it to start this run again from "
+                                                                      "scratch, or choose another run directory")
+    assert "Traceback" not in proc.stderr
+    assert {d: _files(d) for d in (only_done, cut)} == before
+    trained = [root / "Pendulum-V-v0" / "sac_ffm" / "seed-1", root / "Pendulum-V-v0" / "sac_gru" / "seed-0"]
+    assert all((d / "DONE").exists() for d in trained)
+    assert sorted(p.name for p in root.iterdir()) == ["Pendulum-V-v0", "multirun.yaml"]  # no outcome files left
+
+
+def test_the_paper_grid_names_a_damaged_slot_up_front_and_the_sweep_refuses_it(tmp_path, capfd):
+    # One job of the grid, whose slot holds DONE alone: the grid lists it with its reason before the launch; the
+    # sweep refuses it (the others it would train: test_a_sweep_names_every_refused_job_and_sums_up), writing
+    # nothing, and the grid exits with the sweep's code.
+    grid = _paper_grid()
+    root = tmp_path / "grid"
+    slot = root / "HopperBLT-P-v0" / "sac_ffm" / "seed-0"
+    slot.mkdir(parents=True)
+    (slot / "DONE").write_text("env_steps=1510000\n")
+    before = _files(root)
+    rc = grid.main(["--algo", "sac", "--launcher", "basic", "--root", str(root), "env=HopperBLT-P-v0",
+                    "seq_model=ffm", "seed=0", "train.buffer_size=10000"])
+    out, err = capfd.readouterr()
+    assert rc == EXIT_FAILED, err[-3000:]
+    why = f"{slot} is finished but config.yaml is missing"
+    assert out.splitlines()[0].startswith(f"damaged   {slot}  [") and why in out.splitlines()[0]
+    assert "1 jobs: 0 done, 0 running, 1 damaged, 0 failed, 0 resumable, 0 new" in out
+    lines = err.strip().splitlines()
+    assert lines[-2].startswith(f"refused: {slot}: {why}") and lines[-1] == "0 finished, 1 refused, 0 failed"
+    after = _files(root)
+    assert after.pop(root / "multirun.yaml") and after == before
+
+
+# --- no orphans; a second stop signal -----------------------------------------------------------------------
+def _proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: state, ppid, ..., start time (index 19); None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _descendants(pid: int) -> dict[int, tuple[int, str]]:
+    """The processes below ``pid``: each one's parent and start time (which tells it from a later process that
+    reuses its pid)."""
+    stats = {int(p.name): _proc_stat(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()}
+    found, todo = {}, [pid]
+    while todo:
+        parent = todo.pop()
+        for child, stat in stats.items():
+            if stat is not None and int(stat[1]) == parent:
+                found[child] = (parent, stat[19])
+                todo.append(child)
+    return found
+
+
+def _alive(procs: dict[int, tuple[int, str]]) -> list[int]:
+    """Those of ``procs`` that still run (a zombie, which nobody may reap in a container, has ended)."""
+    return [pid for pid, (_, start) in procs.items()
+            if (stat := _proc_stat(pid)) is not None and stat[19] == start and stat[0] != "Z"]
+
+
+def _alive_after(procs: dict[int, tuple[int, str]], timeout: float) -> list[int]:
+    deadline = time.time() + timeout
+    while _alive(procs) and time.time() < deadline:
+        time.sleep(0.1)
+    return _alive(procs)
+
+
+def _kill_all(proc: subprocess.Popen, procs: dict[int, tuple[int, str]]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=60)
+    for pid in _alive(procs):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _poll(what, timeout: float, proc: subprocess.Popen, out: Path) -> None:
+    deadline = time.time() + timeout
+    while not what():
+        if time.time() > deadline or proc.poll() is not None:
+            raise AssertionError(f"exit {proc.poll()}\n{out.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
+def _start(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:  # a file, not a pipe: the orphans, if any, keep writing to it
+        proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", *overrides], cwd=tmp_path, env=_env(),
+                                stdout=f, stderr=subprocess.STDOUT)
+    return proc, out
+
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent's death signal is Linux's")
+
+
+@LINUX_ONLY
+def test_a_joblib_sweep_killed_by_sigkill_leaves_no_worker(tmp_path):
+    # The kernel sends every worker SIGTERM when the launching process dies (PR_SET_PDEATHSIG, set as it starts):
+    # the idle one (its job over) obeys it at once; the one training stops its run with a checkpoint, as a stop
+    # signal does, and exits; joblib's third worker, which never got a job, and the trackers end too.
+    from conftest import TINY
+
+    root = tmp_path / "sweep"
+    tiny = [o for o in TINY if not o.startswith("train.num_iters=")]
+    proc, out = _start(tmp_path, "-m", *tiny, "train.num_iters=2,400", "resume=true", "hydra/launcher=local",
+                       "hydra.launcher.n_jobs=3", f"hydra.sweep.dir={root}",
+                       "hydra.sweep.subdir=iters-${train.num_iters}")
+    short, long = RunDir(root / "iters-2"), RunDir(root / "iters-400")
+    procs: dict = {}
+    try:
+        # the short run finished and gave its lock back (an empty lock file); the long one is training
+        _poll(lambda: short.status() == "done" and (short.path / RunDir.LOCK).stat().st_size == 0
+              and (long.path / "progress.csv").exists() and len(eval_steps(long.path)) >= 1, 300, proc, out)
+        procs = _descendants(proc.pid)
+        workers = [pid for pid in procs if b"popen_loky" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) == 3, procs
+        idle = int((short.path / "attempts.log").read_text().split("pid=")[1].split()[0])
+        assert idle in workers
+        proc.kill()
+        proc.wait(timeout=60)
+        assert _alive_after({idle: procs[idle]}, 10) == []
+        assert _alive_after(procs, 60) == [], out.read_text()[-3000:]
+    finally:
+        _kill_all(proc, procs)
+    assert long.status() == "resumable"
+    last = (long.path / "attempts.log").read_text().splitlines()[-1]
+    assert "stopped by signal 15" in last and "checkpoint saved" in last
+
+
+@LINUX_ONLY
+def test_env_workers_start_without_warnings_and_end_with_a_run_killed_by_sigkill(tmp_path):
+    # The workers' parent, the forkserver, ends with the run, and they with it (PR_SET_PDEATHSIG). Each starts by
+    # running the entry point again as its __main__, which runpy warned about where the forkserver had imported it.
+    from conftest import TINY
+
+    run = tmp_path / "run"
+    proc, out = _start(tmp_path, *TINY, "train.num_iters=400", "eval.workers=true", "env.num_eval_tasks=2",
+                       f"hydra.run.dir={run}")
+    procs: dict = {}
+    try:
+        def workers_up():
+            return (run / "progress.csv").exists() and len(eval_steps(run)) >= 2 and \
+                sum(parent != proc.pid for parent, _ in _descendants(proc.pid).values()) >= 2
+
+        _poll(workers_up, 300, proc, out)
+        procs = _descendants(proc.pid)
+        proc.kill()
+        proc.wait(timeout=60)
+        assert _alive_after(procs, 60) == [], procs
+    finally:
+        _kill_all(proc, procs)
+    assert "RuntimeWarning" not in out.read_text(), out.read_text()[-3000:]
+
+
+def test_a_second_stop_signal_does_not_undo_the_first(tmp_path):
+    # Two SIGTERMs 0.2 s apart: the second comes while the run saves its checkpoint or exits (when Python has put
+    # the default handlers back), and changes nothing: exit 75 with the checkpoint saved, not death by the signal.
+    run = tmp_path / "run"
+
+    def twice(proc):
+        _wait_for_evaluations(proc, [run])
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+
+    rc, out = _sigterm_when(tmp_path, ["experiment=smoke", "hydra.mode=RUN", "seq_model=ffm", "seed=0",
+                                       "train.num_iters=60", f"hydra.run.dir={run}"], twice)
+    assert rc == 75 and "checkpoint saved" in out, out[-3000:]
+    state = load_checkpoint(RunDir(run).checkpoint)
+    assert 0 < state["counters"]["env_steps"] < 60 * 200 and RunDir(run).status() == "resumable"
+
+
+def test_a_failing_job_is_named_and_counted_and_the_sweep_goes_on(tmp_path):
+    # seed 1's training raises: its traceback goes to its ERROR.txt, the sweep names it and exits 1 after seed 0.
+    root = tmp_path / "sweep"
+    code = ("import runpy, sys\n"
+            "from pomdp_ffm.trainer import Trainer\n"
+            "real = Trainer.train\n"
+            "def train(self, *a, **k):\n"
+            "    if self.cfg.seed == 1:\n"
+            "        raise RuntimeError('boom in seed 1')\n"
+            "    return real(self, *a, **k)\n"
+            "Trainer.train = train\n"
+            "sys.argv = ['train', *sys.argv[1:]]\n"
+            "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code, "experiment=smoke", "seq_model=ffm", f"hydra.sweep.dir={root}"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]
+    failed = root / "Pendulum-V-v0" / "sac_ffm" / "seed-1"
+    assert proc.stderr.strip().splitlines()[-2:] == [f"failed: {failed}: RuntimeError: boom in seed 1",
+                                                     "1 finished, 0 refused, 1 failed"]
+    assert "RuntimeError: boom in seed 1" in (failed / "ERROR.txt").read_text()
+    assert (root / "Pendulum-V-v0" / "sac_ffm" / "seed-0" / "DONE").exists()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import os
 import pickle
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +16,16 @@ import pandas as pd
 import pytest
 import torch
 
+from pomdp_ffm.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
+from pomdp_ffm.grid import combined_status
+from pomdp_ffm.grid import main as grid_main
 from pomdp_ffm.rundir import main as rundir_main
-from pomdp_ffm.train import EXIT_REFUSED, EXIT_STOPPED, Refused, run
+from pomdp_ffm.start import status
+from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
+from conftest import TINY, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_TINY = ["env=Pendulum-V-v0", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=8",
@@ -254,8 +261,10 @@ def test_set_asides_in_one_second_keep_both(tmp_path, monkeypatch):
 
 
 def test_temporary_files_are_unique_to_the_process(tmp_path):
+    from pomdp_ffm import rundir
+
     r = RunDir(tmp_path)
-    tmp = r.tmp_path(r.checkpoint)
+    tmp = rundir.tmp_path(r.checkpoint)
     assert str(os.getpid()) in tmp.name and tmp.parent == r.checkpoint.parent and tmp != r.checkpoint
 
 
@@ -550,9 +559,9 @@ def test_crafted_checkpoint_never_runs_its_payload(cut_run, tmp_path):
 
 
 def test_status_command(cut_run, full_run, capsys):
-    assert rundir_main(["status", str(cut_run[0]), str(full_run)]) == 0
+    assert grid_main(["status", str(cut_run[0]), str(full_run)]) == EXIT_OK
     out = capsys.readouterr().out.split("\n")
-    assert out[0].startswith("resumable") and out[1].startswith("done")
+    assert out[0] == f"resumable {cut_run[0]}" and out[1] == f"done      {full_run}"
 
 
 def test_checkpoint_without_its_buffer_is_refused_in_one_line(composed, tmp_path):
@@ -660,7 +669,7 @@ def test_a_resume_removes_the_temporary_files_of_a_killed_save(cut_run, full_run
 
 
 def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, tmp_path, capsys):
-    assert rundir_main(["status", str(tmp_path / "nope")]) == 2
+    assert grid_main(["status", str(tmp_path / "nope")]) == EXIT_REFUSED
     assert capsys.readouterr().out.startswith("missing")
     run_dir, _ = cut_run
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
@@ -668,6 +677,8 @@ def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, 
     torch.save(state, run_dir / "checkpoints" / "last.pt")
     assert rundir_main(["restore-config", str(run_dir)]) == 2
     assert f"another version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}" in capsys.readouterr().err
+    assert status(run_dir).startswith(f"damaged: {run_dir / 'checkpoints' / 'last.pt'} was written by another "
+                                      f"version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}")
 
 
 def test_a_failing_close_still_releases_the_lock(composed, tmp_path, monkeypatch):
@@ -681,3 +692,107 @@ def test_a_failing_close_still_releases_the_lock(composed, tmp_path, monkeypatch
     with pytest.raises(BrokenPipeError):
         run(composed(), tmp_path / "r")
     assert RunDir(tmp_path / "r").holder() is None
+
+
+# --- statuses are the resume check ----------------------------------------------------------------------
+GRU = ("algo=sac", "seq_model=gru")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One tiny finished run; each status case is a copy of it, damaged."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    run(compose_cfg([*TINY, *GRU]), run_dir)
+    return run_dir
+
+
+def _damage(run_dir: Path, case: str, tmp_path: Path) -> None:
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    if case != "as it is":
+        (run_dir / "DONE").unlink()  # unfinished: resume would load its checkpoint
+    if case == "truncated last.pt":
+        ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    elif case == "deleted config.yaml":
+        (run_dir / "config.yaml").unlink()
+    elif case == "crafted checkpoint":
+        with open(ckpt, "wb") as f:
+            pickle.dump({"format": CHECKPOINT_FORMAT, "x": _Payload(tmp_path / "payload-ran")}, f)
+    elif case == "another experiment's config":
+        text = (run_dir / "config.yaml").read_text()
+        (run_dir / "config.yaml").write_text(text.replace("seed: 0", "seed: 3"))
+    elif case == "counters no run reaches":
+        state = load_checkpoint(ckpt)
+        state["counters"]["env_steps"] = -5
+        torch.save(state, ckpt)
+    elif case == "a DONE short of the budget":
+        (run_dir / "DONE").write_text("env_steps=400\n")
+    elif case == "only DONE":
+        for p in sorted(run_dir.iterdir()):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        (run_dir / "DONE").write_text("env_steps=600\n")
+    elif case == "a plain file":
+        shutil.rmtree(run_dir)
+        run_dir.write_text("not a run\n")
+
+
+STATUS_CASES = [
+    ("as it is", r"done"),
+    ("unfinished", r"resumable"),
+    ("truncated last.pt", r"damaged: \S+/last.pt cannot be read as a tensors-only checkpoint \(.*\): it cannot be "
+                          r"resumed. Delete it .*"),
+    ("deleted config.yaml", r"damaged: \S+/config.yaml is missing, .*restore-config \S+"),
+    ("crafted checkpoint", r"damaged: \S+/last.pt cannot be read as a tensors-only checkpoint .*"),
+    ("another experiment's config", r"damaged: \S+/config.yaml differs from the copy in \S+/last.pt \(seed: 0 -> 3\)"
+                                    r".*"),
+    ("counters no run reaches", r"damaged: \S+/last.pt holds counters no run reaches \(env_steps=-5\).*"),
+    ("a DONE short of the budget", r"damaged: \S+/DONE says the run finished at 400 env steps, but \S+/last.pt is "
+                                   r"at 800; delete DONE .*"),
+    ("only DONE", r"damaged: \S+ is finished but config.yaml is missing.*"),
+    ("a plain file", r"damaged: \S+/run is not a directory"),
+]
+
+
+@pytest.mark.parametrize("case,expected", STATUS_CASES, ids=[case for case, _ in STATUS_CASES])
+def test_status_is_what_a_start_would_do(finished, tmp_path, case, expected):
+    # status() is plan(), the check every start makes: damaged exactly where a start refuses, with the start's
+    # reason in one line; its own config (the status command) and the slot's (a sweep's job) agree here.
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    _damage(run_dir, case, tmp_path)
+    cfg = compose_cfg([*TINY, *GRU, "resume=true"])
+    before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    got = status(run_dir, cfg)
+    assert re.fullmatch(expected, got) and "\n" not in got, got
+    assert status(run_dir).split(":")[0] == got.split(":")[0]
+    assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before  # read only
+    if got.startswith("damaged: "):
+        with pytest.raises(Refused) as e:
+            run(cfg, run_dir)
+        assert str(e.value) == got[len("damaged: "):]
+        assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+    else:
+        assert run(cfg, run_dir)["skipped"] == (got == "done")
+    assert not (tmp_path / "payload-ran").exists()
+
+
+def test_a_finished_run_does_not_fill_another_tasks_slot(finished):
+    assert status(finished) == "done"
+    got = status(finished, compose_cfg([*TINY, *GRU, "env=HopperBLT-V-v0"]))
+    assert got.startswith(f"damaged: {finished} was finished with a different config (config.yaml); ")
+    assert "env.env_name: 'Pendulum-V-v0' -> 'HopperBLT-V-v0'" in got
+
+
+def test_a_seed_axis_job_is_as_good_as_its_worst_seed(finished, tmp_path, capsys):
+    job = tmp_path / "job"
+    cases = ["as it is", "truncated last.pt", "deleted config.yaml", "only DONE", "another experiment's config"]
+    for k, case in enumerate(cases):
+        shutil.copytree(finished, job / f"seed-{k}")
+        _damage(job / f"seed-{k}", case, tmp_path)
+    assert grid_main(["status", str(job)]) == EXIT_REFUSED
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"damaged   {job}" and len(lines) == 6
+    assert lines[1] == "    done      seed-0"
+    for k, line in enumerate(lines[2:], start=1):
+        assert line.startswith(f"    damaged   seed-{k}  {job / f'seed-{k}'}"), line
+    assert combined_status(["done", "damaged: x", "running: locked by y", "new"]) == "damaged: x"
+    assert combined_status(["done", "new"]) == "resumable" and combined_status(["done"] * 5) == "done"

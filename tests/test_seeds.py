@@ -124,7 +124,7 @@ def test_the_paper_grid_as_32_seed_axis_jobs(tmp_path, capsys):
     spec.loader.exec_module(grid)
     assert grid.main(["--seed-axis", "--dry-run", "--root", str(tmp_path / "grid")]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == \
-        "32 jobs (160 runs): 0 done, 0 running, 0 failed, 0 resumable, 32 new"
+        "32 jobs (160 runs): 0 done, 0 running, 0 damaged, 0 failed, 0 resumable, 32 new"
     jobs = sweep_jobs(["experiment=paper", f"hydra.sweep.dir={tmp_path / 'grid'}", *grid.SEED_AXIS])
     assert all([d.name for d in j.run_dirs] == [f"seed-{k}" for k in range(5)] for j in jobs)
     assert combined_status(["done", "new"]) == "resumable" and combined_status(["done"] * 5) == "done"
@@ -215,7 +215,7 @@ def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, length
     # in the statistics of the seeds at their last update, though computed for all in that round.
     from pomdp_ffm.graph import UpdateRunner
     from pomdp_ffm.joint import JointBursts
-    from pomdp_ffm.burst import Burst
+    from pomdp_ffm.trainer import Burst
 
     trainers = _trainers_with_data(run_cfg, tmp_path)
     bursts = [Burst(t, {"n": n, "done": 0, "sums": {}, "counts": {}}) for t, n in zip(trainers, lengths)]
@@ -239,7 +239,7 @@ def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_pat
     # (counts 0 and 1 with a delay of 3: one round), then part; the joint rounds stop there, without an error.
     from pomdp_ffm.graph import UpdateRunner
     from pomdp_ffm.joint import JointBursts
-    from pomdp_ffm.burst import Burst
+    from pomdp_ffm.trainer import Burst
 
     trainers = _trainers_with_data(run_cfg, tmp_path, ("algo=td3", f"policy.td3.policy_delay={delay}"), n=2)
     for t, c in zip(trainers, counts):

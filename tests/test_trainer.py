@@ -168,7 +168,7 @@ def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg
     # and summed as one vector (13 operators for SAC's nine statistics where one at a time took 53), to the same
     # float64 sums as one at a time, and a non-finite one is still found at its update.
     from pomdp_ffm.bench.common import DispatchedOps
-    from pomdp_ffm.burst import Burst
+    from pomdp_ffm.trainer import Burst
     from pomdp_ffm.metrics import GRAD_NORMS, UPDATE
 
     t = Trainer(run_cfg(), tmp_path / "t")
@@ -336,25 +336,24 @@ DURING = ("train.num_iters=6", "eval.log_interval=1", "checkpoint.interval=3", "
 
 
 class Spread:
-    """``QueuedUpdates.busy`` as on a GPU whose queue is busy every other time it is asked, so that an
+    """``Evaluator.device_busy`` as on a GPU whose queue is busy every other time it is asked, so that an
     evaluation's steps are spread over the burst; counts the steps so played."""
 
     def __init__(self, monkeypatch):
         self.calls, self.between = 0, 0
-        spread = self
+        spread, costs_nothing = self, evaluation_module.Evaluator._costs_nothing
 
-        def busy(queue):
+        def busy(evaluator):
             spread.calls += 1
             return spread.calls % 2 == 1
 
-        advance = evaluation_module._Deferred.advance
+        def counted(evaluator, item):
+            played = costs_nothing(evaluator, item)  # then answered at once
+            spread.between += played
+            return played
 
-        def counted(d):
-            spread.between += 1
-            advance(d)
-
-        monkeypatch.setattr(evaluation_module.QueuedUpdates, "busy", busy)
-        monkeypatch.setattr(evaluation_module._Deferred, "advance", counted)
+        monkeypatch.setattr(evaluation_module.Evaluator, "device_busy", busy)
+        monkeypatch.setattr(evaluation_module.Evaluator, "_costs_nothing", counted)
 
 
 def after_defer(trainer, then) -> None:

@@ -5,33 +5,21 @@ import collections
 import csv
 import statistics
 import time
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-class Row(NamedTuple):
-    benchmark: str
-    shape: str
-    model: str
-    metric: str
-    value: float
-    unit: str
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+Row = collections.namedtuple("Row", "benchmark shape model metric value unit")  # value: a float, the rest strings
 
 
 def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device: torch.device,
                         warmup: int = 2, inner: int = 1) -> dict[str, float]:
-    """Median seconds per call of each function, timed round-robin so drift hits all variants alike.
-
-    The starting variant rotates from round to round: on a GPU the first call after the previous round's last
-    variant ran measurably slower (one H200 showed the same FFM variant 20-60% slower in the first slot)."""
+    """Median seconds per call of each function, timed round-robin so drift hits all variants alike; the first slot
+    rotates (on one H200 the same FFM variant ran 20-60% slower in a round's first slot)."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -39,64 +27,45 @@ def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device
     times: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(repeats):
         for k in names[r % len(names):] + names[: r % len(names)]:
-            fn = fns[k]
-            _sync(device)
+            sync()
             t0 = time.perf_counter()
             for _ in range(inner):
-                fn()
-            _sync(device)
+                fns[k]()
+            sync()
             times[k].append((time.perf_counter() - t0) / inner)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-_NO_KERNEL = {"aten._unsafe_view.default"}  # a reshape that aliases without saying so
-
-
 class DispatchedOps(TorchDispatchMode):
-    """Counts the operators that reach a backend while it is active, but views and profiler marks, which launch
-    nothing (counted after autograd and vmap: a backward's ops and a batched op count once each). On a GPU each
-    is at least one kernel launch, which is what bounds an update of this size there. ``optimisers=False``
-    leaves out what optimiser steps dispatch: per tensor on a CPU, multi-tensor ``_foreach`` calls on CUDA, so
-    only the rest counts the same on any device. ``ops`` is a Counter by operator name
-    (``aten._local_scalar_dense`` is a read of a tensor's value on the host)."""
+    """Counts (``ops``, by name) the operators that reach a backend while active but views and profiler marks (on a
+    GPU each is a kernel launch). ``optimisers=False`` leaves out optimiser steps, which dispatch per tensor on a CPU
+    but ``_foreach`` calls on CUDA, so that the rest counts the same on any device."""
 
     def __init__(self, optimisers: bool = True):
         super().__init__()
         self.ops: collections.Counter = collections.Counter()
-        self.optimisers = optimisers
-        self._paused = 0
-        self._hooks: list = []
-        self._active = False
+        self.optimisers, self._stepping, self._hooks = optimisers, [], None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not (self._paused or func.is_view or str(func) in _NO_KERNEL or func.namespace == "profiler"):
-            self.ops[str(func)] += 1
+        name = str(func)  # aten._unsafe_view: a reshape that aliases without saying so
+        if not (self._stepping or func.is_view or name == "aten._unsafe_view.default" or func.namespace == "profiler"):
+            self.ops[name] += 1
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
-        if self._active:
+        if self._hooks is not None:
             raise RuntimeError("this DispatchedOps is already counting")
-        self._active, self._paused = True, 0
-        if not self.optimisers:  # an optimiser step that raises leaves the rest of this count paused
-            self._hooks = [register_optimizer_step_pre_hook(lambda *_: self._pause(1)),
-                           register_optimizer_step_post_hook(lambda *_: self._pause(-1))]
-        try:
-            return super().__enter__()
-        except BaseException:
-            self._done()
-            raise
+        self._stepping = []  # an optimiser step that raises leaves the rest of its count paused, not the next
+        entered = super().__enter__()
+        self._hooks = [] if self.optimisers else [register_optimizer_step_pre_hook(lambda *_: self._stepping.append(1)),
+                                                  register_optimizer_step_post_hook(lambda *_: self._stepping.pop())]
+        return entered
 
     def __exit__(self, *exc):
-        self._done()
-        return super().__exit__(*exc)
-
-    def _done(self) -> None:
         for h in self._hooks:
             h.remove()
-        self._hooks, self._active = [], False
-
-    def _pause(self, by: int) -> None:
-        self._paused += by
+        self._hooks = None
+        return super().__exit__(*exc)
 
     @property
     def total(self) -> int:
@@ -127,10 +96,9 @@ def saved_tensor_bytes(make_graph: Callable[[], torch.Tensor], device: torch.dev
 
 
 def print_table(rows: list[Row], baseline: str) -> None:
-    """One block per (shape, metric): value and ratio to `baseline` (ratio > 1 means slower/larger)."""
-    keys = list(dict.fromkeys((r.shape, r.metric) for r in rows))
+    """One block per (shape, metric): value and ratio to ``baseline`` (> 1: slower/larger)."""
     width = max([12, *(len(r.model) for r in rows)])
-    for shape, metric in keys:
+    for shape, metric in dict.fromkeys((r.shape, r.metric) for r in rows):
         block = [r for r in rows if r.shape == shape and r.metric == metric]
         base = next((r.value for r in block if r.model == baseline), None)
         print(f"\n{shape}  {metric}")
@@ -141,7 +109,4 @@ def print_table(rows: list[Row], baseline: str) -> None:
 
 def write_csv(rows: list[Row], path: str) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(Row._fields)
-        for r in rows:
-            w.writerow([r.benchmark, r.shape, r.model, r.metric, f"{r.value:.6g}", r.unit])
+        csv.writer(f).writerows([Row._fields, *([*r[:4], f"{r.value:.6g}", r.unit] for r in rows)])

@@ -1,14 +1,6 @@
-"""``python -m pomdp_ffm.bench eval env=<task> [overrides]``: ways to play an evaluation's episodes.
-
-Variants, each playing num_eval_tasks deterministic episodes of the agent's actor (its initial weights):
-  - ``one-after-another``: the reference's way, one episode at a time at batch 1;
-  - ``together``: the trainer's way, all episodes in lockstep in this process, one batched forward per step;
-  - ``workers``: the same with each env in a worker process (``eval.workers=true``, ``envs.EnvInWorker``);
-  - ``sync-vector`` / ``async-vector``: the same lockstep over Gymnasium's SyncVectorEnv / AsyncVectorEnv
-    (envs in worker processes). These two are timed only: the trainer's RNG chaining, which makes the episodes
-    the reference's, is not applied to them.
-Timed interleaved, median seconds per evaluation, with ratios to one-after-another.
-"""
+"""``bench eval``: ways to play an evaluation; ``bench overlap``: an evaluation after or during a burst of updates;
+timed interleaved (docs/benchmarks.md, "Evaluation" and "Evaluation during the next burst"). For ``overlap``, prefer a
+task whose episodes run to the time limit (HalfCheetah): others' lengths change as the actor trains."""
 from __future__ import annotations
 
 import tempfile
@@ -17,9 +9,9 @@ import gymnasium
 import numpy as np
 
 from ..envs import EnvInWorker, make_env
-from ..rollout import AgentPolicy, answered, play_episodes
+from ..rollout import AgentPolicy, RandomPolicy, answered, play_episodes
 from ..rundir import RunDir
-from ..trainer import Trainer
+from ..trainer import Burst, Trainer
 from .common import Row, interleaved_medians
 from .loop import compose_run
 
@@ -27,8 +19,7 @@ from .loop import compose_run
 def _vector_episodes(venv, policy: AgentPolicy, n: int) -> None:
     # Gymnasium's vector envs reset a finished env on the next step: play until each has finished once.
     obs, _ = venv.reset()
-    act_dim = venv.single_action_space.shape[0]
-    prev_a, prev_r = np.zeros((n, act_dim), np.float32), np.zeros(n, np.float32)
+    prev_a, prev_r = np.zeros((n, venv.single_action_space.shape[0]), np.float32), np.zeros(n, np.float32)
     state, done = policy.initial_state(n), np.zeros(n, bool)
     while not done.all():
         actions, state = policy(obs, prev_a, prev_r, state, ~done)
@@ -38,27 +29,56 @@ def _vector_episodes(venv, policy: AgentPolicy, n: int) -> None:
 
 
 def run(overrides: list[str], repeats: int, device: str, threads: int | None) -> list[Row]:
-    cfg, _ = compose_run(overrides, device, threads)
+    cfg = compose_run(overrides, device, threads)
     trainer = Trainer(cfg, RunDir(tempfile.gettempdir()))  # the actor, seeded and on its device; writes nothing
     task, n = cfg.env.env_name, cfg.env.num_eval_tasks
     policy = AgentPolicy(trainer.agent, deterministic=True)
     single = make_env(task, seed=0)
     envs = [make_env(task, seed=i) for i in range(n)]
     workers = [EnvInWorker(task, seed=i) for i in range(n)]
-    sync = gymnasium.vector.SyncVectorEnv([lambda: make_env(task) for _ in range(n)])
-    asyn = gymnasium.vector.AsyncVectorEnv([lambda: make_env(task) for _ in range(n)])
-    fns = {
-        "one-after-another": lambda: [answered(play_episodes([single], policy, record=False)) for _ in range(n)],
-        "together": lambda: answered(play_episodes(envs, policy, record=False)),
-        "workers": lambda: answered(play_episodes(workers, policy, record=False)),
-        "sync-vector": lambda: _vector_episodes(sync, policy, n),
-        "async-vector": lambda: _vector_episodes(asyn, policy, n),
-    }
+    sync, asyn = (v([lambda: make_env(task) for _ in range(n)]) for v in (gymnasium.vector.SyncVectorEnv,
+                                                                         gymnasium.vector.AsyncVectorEnv))
+    fns = {"one-after-another": lambda: [answered(play_episodes([single], policy, record=False)) for _ in range(n)],
+           "together": lambda: answered(play_episodes(envs, policy, record=False)),
+           "workers": lambda: answered(play_episodes(workers, policy, record=False)),
+           "sync-vector": lambda: _vector_episodes(sync, policy, n),
+           "async-vector": lambda: _vector_episodes(asyn, policy, n)}
     try:
         med = interleaved_medians(fns, repeats, trainer.device, warmup=1)
     finally:
-        for e in [single, *envs, *workers, sync, asyn]:
-            e.close()
-        trainer.close()
+        for c in [single, *envs, *workers, sync, asyn, trainer]:
+            c.close()
     shape = f"{task} x{n} {cfg.policy.algo_name}+{cfg.policy.seq_model}"
     return [Row("eval", shape, k, "seconds per evaluation", v, "s") for k, v in med.items()]
+
+
+def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, threads: int | None) -> list[Row]:
+    cfg = compose_run([*overrides, "eval.during_updates=true"], device, threads)
+    trainer = Trainer(cfg, RunDir(tempfile.gettempdir()))
+    env, evaluator, steps = trainer.env, trainer.evaluator, 0
+    while steps < trainer.max_len:  # at least one full episode's worth of windows, from random actions
+        (ep,) = answered(play_episodes([env], RandomPolicy([env]), record=True))
+        if ep.length >= 2:
+            trainer.buffer.add_episode(ep)
+        steps += ep.length
+
+    def burst() -> None:
+        b = Burst(trainer, {"n": updates, "done": 0, "sums": {}, "counts": {}})
+        trainer.run_updates(b)
+        b.close()
+
+    def evaluation(meanwhile=lambda: None) -> None:  # as "during" plays it: the actor's copy, taken now
+        evaluator.defer({"env_steps": 0})
+        meanwhile()
+        answered(evaluator.rest())
+
+    evaluation()  # builds the actor's copy and its acting
+    fns = {"updates": burst, "evaluation": evaluation, "after": lambda: (burst(), evaluation()),
+           "during": lambda: evaluation(meanwhile=burst)}
+    try:
+        med = interleaved_medians(fns, repeats, trainer.device, warmup=1)
+    finally:
+        trainer.close()
+    shape = (f"{cfg.env.env_name} {cfg.policy.algo_name}+{cfg.policy.seq_model} {updates} updates, "
+             f"{cfg.env.num_eval_tasks} eval episodes{' eval.workers' if cfg.eval.workers else ''}")
+    return [Row("overlap", shape, k, "seconds", v, "s") for k, v in med.items()]

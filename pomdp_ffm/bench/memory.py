@@ -1,8 +1,4 @@
-"""Memory-model benchmark: FFM vs nn.GRU vs nn.LSTM vs a Python-loop GRUCell (the paper's comparison).
-
-All variants run in one process, warmed up, then timed in interleaved rounds so that machine noise hits
-every variant alike; medians are reported with ratios to nn.GRU.
-"""
+"""``bench memory``: FFM vs nn.GRU vs nn.LSTM vs a Python-loop GRUCell (docs/benchmarks.md, "Memory models")."""
 from __future__ import annotations
 
 import torch
@@ -11,11 +7,8 @@ from torch import nn
 from ..seq_models import FFM, build
 from .common import Row, interleaved_medians, saved_tensor_bytes
 
-SHAPES = {
-    # name: (T, B, input, hidden)
-    "rl": (64, 64, 64, 128),  # the recurrent SAC/TD3 training window on the BLT tasks
-    "paper": (1024, 8, 128, 256),  # the paper's long-sequence efficiency shape
-}
+# (T, B, input, hidden): the recurrent SAC/TD3 training window on the BLT tasks; the paper's long-sequence shape
+SHAPES = {"rl": (64, 64, 64, 128), "paper": (1024, 8, 128, 256)}
 
 
 class LoopGRU(nn.Module):
@@ -27,35 +20,31 @@ class LoopGRU(nn.Module):
         self.hidden_size = hidden_size
 
     def forward(self, x, state=None):
-        h = x.new_zeros(x.shape[1], self.hidden_size) if state is None else state
-        ys = []
-        for t in range(x.shape[0]):
-            h = self.cell(x[t], h)
-            ys.append(h)
+        ys, h = [], x.new_zeros(x.shape[1], self.hidden_size) if state is None else state
+        for xt in x:
+            ys.append(h := self.cell(xt, h))
         return torch.stack(ys), h
 
 
 class FFMDenseFloor(FFM):
-    """FFM with its aggregator replaced by a broadcast of the gated input: every dense layer, gate and norm
-    of the cell, no recurrence. What an FFM cell cannot go below without faster dense kernels."""
+    """FFM without recurrence (its aggregator a broadcast of the gated input): the floor its dense layers set."""
 
     def _aggregate(self, u, gamma, s0):
         return torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(*u.shape, self.context_size)
 
 
-def variants(input_size: int, hidden_size: int, device) -> dict[str, nn.Module]:
-    models = {
-        "ffm": build("ffm", input_size=input_size, hidden_size=hidden_size),
-        "ffm-scan": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="scan"),
-        "ffm-loop": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="loop"),
-        "ffm-closed": build("ffm", input_size=input_size, hidden_size=hidden_size, aggregator="closed"),
-        "ffm-dense": FFMDenseFloor(input_size, hidden_size),
-        "gru": build("gru", input_size=input_size, hidden_size=hidden_size),
-        "lstm": build("lstm", input_size=input_size, hidden_size=hidden_size),
-        "gru-loop": LoopGRU(input_size, hidden_size),
-    }
+def variants(input_size: int, hidden_size: int, device: torch.device, only=None) -> dict[str, nn.Module]:
+    """All variants, or ``only`` these (an unknown name is a ValueError), on ``device``."""
+    size = {"input_size": input_size, "hidden_size": hidden_size}
+    models = {"ffm": build("ffm", **size), **{f"ffm-{a}": build("ffm", aggregator=a, **size)
+                                               for a in ("scan", "loop", "closed")},
+              "ffm-dense": FFMDenseFloor(input_size, hidden_size), "gru": build("gru", **size),
+              "lstm": build("lstm", **size), "gru-loop": LoopGRU(input_size, hidden_size)}
     models.pop(f"ffm-{models['ffm'].resolved_aggregator(device)}")  # already timed as "ffm" (auto)
-    return {k: v.to(device) for k, v in models.items()}
+    unknown = sorted(set(only or ()) - set(models))
+    if unknown:
+        raise ValueError(f"unknown {unknown}; on {device.type} they are {sorted(models)}")
+    return {k: m.to(device) for k, m in models.items() if not only or k in only}
 
 
 def run(shape_names, repeats: int, device: torch.device, only: list[str] | None = None) -> list[Row]:
@@ -63,19 +52,11 @@ def run(shape_names, repeats: int, device: torch.device, only: list[str] | None 
     for shape_name in shape_names:
         T, B, I, H = SHAPES[shape_name]
         shape = f"T{T}_B{B}_in{I}_h{H}"
-        models = variants(I, H, device)
-        if only:
-            unknown = sorted(set(only) - set(models))
-            if unknown:
-                raise ValueError(f"unknown variant(s) {unknown}; on {device.type} they are {sorted(models)}")
-            models = {k: m for k, m in models.items() if k in only}
-        x = torch.randn(T, B, I, device=device)
-        out_grad = torch.randn(T, B, H, device=device)
+        models = variants(I, H, device, only)
+        x, out_grad = torch.randn(T, B, I, device=device), torch.randn(T, B, H, device=device)
 
         def fwd_bwd(model):
-            xg = x.detach().requires_grad_()
-            y, _ = model(xg)
-            y.backward(out_grad)
+            model(x.detach().requires_grad_())[0].backward(out_grad)
 
         def fwd(model):
             with torch.no_grad():
@@ -83,8 +64,8 @@ def run(shape_names, repeats: int, device: torch.device, only: list[str] | None 
 
         # The loop GRU at T=1024 takes seconds per call: fewer rounds keep the benchmark short.
         reps = max(3, repeats // 4) if T >= 512 else repeats
-        for metric, fn, r in (("fwd_bwd_ms", fwd_bwd, reps), ("fwd_ms", fwd, reps)):
-            med = interleaved_medians({k: (lambda m=m: fn(m)) for k, m in models.items()}, r, device)
+        for metric, fn in (("fwd_bwd_ms", fwd_bwd), ("fwd_ms", fwd)):
+            med = interleaved_medians({k: (lambda m=m: fn(m)) for k, m in models.items()}, reps, device)
             rows += [Row("memory", shape, k, metric, v * 1e3, "ms") for k, v in med.items()]
         for k, m in models.items():
             mb = saved_tensor_bytes(lambda: m(x.detach().requires_grad_())[0].sum(), device) / 2**20

@@ -21,15 +21,10 @@ def available() -> list[str]:
 
 def options(name: str) -> list[str]:
     """The keyword options model `name` accepts besides input_size and hidden_size."""
-    params = inspect.signature(_lookup(name).__init__).parameters
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown seq model {name!r}; available: {available()}")
+    params = inspect.signature(_REGISTRY[name].__init__).parameters
     return [p for p in params if p not in ("self", "input_size", "hidden_size")]
-
-
-def _lookup(name: str) -> type[SeqModel]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown seq model {name!r}; available: {available()}") from None
 
 
 def build(name: str, *, input_size: int, hidden_size: int, **opts) -> SeqModel:
@@ -37,7 +32,7 @@ def build(name: str, *, input_size: int, hidden_size: int, **opts) -> SeqModel:
     unknown = sorted(set(opts) - set(allowed))
     if unknown:
         raise TypeError(f"seq model {name!r} got unknown option(s) {unknown}; allowed: {allowed}")
-    return _lookup(name)(input_size=input_size, hidden_size=hidden_size, **opts)
+    return _REGISTRY[name](input_size=input_size, hidden_size=hidden_size, **opts)
 
 
 __all__ = ["ABLATIONS", "FFM", "GRU", "LSTM", "MLP", "SeqModel", "State", "available", "build", "options"]

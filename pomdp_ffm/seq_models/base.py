@@ -1,9 +1,5 @@
-"""The interface every sequence model in the registry follows.
-
-A model maps a time-major input ``x[T, B, input_size]`` and a recurrent state to an output
-``y[T, B, hidden_size]`` and the state after the last step. ``state=None`` means a fresh zero state.
-Callers never look inside a state: a GRU tensor, an LSTM tuple and FFM's complex matrix all fit.
-"""
+"""The interface of every registered sequence model: ``forward(x[T, B, input_size], state)`` returns
+``y[T, B, hidden_size]`` and the last step's state (None: a fresh zero state), which callers never look inside."""
 from __future__ import annotations
 
 from typing import Any
@@ -25,17 +21,13 @@ class SeqModel(nn.Module):
         raise NotImplementedError
 
     def bound_(self) -> None:
-        """Project the parameters back into their allowed range after a write to them (an optimiser step, a
-        Polyak average), in place and without a host synchronisation. Nothing to do for most models."""
+        """Project the parameters into their allowed range after a write, in place, with no host read."""
 
     def bounded_by_owner(self, owner: bool = True) -> "SeqModel":
-        """Leave ``bound_`` to the owner, who calls it after every write it makes, instead of checking the bound
-        at each call (a host read per call where there is one); ``owner=False`` goes back. Returns the model."""
+        """Leave ``bound_`` to the owner after each of its writes, not a check per call; ``owner=False`` undoes."""
         return self
 
     def _check_input(self, x: torch.Tensor) -> None:
         if x.dim() != 3 or x.shape[-1] != self.input_size:
-            raise ValueError(
-                f"{type(self).__name__} expects input of shape [T, B, {self.input_size}], "
-                f"got {tuple(x.shape)}"
-            )
+            raise ValueError(f"{type(self).__name__} expects input of shape [T, B, {self.input_size}], "
+                             f"got {tuple(x.shape)}")

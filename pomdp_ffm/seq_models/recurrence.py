@@ -1,19 +1,7 @@
-"""FFM's aggregator S_t = gamma * S_{t-1} + u_t (pomdp_ffm/seq_models/ffm.py), evaluated over a whole sequence.
-
-The reference evaluates the aggregator with a float64 closed form that multiplies by gamma^(-t); it
-overflows unless decay is bounded and sequences are chunked. Here the default aggregators never multiply
-by |gamma| > 1, so any length is exact in complex64:
-
-* ``loop`` (what ``auto`` picks on a CPU): the recurrence itself, inside a custom autograd Function whose backward is
-  the adjoint recurrence (the gradient of S_t = g S_{t-1} + u_t is the reversed recurrence with conj(g)),
-  stepped in sqrt(T) chunks to cut kernel launches.
-* ``scan`` (what ``auto`` picks on a GPU): the same Function with a log-depth (Hillis-Steele) scan over
-  powers gamma^(2^k) in place of the chunked loop: ~2 log2 T kernels but O(T log T) work, which pays where
-  kernel launches, not arithmetic, bound the time (docs/benchmarks.md has the measurements).
-* ``closed``: the reference's closed form in complex128, kept for comparison. It is exact only while
-  |gamma|^(-t) fits a float64: the decay bound keeps alpha <= ffm.reference_decay_limit(decay_horizon) (the
-  reference's ``max_len``, 1024 steps), and the sequence is cut into chunks of ``decay_horizon`` steps.
-"""
+"""FFM's aggregator S_t = gamma * S_{t-1} + u_t over a whole sequence. Unlike the reference's closed form (``closed``:
+complex128, exact only while gamma^(-t) fits a float64), ``loop`` (sqrt(T) chunks; ``auto`` on a CPU) and ``scan``
+(log-depth, fewer kernels; ``auto`` on a GPU) never multiply by |gamma| > 1: exact in complex64 at any length, with
+the adjoint recurrence as their backward (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import math
@@ -22,17 +10,14 @@ import torch
 
 
 def _scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None, reverse: bool = False) -> None:
-    """In place: X[t] <- X[t] + gamma * X[t-1] (X[-1] = s_in), or X[t] <- X[t] + gamma * X[t+1] (X[T] = s_in)
-    if `reverse`.
+    """In place: X[t] += gamma * X[t-1] (X[-1] = s_in), or X[t] += gamma * X[t+1] (X[T] = s_in) if `reverse`.
 
-    Stepping one time index per kernel is launch-bound for small batches, so the first n*K steps are cut into
-    n chunks of K ~ sqrt(T): a local recurrence inside every chunk at once (K kernels), the carries between
-    chunks (n kernels), then one broadcast correction X[j, k] += gamma^(k+1) * carry_j; the < K leftover
-    steps run one by one. Every factor has |gamma^k| <= 1, so nothing overflows at any length.
-    (In-place complex addcmul_ is ~3x faster here than an out= variant that also reads the inputs.)
-    """
+    One step per kernel is launch-bound, so the first n*K steps are cut into n chunks of K ~ sqrt(T): a local
+    recurrence in every chunk at once (K kernels), the carries between chunks (n), then one broadcast correction
+    X[j, k] += gamma^(k+1) carry_j; the < K leftover steps run one by one. (In-place addcmul_ is ~3x faster here
+    than an out= variant.)"""
     T = X.shape[0]
-    K = _chunk(T)
+    K = T if T <= 16 else math.isqrt(T)
     n = T // K
     tail = range(n * K, T)
     if reverse:  # the leftover steps sit at the end: they come first backwards in time
@@ -71,12 +56,9 @@ def _scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None, reve
             X[t].addcmul_(X[t - 1], gamma)
 
 
-def _doubling_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None,
-                    reverse: bool = False) -> None:
-    """The same recurrence as `_scan_`, in ceil(log2 T) data-parallel steps (Hillis-Steele): after step i,
-    X[t] holds the sum over the last 2^(i+1) inputs, and step i adds gamma^(2^i) times the partial sum
-    2^i steps back. O(T log T) work but only ~2 log2 T kernels: on a GPU the per-step loop is
-    launch-bound, this is not. Every factor gamma^(2^i) has modulus <= 1 and is computed exactly."""
+def _doubling_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None, reverse: bool = False) -> None:
+    """`_scan_`'s recurrence in ceil(log2 T) data-parallel steps: step i adds gamma^(2^i) times the partial sum
+    2^i steps back, after which X[t] holds the sum over the last 2^(i+1) inputs."""
     T = X.shape[0]
     if s_in is not None:
         X[T - 1 if reverse else 0].addcmul_(s_in, gamma)
@@ -87,8 +69,7 @@ def _doubling_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | N
     src, dst = X, torch.empty_like(X)
     for i in range(levels):
         k = 1 << i
-        # Rows already complete (the first k forwards, the last k backwards) carry over unchanged; the
-        # destination holds the output of step i - 2, in which the first k // 2 of them were complete.
+        # Complete rows (the first k, or last k backwards) carry over; dst holds step i - 2's, with k // 2 complete.
         lo = 0 if i == 0 else k // 2
         done = slice(T - k, T - lo) if reverse else slice(lo, k)
         if reverse:
@@ -101,18 +82,12 @@ def _doubling_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | N
         X.copy_(src)
 
 
-def _chunk(T: int) -> int:
-    return T if T <= 16 else math.isqrt(T)
-
-
 class _LinearRecurrence(torch.autograd.Function):
-    """S_t = gamma * S_{t-1} + u_t (u real, broadcast over the c context columns), S_{-1} = s0.
-
-    Shapes: u [T, *batch, m], s0 [*batch, m, c], gamma [m, c]."""
+    """S_t = gamma * S_{t-1} + u_t (u real, broadcast over the c columns), S_{-1} = s0: u [T, *batch, m],
+    s0 [*batch, m, c], gamma [m, c]."""
 
     @staticmethod
     def forward(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, method: str = "loop") -> torch.Tensor:
-        # real inputs, broadcast over the context columns (the cheapest way to build it, measured)
         S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(*u.shape, gamma.shape[-1]).contiguous()
         _RUN[method](S, gamma, s0)
         return S
@@ -127,22 +102,18 @@ class _LinearRecurrence(torch.autograd.Function):
     def backward(ctx, grad_S: torch.Tensor):
         gamma, s0, S = ctx.saved_tensors
         c = grad_S.shape[-1]
-        # The adjoint A_t = dL/dS_t + conj(gamma) A_{t+1} is the same recurrence run backwards in time. It is
-        # run on its conjugate, C_t = conj(A_t) = conj(dL/dS_t) + gamma C_{t+1}: the copy that conjugates the
-        # incoming gradient replaces the clone the in-place scan needs anyway, and then grad_gamma below is a
-        # plain dot product of S and C (vecdot of a lazily conjugated S), not one that materialises conj(S).
-        C = torch.conj_physical(grad_S)  # always a fresh tensor: the scan below works in place
+        # The adjoint A_t = dL/dS_t + conj(gamma) A_{t+1}, run on its conjugate C_t = conj(dL/dS_t) + gamma C_{t+1}:
+        # the conjugating copy is the fresh tensor the in-place scan needs, and grad_gamma becomes a plain vecdot.
+        C = torch.conj_physical(grad_S)
         ctx.run_(C, gamma, None, reverse=True)
         grad_u = grad_gamma = grad_s0 = None
         if ctx.needs_input_grad[0]:
-            # sum over the context columns of Re(A) = Re(C), as a matrix-vector product over the interleaved
-            # (re, im) pairs: faster than a strided reduction
+            # sum over the columns of Re(A) = Re(C), as a matvec over the (re, im) pairs: faster than a strided sum
             pick_re = torch.zeros(2 * c, dtype=S.real.dtype, device=S.device)
             pick_re[::2] = 1
             grad_u = (torch.view_as_real(C).reshape(-1, 2 * c) @ pick_re).view(grad_S.shape[:-1])
         if ctx.needs_input_grad[1]:
-            # sum over time and batch of A_t * conj(S_{t-1}) = conj(C_t * S_{t-1}), with S_{-1} = s0: one dot
-            # product over (time, batch)
+            # sum over time and batch of A_t conj(S_{t-1}) = conj(C_t S_{t-1}), with S_{-1} = s0
             grad_gamma = torch.linalg.vecdot(s0.flatten(0, -3).conj(), C[0].flatten(0, -3), dim=0)
             if S.shape[0] > 1:
                 grad_gamma = grad_gamma + torch.linalg.vecdot(S[:-1].flatten(0, -3).conj(),
@@ -156,23 +127,17 @@ class _LinearRecurrence(torch.autograd.Function):
 _RUN = {"loop": _scan_, "scan": _doubling_scan_}
 
 
-def _recurrence(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, method: str) -> torch.Tensor:
-    return _LinearRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous(), method)
-
-
-def aggregate_loop(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
-    return _recurrence(u, gamma, s0, "loop")
+def _recurrence(method: str):
+    def aggregate(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+        return _LinearRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous(), method)
+    return aggregate
 
 
 def _powers(gamma: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """gamma^k for each k, as exp(k log gamma) in complex128: exact to the last bit of complex64 even for
-    large k, where repeated float32 multiplication would accumulate phase error."""
+    """gamma^k for each k, as exp(k log gamma) in complex128: exact in complex64 even for large k (repeated
+    float32 products would accumulate phase error)."""
     k = exponents.to(device=gamma.device, dtype=torch.float64).view(-1, *([1] * gamma.dim()))
     return torch.exp(k * torch.log(gamma.to(torch.complex128))).to(gamma.dtype)
-
-
-def aggregate_scan(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
-    return _recurrence(u, gamma, s0, "scan")
 
 
 def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -181,15 +146,14 @@ def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chu
     log_g = torch.log(gamma.to(torch.complex128))
     for start in range(0, u.shape[0], chunk):
         x = u[start:start + chunk].to(torch.float64).unsqueeze(-1)
-        n = x.shape[0]
-        t = n - 1
-        p = torch.arange(n, device=u.device, dtype=torch.float64).view(n, 1, 1, 1)
+        t = x.shape[0] - 1
+        p = torch.arange(t + 1, device=u.device, dtype=torch.float64).view(-1, 1, 1, 1)
         inner = torch.cumsum(torch.exp((t - p) * log_g) * x, dim=0)
-        S = torch.exp((p - t) * log_g) * inner + torch.exp((p + 1) * log_g) * state.to(torch.complex128)
-        S = S.to(gamma.dtype)
-        out.append(S)
-        state = S[-1]
+        out.append((torch.exp((p - t) * log_g) * inner + torch.exp((p + 1) * log_g) * state.to(torch.complex128))
+                   .to(gamma.dtype))
+        state = out[-1][-1]
     return torch.cat(out, dim=0)
 
 
+aggregate_loop, aggregate_scan = _recurrence("loop"), _recurrence("scan")
 AGGREGATE = {"loop": aggregate_loop, "scan": aggregate_scan, "closed": aggregate_closed}

@@ -44,3 +44,33 @@ def test_a_failure_half_way_leaves_the_previous_report(tree, tmp_path, monkeypat
         cli.main([str(tree), "--out", str(out), "--resamples", "50"])
     assert snapshot(out) == before
     assert sorted(p.name for p in out.iterdir()) == sorted({".cache", *(p.parts[0] for p in before)})
+
+
+@pytest.mark.parametrize("where", ["a read-only --out", "a full disk half-way"])
+def test_an_output_that_cannot_be_written_is_one_line_and_leaves_the_previous_report(tree, tmp_path, monkeypatch,
+                                                                                    capsys, where):
+    import errno
+
+    from pomdp_ffm.exits import EXIT_UNWRITABLE
+
+    out = tmp_path / "report"
+    assert cli.main([str(tree), "--out", str(out), "--resamples", "50"]) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    if where == "a read-only --out":  # (as root, chmod stops no write: the kernel's error, injected)
+        def mkdtemp(prefix, dir):
+            raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}x")
+
+        monkeypatch.setattr(cli.tempfile, "mkdtemp", mkdtemp)
+        said = f"error: the report cannot be written ({out}/.new-report-x): Permission denied; "
+    else:
+        def full(ctx):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setitem(cli._RUNNERS, "lines", full)
+        said = "error: the report cannot be written: No space left on device; "
+    assert cli.main([str(tree), "--out", str(out), "--resamples", "50"]) == EXIT_UNWRITABLE
+    assert capsys.readouterr().err.splitlines() == [
+        said + "the previous report in --out is unchanged: free some space or make --out writable, then rerun"]
+    assert snapshot(out) == before
+    assert sorted(p.name for p in out.iterdir()) == sorted({".cache", *(p.parts[0] for p in before)})
