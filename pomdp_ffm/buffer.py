@@ -7,8 +7,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Batch", "SeqReplayBuffer", "TRANSITIONS"]
-
 
 class Batch(NamedTuple):
     """The batch's one vocabulary, from the episode (``rollout.Episode``: all but ``masks``) to the update

@@ -238,8 +238,6 @@ def _close_open_workers() -> None:
 
 
 def check_worker_start_method(current: str | None, whose: str = "this process uses") -> None:
-    """Refuse a start method that is none of Python's (joblib's loky, the local launcher's workers, sets its own, from
-    which a worker cannot start; a child of forkserver or spawn inherits its parent's)."""
     if current not in (None, "fork", "forkserver", "spawn"):
         raise ValueError(f"evaluation envs in worker processes (eval.workers) need one of Python's start "
                          f"methods, but {whose} {current!r} (joblib's local launcher runs its jobs in loky's "

@@ -103,7 +103,7 @@ def job_configs(jobs: list[list[str]]) -> list[tuple[list[str], DictConfig]]:
     return out
 
 
-def sweep_jobs(overrides: list[str]) -> list[Job]:
+def sweep_jobs(overrides: list[str], statuses: bool = True) -> list[Job]:
     """Every job of the sweep and, by start.status under the job's own config, where its run directories stand."""
     parser = OverridesParser.create()
     jobs_overrides, cfg = job_overrides(overrides)
@@ -125,6 +125,8 @@ def sweep_jobs(overrides: list[str]) -> list[Job]:
         run_dir = sweep_dir / str(values._subdir)
         dirs = seed_dirs(run_dir, int(values.seed), [int(k) for k in seeds]) if seeds else [run_dir]
         jobs.append(Job(list(job), run_dir, dirs, []))
+    if not statuses:
+        return jobs
     # A job with something where its runs belong is checked under its own config (composed: 0.1 s each).
     held = [j.overrides for j in jobs if any(d.exists() or d.is_symlink() for d in j.run_dirs)]
     configs = {tuple(o): c for o, c in job_configs(held)}
@@ -145,9 +147,8 @@ def sweep_outcome() -> Counter | None:
 
 
 class SweepOutcomes(Callback):
-    """Names each refused or failed job and sums the sweep up in the launching process (conf/config.yaml). Hydra
-    calls on_job_end where the job ran (here, a joblib worker, a submitit job): each leaves its outcome in a file
-    of its own beside the runs, which on_multirun_end reads and removes."""
+    """Names each refused or failed job and sums the sweep up (conf/config.yaml). on_job_end runs where the job ran
+    (here, a joblib worker, a submitit job): it leaves a file beside the runs, which on_multirun_end reads."""
 
     folder: str | None = None
 

@@ -14,12 +14,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from . import signals
 from .config import register_configs, yaml_problem
 from .envs import check_worker_start_method
 from .exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
-from .grid import job_configs, job_overrides, sweep_outcome
+from .grid import job_configs, job_overrides, sweep_jobs, sweep_outcome
 from .rundir import RunDir
 from .seeds import run_seeds
 from .signals import STOP_SIGNALS, StopSignals, SweepSignals
@@ -181,6 +182,12 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
         return composed
     if check_dirs and (why := why_not_makeable(path)) is not None:
         raise Refused(f"{key}={path} cannot be made a directory ({why})")
+    # Hydra makes each job's directory before the job runs: a file there would end the sweep with a traceback.
+    with contextlib.suppress(InterpolationResolutionError):  # a subdir named by Hydra's runtime values
+        for job in sweep_jobs([a for a in argv if a not in ("-m", "--multirun")], statuses=False) \
+                if check_dirs and multirun else []:
+            if file := next((d for d in (job.run_dir, *job.run_dirs) if d.exists() and not d.is_dir()), None):
+                raise Refused(f"{file} is a file where a job's run directory belongs; move it away")
     return composed
 
 

@@ -615,6 +615,20 @@ def test_a_sweep_names_every_refused_job_and_sums_up(tmp_path, launcher):
     assert sorted(p.name for p in root.iterdir()) == ["Pendulum-V-v0", "multirun.yaml"]  # no outcome files left
 
 
+def test_a_file_where_a_jobs_run_directory_belongs_refuses_the_sweep_before_it_starts(tmp_path):
+    # Hydra makes a job's directory before the job runs, so such a job cannot be refused alone: the command is, in
+    # one line, before any job starts or anything is written.
+    root = tmp_path / "sweep"
+    (root / "Pendulum-V-v0" / "sac_gru").mkdir(parents=True)
+    (root / "Pendulum-V-v0" / "sac_gru" / "seed-1").write_text("not a run\n")
+    proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", check=False)
+    assert proc.returncode == EXIT_REFUSED, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [f"error: {root}/Pendulum-V-v0/sac_gru/seed-1 is a file where a job's "
+                                                "run directory belongs; move it away"]
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == [
+        "Pendulum-V-v0", "Pendulum-V-v0/sac_gru", "Pendulum-V-v0/sac_gru/seed-1"]
+
+
 def test_the_paper_grid_names_a_damaged_slot_up_front_and_the_sweep_refuses_it(tmp_path, capfd):
     # One job of the grid, whose slot holds DONE alone: the grid lists it with its reason before the launch; the
     # sweep refuses it (the others it would train: test_a_sweep_names_every_refused_job_and_sums_up), writing

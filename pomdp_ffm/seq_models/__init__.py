@@ -1,9 +1,5 @@
-"""The sequence-model registry: the only code that knows model names.
-
->>> from pomdp_ffm.seq_models import build, available
->>> model = build("ffm", input_size=64, hidden_size=128)
->>> y, state = model(x, None)          # x: [T, B, 64] -> y: [T, B, 128]
-"""
+"""The sequence-model registry, the only code that knows model names: ``build("ffm", input_size=64, hidden_size=128)``
+maps ``x[T, B, 64], state`` (None: zeros) to ``y[T, B, 128], state``."""
 from __future__ import annotations
 
 import inspect
