@@ -114,9 +114,9 @@ class RecurrentAgent(nn.Module):
         """Whether the next update moves the actor, targets and temperature (every d-th with a TD3 delay d)."""
         return (self.num_updates + 1) % self.algo.policy_delay == 0
 
-    def update(self, batch: Batch, grad_norms: bool = False) -> dict[str, torch.Tensor]:
+    def update(self, batch: Batch, grad_norms: bool = False, compiled: bool = False) -> dict[str, torch.Tensor]:
         stats = update(self, Aligned.from_batch(batch, self.device), actor_step_due=self.actor_step_due(),
-                       grad_norms=grad_norms)
+                       grad_norms=grad_norms, compiled=compiled)
         self.count_update()
         return stats
 

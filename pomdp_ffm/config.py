@@ -163,6 +163,9 @@ class TrainConfig:
     sample_weight_baseline: float = checked(0.0, at_least(0))
     cuda_graph: bool = True  # on CUDA, updates and acting steps replay captured graphs (patches/015); false: eager
     tf32: bool = False  # TF32 matmuls on CUDA: faster, 10-bit mantissas; off, as the reference (docs/benchmarks.md)
+    # The update's losses through torch.compile (patches/020; its first update compiles, tens of seconds). null: where
+    # it was measured to pay, FFM on CUDA (docs/benchmarks.md)
+    compile: Optional[bool] = None
 
     def __post_init__(self):
         if isinstance(self.buffer_size, float) and self.buffer_size.is_integer():
@@ -293,6 +296,7 @@ def check_known_keys(cfg: DictConfig) -> None:
 # Keys (or prefixes) that may change between starts of one run: where and how it runs, not what it learns.
 MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint", "eval.episodes_together", "eval.workers",
               "eval.during_updates", "eval.save_interval", "eval.log_tensorboard", "train.cuda_graph", "train.tf32",
+              "train.compile",
               "seeds")
 
 

@@ -1,7 +1,9 @@
 """The update as the replay of a captured CUDA graph (``train.cuda_graph``, patches/015-cuda-graph-update.md):
 each host path (grad_norms, actor step due) is captured after ``warmup`` eager updates on the side stream, then
 replayed, with the eager RNG stream. Adam runs capturable; a loaded optimiser state or a moved parameter drops the
-graphs. ``backend`` is ``CudaGraphs`` or a test double."""
+graphs. ``backend`` is ``CudaGraphs`` or a test double. With ``compile`` (``train.compile``), the update, captured
+or not, runs its losses through torch.compile (update.compiled_losses): the warm-up updates compile them, the
+capture records inductor's kernels."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +15,7 @@ import torch
 
 from .agent import RecurrentAgent
 from .buffer import Batch
-from .seq_models.ffm import drop_gamma_caches
+from .seq_models.ffm import FFM, drop_gamma_caches
 from .update import Aligned, update
 
 WARMUP_UPDATES = 3  # eager updates on the side stream before the first capture (PyTorch's recipe uses 3)
@@ -23,6 +25,24 @@ _ALIGN = 64  # bytes: every array of the flat buffers starts on this boundary
 
 class CaptureError(RuntimeError):
     """A failed capture; the message is one line naming the switch."""
+
+
+class CompileError(RuntimeError):
+    """A failed torch.compile of the update; the message is one line naming the switch."""
+
+
+@contextlib.contextmanager
+def compile_errors_named(compiled: bool):
+    """torch.compile's errors (a graph break under fullgraph, a failed lowering) as a CompileError: they surface at
+    the first update, which compiles, before any optimiser step of a compiled loss."""
+    try:
+        yield
+    except torch._dynamo.exc.TorchDynamoException as e:
+        if not compiled:
+            raise
+        detail = (str(e).strip().splitlines() or [""])[0]
+        raise CompileError(f"compiling the update with torch.compile failed: {type(e).__name__}: {detail}; "
+                           "set train.compile=false to run it uncompiled") from e
 
 
 def guarded_capture(what: str, instead: str, modules, make: Callable):
@@ -187,14 +207,36 @@ class CudaGraphs:
         torch.cuda.synchronize(self.device)
 
 
+def _one_context_column(agents: Sequence[RecurrentAgent]) -> bool:
+    return any(isinstance(m, FFM) and m.context_size == 1 for a in agents for m in a.modules())
+
+
+def compile_pays(agents: Sequence[RecurrentAgent]) -> bool:
+    """``train.compile=null``: where compiling was measured to pay (docs/benchmarks.md, "The compiled update"): FFM
+    on CUDA. Not on a CPU (slower than eager), nor for GRU/LSTM (dynamo unrolls cuDNN's kernel step by step)."""
+    memories = {type(a.critic.encoder.memory) for a in agents}
+    return agents[0].device.type == "cuda" and memories == {FFM} and not _one_context_column(agents)
+
+
+def check_compilable(agents: Sequence[RecurrentAgent]) -> None:
+    """A CompileError, before any update, where a compile is known to fail."""
+    if agents[0].device.type == "cuda" and _one_context_column(agents):
+        raise CompileError("train.compile=true with an FFM of one context column (policy.rnn_hidden_size below 64) "
+                           "fails in inductor on CUDA (torch 2.11); use policy.rnn_hidden_size >= 64 or "
+                           "train.compile=false")
+
+
 class UpdateRunner:
     """``runner(batch, grad_norms)`` = ``agent.update(batch, grad_norms)``. With several agents (a seed axis),
     ``update_all(batches)`` updates each on its own batch, on CUDA as one graph with a branch stream per agent."""
 
     def __init__(self, agents: RecurrentAgent | Sequence[RecurrentAgent], cuda_graph: bool = True, *,
-                 warmup: int = WARMUP_UPDATES, ring: int = HOST_RING, backend=None):
+                 compile: bool | None = False, warmup: int = WARMUP_UPDATES, ring: int = HOST_RING, backend=None):
         self.agents = [agents] if isinstance(agents, RecurrentAgent) else list(agents)
         self.agent, self.device = self.agents[0], self.agents[0].device
+        self.compiled = compile_pays(self.agents) if compile is None else bool(compile)
+        if self.compiled:
+            check_compilable(self.agents)
         delays = sorted({a.algo.policy_delay for a in self.agents})
         if len(delays) > 1:
             raise ValueError(f"agents updated together must share their policy delay: got {delays}")
@@ -214,9 +256,10 @@ class UpdateRunner:
         if len(self.agents) != 1:
             raise TypeError(f"this runner updates {len(self.agents)} agents together: call update_all(batches)")
         # A wrapper a test or tool set on the instance's update is honoured.
-        if not self.graphed or "update" in vars(self.agent):
-            return self.agent.update(batch, grad_norms=grad_norms)
-        return self._update(agents_batches=[batch], grad_norms=grad_norms)[0]
+        with compile_errors_named(self.compiled):
+            if not self.graphed or "update" in vars(self.agent):
+                return self.agent.update(batch, grad_norms=grad_norms, compiled=self.compiled)
+            return self._update(agents_batches=[batch], grad_norms=grad_norms)[0]
 
     def update_all(self, batches: Sequence, grad_norms: bool = False) -> list[dict[str, torch.Tensor]]:
         if len(batches) != len(self.agents):
@@ -225,9 +268,10 @@ class UpdateRunner:
         if len(set(due)) != 1:
             raise ValueError(f"agents updated together must agree on whether this update moves their actors (a "
                              f"TD3 policy delay): got {due} after {[a.num_updates for a in self.agents]} updates")
-        if not self.graphed:
-            return [a.update(b, grad_norms=grad_norms) for a, b in zip(self.agents, batches)]
-        return self._update(batches, grad_norms)
+        with compile_errors_named(self.compiled):
+            if not self.graphed:
+                return [a.update(b, grad_norms=grad_norms, compiled=self.compiled) for a, b in zip(self.agents, batches)]
+            return self._update(batches, grad_norms)
 
     def _update(self, agents_batches: Sequence, grad_norms: bool) -> list[dict[str, torch.Tensor]]:
         self._check_state()
@@ -246,7 +290,8 @@ class UpdateRunner:
     def _update_on_static(self, k: int, grad_norms: bool, actor_step: bool, stream=None) -> dict[str, torch.Tensor]:
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             aligned = Aligned.from_batch(self.stagings[k].static, self.device)
-            return update(self.agents[k], aligned, actor_step_due=actor_step, grad_norms=grad_norms)
+            return update(self.agents[k], aligned, actor_step_due=actor_step, grad_norms=grad_norms,
+                          compiled=self.compiled)
 
     def _device_updates(self, grad_norms: bool, actor_step: bool) -> list[dict[str, torch.Tensor]]:
         if len(self.agents) == 1:
@@ -325,4 +370,4 @@ def _copied(outputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tens
     return [{k: next(flat) for k in out} for out in outputs]
 
 
-make_updater = UpdateRunner  # (agent, cuda_graph): the trainer's, which tests replace
+make_updater = UpdateRunner  # (agent, cuda_graph, compile=...): the trainer's, which tests replace

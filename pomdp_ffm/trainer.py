@@ -173,7 +173,7 @@ class Trainer:
             self.buffer = SeqReplayBuffer(int(t.buffer_size), obs_dim, act_dim, self.seq_len, t.sample_weight_baseline,
                                           seed=cfg.seed)
             self.agent = RecurrentAgent(obs_dim, act_dim, cfg.policy).to(self.device)
-            self.updater = make_updater(self.agent, t.cuda_graph)
+            self.updater = make_updater(self.agent, t.cuda_graph, compile=t.compile)
             self.acting = make_actor(self.agent, t.cuda_graph)
             self.evaluator = Evaluator(cfg, self.env, self.acting, self.agent, self.timers)
             self.columns = columns(self.agent.algo.metrics, cfg.eval.eval_stochastic)

@@ -9,11 +9,14 @@ T+1 extension of a stored window (docs/reference.md#batch-alignment), ``Aligned`
     masks     =      [m_0,  ..., m_{T-1}]       [T,   B, 1]
 
 Nothing here reads a device value on the host, so an update only queues kernels and can be captured in a CUDA
-graph (pomdp_ffm/graph.py).
+graph (pomdp_ffm/graph.py). ``compiled=True`` (``train.compile``) runs the same functions through ``torch.compile``:
+the actor pass and the two losses (forward and backward) become inductor's fused kernels; the optimisers' steps,
+the targets and the temperature stay as they are (patches/020-compiled-update.md).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -102,8 +105,39 @@ def actor_loss(agent, s: Aligned, policy_out) -> tuple[torch.Tensor, torch.Tenso
     return masked_mean(agent.algo.actor_objective(q1, q2, log_prob), s.masks), log_prob
 
 
-def critic_step(agent, s: Aligned, policy_out, grad_norms: bool) -> dict[str, torch.Tensor]:
-    qf1_loss, qf2_loss = critic_loss(agent, s, policy_out)
+def actor_pass(agent, s: Aligned):
+    """The actor's output over all T+1 steps (SAC's shared pass)."""
+    return agent.actor(*s.history)[0]
+
+
+class Losses(NamedTuple):
+    actor_pass: Callable
+    critic_loss: Callable
+    actor_loss: Callable
+
+
+EAGER = Losses(actor_pass, critic_loss, actor_loss)
+
+
+@functools.cache
+def compiled_losses() -> Losses:
+    """EAGER through ``torch.compile``, built once per process: one compiled function serves every agent of one
+    architecture (a seed axis's too), the modules' parameters being its inputs. ``fullgraph``: a graph break is an
+    error, never a silent split into eager pieces. ``fallback_random``: random numbers from the eager generator,
+    so a compiled update draws the eager update's noise. ``dynamic=False``: one graph per window length."""
+    def compile_(fn: Callable) -> Callable:
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, options={"fallback_random": True})
+
+        def call(*args):
+            # allow_rnn: nn.GRU/nn.LSTM traced as their per-step operations (dynamo cannot call cuDNN's kernel)
+            with torch._dynamo.config.patch(allow_rnn=True):
+                return compiled(*args)
+        return call
+    return Losses(*map(compile_, EAGER))
+
+
+def critic_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=critic_loss) -> dict[str, torch.Tensor]:
+    qf1_loss, qf2_loss = loss(agent, s, policy_out)
     agent.critic_optim.zero_grad(set_to_none=True)
     (qf1_loss + qf2_loss).backward()
     agent.critic_optim.step()
@@ -115,8 +149,8 @@ def critic_step(agent, s: Aligned, policy_out, grad_norms: bool) -> dict[str, to
     return stats
 
 
-def actor_step(agent, s: Aligned, policy_out, grad_norms: bool) -> dict[str, torch.Tensor]:
-    policy_loss, log_prob = actor_loss(agent, s, policy_out)
+def actor_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=actor_loss) -> dict[str, torch.Tensor]:
+    policy_loss, log_prob = loss(agent, s, policy_out)
     agent.actor_optim.zero_grad(set_to_none=True)
     # Only the actor's gradients are wanted: skip the critic weight gradients the reference computes.
     policy_loss.backward(inputs=list(agent.actor.parameters()))
@@ -130,15 +164,18 @@ def actor_step(agent, s: Aligned, policy_out, grad_norms: bool) -> dict[str, tor
     return stats
 
 
-def update(agent, s: Aligned, *, actor_step_due: bool, grad_norms: bool = False) -> dict[str, torch.Tensor]:
+def update(agent, s: Aligned, *, actor_step_due: bool, grad_norms: bool = False,
+           compiled: bool = False) -> dict[str, torch.Tensor]:
     """One gradient step of a RecurrentAgent: its statistics (pomdp_ffm/metrics.py's names) as detached 0-d device
-    tensors. ``actor_step_due``: whether the actor, targets and temperature move (the host decides)."""
+    tensors. ``actor_step_due``: whether the actor, targets and temperature move (the host decides); ``compiled``:
+    the losses through torch.compile (module docstring)."""
+    fns = compiled_losses() if compiled else EAGER
     # The critic step leaves SAC's actor unchanged: one pass serves the critic target and actor loss (patches/004).
-    policy_out = agent.actor(*s.history)[0] if agent.algo.shares_actor_pass else None
-    stats = critic_step(agent, s, policy_out, grad_norms)
+    policy_out = fns.actor_pass(agent, s) if agent.algo.shares_actor_pass else None
+    stats = critic_step(agent, s, policy_out, grad_norms, fns.critic_loss)
     if not actor_step_due:
         return stats
-    stats |= actor_step(agent, s, policy_out, grad_norms)
+    stats |= actor_step(agent, s, policy_out, grad_norms, fns.actor_loss)
     for target, source in agent.targets():
         soft_update_(target, source, agent.cfg.tau)
     # Only now: the reference clamps the actor's decay at its next call, so the target actor averages in the

@@ -33,8 +33,8 @@ def make_batch(seed=0, pad_from=None):
 
 def make_agent(algo="sac", model="ffm", seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = PolicyConfig(seq_model=model, algo_name=algo, rnn_hidden_size=32, dqn_layers=[32, 32],
-                       policy_layers=[32, 32], **kw)
+    cfg = PolicyConfig(seq_model=model, algo_name=algo, **{"rnn_hidden_size": 32, "dqn_layers": [32, 32],
+                                                           "policy_layers": [32, 32], **kw})
     return RecurrentAgent(O, A, cfg)
 
 

@@ -241,7 +241,7 @@ BAD_VALUES = [
     (["policy.ffm.decay=off"], "policy.ffm.decay='off' is not one of ['learned', 'fixed', 'none']"),
     (["policy.ffm.decay_context_product=inner"],
      "policy.ffm.decay_context_product='inner' is not one of ['outer', 'hadamard']"),
-    (["policy.ffm.aggregator=fft"], "policy.ffm.aggregator='fft' is not one of ['auto', 'loop', 'scan', 'closed']"),
+    (["policy.ffm.aggregator=fft"], "policy.ffm.aggregator='fft' is not one of ['auto', 'loop', 'scan', 'assoc', 'closed']"),
     (["policy.ffm.init_trace_range=[104,32]"], "policy.ffm.init_trace_range=[104.0, 32.0] must be null"),
     (["policy.ffm.init_period_range=[0,32]"], "policy.ffm.init_period_range=[0.0, 32.0] must be null"),
     (["env.env_type=meta"], "env.env_type='meta' is not one of ['pomdp']"),

@@ -140,7 +140,7 @@ def test_runner_calls_the_agents_update_as_it_is_then():
     agent = make_agent("sac", "gru")
     runner = UpdateRunner(agent, cuda_graph=False)
     calls = []
-    agent.update = lambda batch, grad_norms=False: calls.append(grad_norms) or {}
+    agent.update = lambda batch, grad_norms=False, **kw: calls.append(grad_norms) or {}
     runner(make_batch(), grad_norms=True)
     assert calls == [True]
     graphed = UpdateRunner(agent, backend=PythonGraphs())
@@ -415,7 +415,7 @@ def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_p
     train(composed(*overrides), tmp_path / "eager")
     runners = []
     monkeypatch.setattr(trainer_mod, "make_updater",
-                        lambda agent, on: runners.append(UpdateRunner(agent, backend=PythonGraphs(), warmup=2))
+                        lambda agent, on, **kw: runners.append(UpdateRunner(agent, backend=PythonGraphs(), warmup=2))
                         or runners[-1])
     monkeypatch.setattr(trainer_mod, "make_actor",
                         lambda agent, on: runners.append(ActingRunner(agent, backend=PythonGraphs(), warmup=2))

@@ -408,7 +408,7 @@ def test_ablations_build_run_and_train(ablation):
 
 
 def test_unknown_ffm_option_value():
-    with pytest.raises(ValueError, match=r"aggregator='fft' is not one of \['auto', 'loop', 'scan', 'closed'\]"):
+    with pytest.raises(ValueError, match=r"aggregator='fft' is not one of \['auto', 'loop', 'scan', 'assoc', 'closed'\]"):
         build("ffm", input_size=4, hidden_size=32, aggregator="fft")
 
 

@@ -146,9 +146,9 @@ def test_non_finite_loss_stops_with_checkpoint(composed, tmp_path):
             real_update = self.agent.update
             calls = [0]
 
-            def nan_from_the_second(batch, grad_norms=False):
+            def nan_from_the_second(batch, grad_norms=False, **kw):
                 calls[0] += 1
-                stats = real_update(batch, grad_norms)
+                stats = real_update(batch, grad_norms, **kw)
                 return {**stats, "qf1_loss": torch.tensor(math.nan)} if calls[0] >= 2 else stats
 
             self.agent.update = nan_from_the_second

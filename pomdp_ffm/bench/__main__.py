@@ -55,10 +55,14 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=_count, default=3000, help="loop: env steps to train for (default 3000)")
     p.add_argument("--updates", type=_count, default=200, help="overlap: updates in the burst (default 200)")
     p.add_argument("--seeds", type=_count, nargs="+", help="update, act: also the seed axis for these seed counts")
+    p.add_argument("--compile", action="store_true",
+                   help="update: eager against torch.compile (train.compile), SAC/TD3 x FFM/GRU, compile times, kernels")
     p.add_argument("--project", metavar="TASK", help="loop: also project TASK's full budget from this run's costs")
     p.add_argument("--env-step-ms", type=_ms, help="loop, with --project: TASK's env step cost in ms")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
+    if args.compile and args.which != "update":
+        p.error("--compile goes with `update` only")
     if bad or (overrides and args.which not in ("loop", "eval", "overlap")):
         p.error(f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop`, `eval` and `overlap` take "
                 "key=value overrides)")
@@ -124,6 +128,10 @@ def _run(args, overrides: list[str], device: torch.device) -> list:
             "eval": (lambda: evaluation.run(overrides, args.repeats, device, args.threads), "one-after-another"),
             "overlap": (lambda: evaluation.run_overlap(overrides, args.updates, args.repeats, device, args.threads),
                         "after")}
+    if args.which == "update" and args.compile:
+        rows = update.run_compiled(args.repeats, device, args.seeds)
+        print_table(rows, baseline="sac_gru")
+        return rows
     rows = runs[args.which][0]()
     print_table(rows, baseline=runs[args.which][1])
     if args.seeds and args.which in ("act", "update"):  # each with its seed axis

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..agent import RecurrentAgent
 from ..buffer import Batch
-from ..config import PolicyConfig
+from ..config import FFMConfig, PolicyConfig
 from ..graph import WARMUP_UPDATES, UpdateRunner
 from .common import DispatchedOps, Row, interleaved_medians
 
@@ -106,4 +106,101 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
         del separate, joint, fns, runner
         if graph:
             torch.cuda.empty_cache()
+    return rows
+
+
+def _kernel_count(fn: Callable[[], object], device: torch.device) -> int:
+    """Kernels one call launches: on CUDA, the device kernels the profiler sees (cuBLAS, cuDNN, Triton, torch's); on
+    a CPU, the operators called from Python or from compiled code (each ``aten::`` event with no ``aten::`` event
+    above it), to which a compiled update adds inductor's generated kernels (counted at its compile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+    if cuda:
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+    def top_level(e) -> bool:
+        parent = e.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        return e.name.startswith("aten::") and parent is None
+
+    return sum(map(top_level, prof.events()))
+
+
+def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | None = None) -> list[Row]:
+    """``bench update --compile``: SAC/TD3 x FFM/GRU updated eagerly and, for FFM, through torch.compile
+    (``+compile``), on CUDA each also as graph replays (``+graph``; ``+compile-scan``: compiled with the doubling
+    scan instead of the associative one). GRU runs cuDNN's kernel: compiled, dynamo unrolls it step by step (241 s
+    to compile a TD3+GRU update on a 2-vCPU VM), so it is not a variant here. Also: compile time cold (an empty
+    inductor cache) and warm (the on-disk cache a resumed run finds), kernels per update, and with
+    ``seed_counts`` a SAC+FFM round of S seeds in one graph. A variant that fails to compile is reported and
+    skipped."""
+    import time
+
+    import torch._dynamo
+    from torch._inductor import metrics as inductor_metrics
+
+    from ..graph import CompileError
+
+    rng, cuda = np.random.default_rng(0), device.type == "cuda"
+    batches = [random_batch(rng) for _ in range(4)]
+    rows, updates = [], {}
+    variants = [("", False, False, "auto"), ("+compile", True, False, "auto")]
+    variants += [("+graph", False, True, "auto"), ("+compile+graph", True, True, "auto"),
+                 ("+compile-scan+graph", True, True, "scan")] if cuda else []
+    for algo, model in itertools.product(("sac", "td3"), ("ffm", "gru")):
+        name = f"{algo}_{model}"
+        for suffix, compiled, graph, aggregator in variants:
+            if (compiled and model != "ffm") or (aggregator == "scan" and algo != "sac"):
+                continue
+            torch.manual_seed(0)
+            agent = RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name=algo,
+                                                          ffm=FFMConfig(aggregator=aggregator))).to(device)
+            runner = UpdateRunner(agent, cuda_graph=graph, compile=compiled)
+            try:
+                if compiled and not graph:  # the first compiled variant of this architecture: time its compile
+                    before = inductor_metrics.generated_kernel_count
+                    for label in ("compile_cold_s", "compile_warm_s"):
+                        torch._dynamo.reset()  # warm: dynamo traces again, inductor reads its on-disk cache
+                        t0 = time.perf_counter()
+                        runner(batches[0])
+                        if cuda:
+                            torch.cuda.synchronize(device)
+                        rows.append(Row("update-compile", SHAPE, name + suffix, label, time.perf_counter() - t0, "s"))
+                        generated = generated if label == "compile_warm_s" else \
+                            inductor_metrics.generated_kernel_count - before
+                    rows.append(Row("update-compile", SHAPE, name + suffix, "generated_kernels", generated, "kernels"))
+                for i in range(runner.warmup + 2):  # compiled, captured and replayed once where it applies
+                    runner(batches[i % len(batches)])
+            except CompileError as e:
+                print(f"{name}{suffix}: {e}", flush=True)
+                continue
+            if not graph:
+                kernels = _kernel_count(lambda r=runner: r(batches[0]), device)
+                kernels += generated if compiled and not cuda else 0  # (on CUDA the profiler sees them)
+                rows.append(Row("update-compile", SHAPE, name + suffix, "kernels_per_update", kernels, "kernels"))
+            updates[name + suffix] = runner
+    fns = _counted({k: (lambda i, u=u: u(batches[i % len(batches)])) for k, u in updates.items()})
+    med = interleaved_medians(fns, repeats, device, warmup=2)
+    rows += [Row("update-compile", SHAPE, k, "update_ms", v * 1e3, "ms") for k, v in med.items()]
+    for S in seed_counts or []:
+        runners = {f"together{suffix}": UpdateRunner([make_agent("ffm", "sac", k, device) for k in range(S)],
+                                                     cuda_graph=cuda, compile=compiled)
+                   for suffix, compiled in (("", False), ("+compile", True))}
+        fns = _counted({k: (lambda i, r=r: r.update_all([batches[(i + j) % 4] for j in range(S)]))
+                        for k, r in runners.items()})
+        for fn in fns.values():
+            for _ in range(WARMUP_UPDATES + 2):
+                fn()
+        med = interleaved_medians(fns, repeats, device, warmup=1)
+        for k, v in med.items():
+            rows += [Row("update-compile", f"{SHAPE}_sac_ffm_S{S}", k, "round_ms", v * 1e3, "ms"),
+                     Row("update-compile", f"{SHAPE}_sac_ffm_S{S}", k, "ms_per_seed_update", v * 1e3 / S, "ms")]
     return rows

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from .base import SeqModel, State
 from .recurrence import AGGREGATE, aggregate_closed
 
-AGGREGATORS = ("auto", "loop", "scan", "closed")
+AGGREGATORS = ("auto", "loop", "scan", "assoc", "closed")
 PARAM_MODES = ("learned", "fixed", "none")
 # gamma's [m, c] entries: the paper's outer product of m decays and c frequencies, or one of each per entry (HP)
 DECAY_CONTEXT_PRODUCTS = ("outer", "hadamard")
@@ -133,7 +133,7 @@ class FFM(SeqModel):
         return torch.polar(torch.exp(-alpha), omega)
 
     def _gamma_for_call(self) -> torch.Tensor:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():  # (a compiled graph keys nothing on versions)
             return self.gamma()
         # Acting recomputes nothing while the parameters' versions (bumped by every in-place write) hold.
         key = (self.alpha._version, self.omega._version, self.alpha.data_ptr(), self.omega.data_ptr())
@@ -160,10 +160,13 @@ class FFM(SeqModel):
 
     def resolved_aggregator(self, device: torch.device) -> str:
         # Measured (docs/benchmarks.md): the loop wins on a CPU; on a GPU the scan's ~2 log2 T kernels beat the
-        # loop's ~2 sqrt(T) from T = 1024 on (a tie at T = 64).
+        # loop's ~2 sqrt(T) from T = 1024 on (a tie at T = 64), and compiled, the associative scan is one kernel.
         if self.aggregator != "auto":
             return self.aggregator
-        return "scan" if device.type == "cuda" else "loop"
+        if device.type != "cuda":
+            return "loop"
+        # (One context column: inductor's real view of the [.., m, 1] state fails on its last stride; torch 2.11.)
+        return "assoc" if torch.compiler.is_compiling() and self.context_size > 1 else "scan"
 
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         self._check_input(x)

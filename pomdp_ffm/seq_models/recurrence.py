@@ -82,6 +82,30 @@ def _doubling_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | N
         X.copy_(src)
 
 
+def _combine(earlier, later):
+    """Two adjacent spans of the recurrence, each (its gamma product, its partial sum) as real and imaginary parts,
+    as one span: (g_l g_e, g_l s_e + s_l). Pointwise only, as inductor's scan lowering requires."""
+    ger, gei, ser, sei = earlier
+    glr, gli, slr, sli = later
+    return (glr * ger - gli * gei, glr * gei + gli * ger,
+            glr * ser - gli * sei + slr, glr * sei + gli * ser + sli)
+
+
+def _associative_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None, reverse: bool = False) -> None:
+    """`_scan_`'s recurrence as one associative scan over (gamma, X) pairs in real arithmetic: under torch.compile
+    on CUDA, inductor lowers it to a single Triton kernel. On a CPU the scan runs in torch's generic form (eager
+    only; the tests' reference point)."""
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    if s_in is not None:
+        X[X.shape[0] - 1 if reverse else 0].addcmul_(s_in, gamma)
+    x, g = torch.view_as_real(X), torch.view_as_real(gamma).expand(*X.shape, 2)
+    mode = "pointwise" if X.is_cuda else "generic"
+    _, _, re, im = associative_scan(_combine, (g[..., 0], g[..., 1], x[..., 0], x[..., 1]), dim=0, reverse=reverse,
+                                    combine_mode=mode)
+    x.copy_(torch.stack((re, im), dim=-1))
+
+
 class _LinearRecurrence(torch.autograd.Function):
     """S_t = gamma * S_{t-1} + u_t (u real, broadcast over the c columns), S_{-1} = s0: u [T, *batch, m],
     s0 [*batch, m, c], gamma [m, c]."""
@@ -124,7 +148,7 @@ class _LinearRecurrence(torch.autograd.Function):
         return grad_u, grad_gamma, grad_s0, None
 
 
-_RUN = {"loop": _scan_, "scan": _doubling_scan_}
+_RUN = {"loop": _scan_, "scan": _doubling_scan_, "assoc": _associative_scan_}
 
 
 def _recurrence(method: str):
@@ -155,5 +179,5 @@ def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chu
     return torch.cat(out, dim=0)
 
 
-aggregate_loop, aggregate_scan = _recurrence("loop"), _recurrence("scan")
-AGGREGATE = {"loop": aggregate_loop, "scan": aggregate_scan, "closed": aggregate_closed}
+aggregate_loop, aggregate_scan, aggregate_assoc = _recurrence("loop"), _recurrence("scan"), _recurrence("assoc")
+AGGREGATE = {"loop": aggregate_loop, "scan": aggregate_scan, "assoc": aggregate_assoc, "closed": aggregate_closed}

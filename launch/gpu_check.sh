@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, for a machine with CUDA torch: tests/test_cuda.py, then `bench update --compile`
+# (docs/benchmarks.md, "The compiled update"). Run from the repository root:
+#   bash launch/gpu_check.sh
+# WHEELS=<folder>: pure-Python wheels to install first where the machine has no network and lacks them
+# (hydra-core, omegaconf, antlr4-python3-runtime, gymnasium, farama-notifications; made elsewhere with
+# `pip wheel --no-deps -w <folder> hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3
+# gymnasium==1.4.0 farama-notifications`). LOGS=<folder>: where the logs and the CSV go (runs/gpu-check).
+# TEST_TIMEOUT, BENCH_TIMEOUT: seconds for each part (a hang stops, the other part still runs).
+set -uo pipefail
+LOGS="${LOGS:-runs/gpu-check}"
+mkdir -p "$LOGS"
+if [ -n "${WHEELS:-}" ]; then
+  site="$(mktemp -d)"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOGS/device.txt"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$LOGS/device.txt"
+# Separate inductor caches: the benchmark's first compile is then a cold one.
+TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" timeout "${TEST_TIMEOUT:-240}" \
+  python3 -m pytest tests/test_cuda.py -q -rP -p no:cacheprovider --durations=15 2>&1 | tee "$LOGS/test_cuda.log"
+tests=${PIPESTATUS[0]}
+TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" timeout "${BENCH_TIMEOUT:-270}" \
+  python3 -m pomdp_ffm.bench update --compile --seeds 5 --repeats 20 --csv "$LOGS/bench_update_compile.csv" 2>&1 \
+  | tee "$LOGS/bench_update_compile.log"
+bench=${PIPESTATUS[0]}
+echo "tests/test_cuda.py exit $tests, bench update --compile exit $bench"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
