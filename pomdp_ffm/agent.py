@@ -10,6 +10,7 @@ from torch import nn
 
 from .algos import build_algorithm
 from .buffer import Batch
+from .hostmem import host_memory_left
 from .nets import FeatureExtractor, Mlp
 from .seq_models import build as build_seq_model
 from .seq_models.ffm import FFM, drop_gamma_caches
@@ -20,17 +21,13 @@ class DoesNotFit(ValueError):
     """An update needs more memory than its device has free (RecurrentAgent.check_update_fits)."""
 
 
-def free_memory(device: torch.device) -> int | None:
-    """Bytes free on ``device``: the GPU's, with what torch's allocator holds unused, or the host's available memory
-    (None where /proc/meminfo cannot tell)."""
+def free_memory(device: torch.device) -> tuple[int | None, str]:
+    """Bytes free on ``device`` and the words naming them: the GPU's, with what torch's allocator holds unused, or
+    what the host's tightest limit leaves (hostmem.py; None where nothing can tell)."""
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return None
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), f"free on {device}"
+    return host_memory_left()
 
 
 class HistoryEncoder(nn.Module):
@@ -143,7 +140,7 @@ class RecurrentAgent(nn.Module):
         """DoesNotFit, naming the batch and window, where an update cannot fit the memory free: at the start, not
         out of memory at the first update."""
         fixed, per_row = self.update_memory()
-        free, need = free_memory(self.device), fixed + per_row * train.batch_size * (seq_len + 1)
+        (free, where), need = free_memory(self.device), fixed + per_row * train.batch_size * (seq_len + 1)
         if free is None or need <= free:
             return
         rows = max(free - fixed, 0) // per_row
@@ -151,7 +148,6 @@ class RecurrentAgent(nn.Module):
         fits += [f"train.batch_size <= {rows // (seq_len + 1)}"] if rows // (seq_len + 1) >= 1 else []
         fix = " or ".join(fits) + " fits" if fits else \
             "smaller networks (policy.rnn_hidden_size, policy.dqn_layers, policy.policy_layers) are needed"
-        where = "of host memory available" if self.device.type == "cpu" else f"free on {self.device}"
         window = f" ({seq_len} steps)" if train.sampled_seq_len == -1 else ""
         raise DoesNotFit(f"train.sampled_seq_len={train.sampled_seq_len}{window} with train.batch_size="
                          f"{train.batch_size} needs about {need / 2**30:.1f} GiB for an update, more than the "

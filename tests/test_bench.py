@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.bench.update import ACT, OBS, random_batch
 from pomdp_ffm.config import PolicyConfig
+from hang import HANG_S
 
 
 def test_sac_ffm_update_flop_budget():
@@ -25,7 +26,7 @@ def test_sac_ffm_update_flop_budget():
 def test_memory_benchmark_command_writes_rows(tmp_path):
     out = tmp_path / "mem.csv"
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "memory", "--shapes", "rl", "--repeats", "1",
-                           "--csv", str(out)], capture_output=True, text=True, timeout=300, check=True)
+                           "--csv", str(out)], capture_output=True, text=True, timeout=HANG_S, check=True)
     assert "fwd_bwd_ms" in proc.stdout and "x gru" in proc.stdout
     rows = list(csv.DictReader(open(out)))
     models = {r["model"] for r in rows}
@@ -82,7 +83,7 @@ def test_loop_benchmark_times_every_part_and_projects_the_budget():
 def test_eval_benchmark_command(tmp_path):
     out = tmp_path / "eval.csv"
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "eval", *SMALL, "--repeats", "1", "--csv",
-                           str(out)], capture_output=True, text=True, timeout=300, check=True)
+                           str(out)], capture_output=True, text=True, timeout=HANG_S, check=True)
     assert "x one-after-another" in proc.stdout
     assert {r["model"] for r in csv.DictReader(open(out))} == {"one-after-another", "together", "workers",
                                                                 "sync-vector", "async-vector"}
@@ -91,7 +92,7 @@ def test_eval_benchmark_command(tmp_path):
 def test_overlap_benchmark_command(tmp_path):
     out = tmp_path / "overlap.csv"
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "overlap", *SMALL, "--updates", "3", "--repeats",
-                           "1", "--csv", str(out)], capture_output=True, text=True, timeout=300, check=True)
+                           "1", "--csv", str(out)], capture_output=True, text=True, timeout=HANG_S, check=True)
     assert "x after" in proc.stdout
     rows = list(csv.DictReader(open(out)))
     assert [r["model"] for r in rows] == ["updates", "evaluation", "after", "during"]
@@ -100,7 +101,7 @@ def test_overlap_benchmark_command(tmp_path):
 
 def test_bench_refuses_overrides_it_does_not_take():
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "memory", "seed=1"], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_S)
     assert proc.returncode == 2 and "only `loop`, `eval` and `overlap` take key=value overrides" in proc.stderr
 
 

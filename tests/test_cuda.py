@@ -20,6 +20,7 @@ from pomdp_ffm.seq_models.ffm import DECAY_MIN, reference_decay_limit
 import test_agent
 from test_agent import EQUIVALENCE_CASES, make_agent, make_batch, tensor_batch
 from test_trainer import read, train
+from hang import HANG_S
 
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 
@@ -703,7 +704,7 @@ def test_a_failed_capture_stops_with_one_line_naming_the_switch():
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", FAILED_CAPTURE], cwd=root, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=HANG_S)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("CAPTURE-ERROR:")]
     assert len(lines) == 1, proc.stdout + proc.stderr[-2000:]
     assert "train.cuda_graph=false" in lines[0] and "capturing the update" in lines[0]

@@ -6,6 +6,7 @@ import pytest
 from gymnasium import spaces
 
 from pomdp_ffm.envs import TASKS, POMDPWrapper, TaskSpec, available_tasks, get_task, make_env
+from hang import HANG_S
 
 FAMILIES = sorted({name.rsplit("-", 2)[0] for name in TASKS})
 BLT = ["HopperBLT", "WalkerBLT", "AntBLT", "HalfCheetahBLT"]
@@ -371,7 +372,7 @@ def test_a_process_that_never_closed_its_worker_still_exits():
               "    env.reset()\n"
               "    env.step_async([0.0])  # even with a step in flight\n"
               "    print('built', flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr[-2000:]
 
 

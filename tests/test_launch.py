@@ -18,6 +18,7 @@ from pomdp_ffm.grid import sweep_jobs
 from pomdp_ffm.rundir import RunDir, load_checkpoint
 from pomdp_ffm.start import Refused, config_differences
 from pomdp_ffm.train import precheck
+from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 BLT_PAPER = {f"{n}BLT-{v}-v0" for n in ("Ant", "HalfCheetah", "Hopper", "Walker") for v in "PV"}
@@ -34,7 +35,7 @@ def _env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
 
-def train(cwd: Path, *overrides: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+def train(cwd: Path, *overrides: str, check: bool = True, timeout: float = HANG_S) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", *overrides], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -253,20 +254,20 @@ def _sigterm_when(cwd: Path, overrides: list[str], wait) -> tuple[int, str]:
     try:
         wait(proc)
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=300)
+        out, _ = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
     return proc.returncode, out
 
 
-def _wait_for_evaluations(proc, runs, n=1, timeout=300):
+def _wait_for_evaluations(proc, runs, n=1, timeout=HANG_S):
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         if all((r / "progress.csv").exists() and len(eval_steps(r)) >= n for r in runs):
             return
         time.sleep(0.2)
-    raise AssertionError(f"the runs did not start: {proc.communicate(timeout=60)[0][-3000:]}")
+    raise AssertionError(f"the runs did not start: {proc.communicate(timeout=HANG_S)[0][-3000:]}")
 
 
 @pytest.mark.parametrize("launcher", ["basic", "local"])
@@ -314,7 +315,7 @@ def _train_signalled(cwd: Path, target: str, signum: int, after: bool, *override
             "sys.argv = ['train', *sys.argv[1:]]\n"
             "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
     return subprocess.run([sys.executable, "-c", code, *overrides], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=HANG_S)
 
 
 def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
@@ -383,13 +384,13 @@ def test_scheduler_warning_checkpoints_requeues_and_resumes(tmp_path):
                              "hydra/launcher=slurm_local", "seed=0", "seq_model=ffm", "train.num_iters=30"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 300
+        deadline = time.time() + HANG_S
         while time.time() < deadline and not ((run / "progress.csv").exists() and len(eval_steps(run)) >= 2):
             time.sleep(0.2)
         assert len(eval_steps(run)) >= 2, "the job did not start"
         start = [l for l in (run / "attempts.log").read_text().splitlines() if l.endswith(" start")][-1]
         os.kill(int(start.split("pid=")[1].split()[0]), signal.SIGUSR2)
-        out, _ = proc.communicate(timeout=300)
+        out, _ = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -495,7 +496,7 @@ def test_a_stop_before_a_joblib_sweeps_workers_exist_starts_no_job(tmp_path):
     # it too (blocked until their first job, they take it there), so no job starts and the sweep exits 75.
     root = tmp_path / "sweep"
     def sweep_started(proc):
-        deadline = time.time() + 120
+        deadline = time.time() + HANG_S
         while not (root / "multirun.yaml").exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.01)  # Hydra writes it as the sweep starts, before it hands the jobs to joblib
 
@@ -533,7 +534,7 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
               "    while signals.sweep_stopped() is None and time.time() < deadline: time.sleep(0.01)\n"
               "print('launcher', signals.sweep_stopped(), flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", parent, child], env=_env(), capture_output=True, text=True,
-                          timeout=60)
+                          timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     stops = sorted(int(s) for s in (signal.SIGUSR1, signal.SIGTERM))
     # joblib's workers start with both blocked (the resource trackers it starts unblock SIGTERM where they start)
@@ -692,7 +693,7 @@ def _alive_after(procs: dict[int, tuple[int, str]], timeout: float) -> list[int]
 def _kill_all(proc: subprocess.Popen, procs: dict[int, tuple[int, str]]) -> None:
     if proc.poll() is None:
         proc.kill()
-    proc.wait(timeout=60)
+    proc.wait(timeout=HANG_S)
     for pid in _alive(procs):
         os.kill(pid, signal.SIGKILL)
 
@@ -740,7 +741,7 @@ def test_a_joblib_sweep_killed_by_sigkill_leaves_no_worker(tmp_path):
         idle = int((short.path / "attempts.log").read_text().split("pid=")[1].split()[0])
         assert idle in workers
         proc.kill()
-        proc.wait(timeout=60)
+        proc.wait(timeout=HANG_S)
         assert _alive_after({idle: procs[idle]}, 10) == []
         assert _alive_after(procs, 60) == [], out.read_text()[-3000:]
     finally:
@@ -768,7 +769,7 @@ def test_env_workers_start_without_warnings_and_end_with_a_run_killed_by_sigkill
         _poll(workers_up, 300, proc, out)
         procs = _descendants(proc.pid)
         proc.kill()
-        proc.wait(timeout=60)
+        proc.wait(timeout=HANG_S)
         assert _alive_after(procs, 60) == [], procs
     finally:
         _kill_all(proc, procs)
@@ -806,7 +807,7 @@ def test_a_failing_job_is_named_and_counted_and_the_sweep_goes_on(tmp_path):
             "sys.argv = ['train', *sys.argv[1:]]\n"
             "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code, "experiment=smoke", "seq_model=ffm", f"hydra.sweep.dir={root}"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]
     failed = root / "Pendulum-V-v0" / "sac_ffm" / "seed-1"
     assert proc.stderr.strip().splitlines()[-2:] == [f"failed: {failed}: RuntimeError: boom in seed 1",

@@ -67,6 +67,7 @@ import sys
 
 import pandas as pd
 import pytest
+from hang import HANG_S
 
 THRESHOLD = -400.0
 OVERRIDES = [
@@ -97,7 +98,7 @@ def _evaluations(run_dir, settings: dict, seed: int) -> tuple[pd.DataFrame, str]
     """Train through the entry point; the evaluation rows of progress.csv and the curve as 'step: return' text."""
     cmd = [sys.executable, "-m", "pomdp_ffm.train", *(f"{k}={v}" for k, v in settings.items()), f"seed={seed}",
            f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     df = pd.read_csv(run_dir / "progress.csv")
     ev = df[df["z/env_steps"].notna()]
@@ -128,7 +129,7 @@ def test_sac_ffm_learns_pendulum_v(tmp_path, seed):
 def test_sac_ffm_solves_pendulum_v(tmp_path, seed):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "pomdp_ffm.train", *OVERRIDES, f"seed={seed}", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     df = pd.read_csv(run_dir / "progress.csv")
     ev = df[df["z/env_steps"].notna()]

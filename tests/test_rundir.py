@@ -26,6 +26,7 @@ from pomdp_ffm.start import status
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
 from conftest import TINY, compose_cfg
+from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_TINY = ["env=Pendulum-V-v0", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=8",
@@ -34,7 +35,7 @@ CLI_TINY = ["env=Pendulum-V-v0", "train.num_init_rollouts_pool=1", "train.batch_
             "checkpoint.interval=1"]
 
 
-def cli(run_dir: Path, *overrides: str, wait: bool = True, timeout: float = 300):
+def cli(run_dir: Path, *overrides: str, wait: bool = True, timeout: float = HANG_S):
     cmd = [sys.executable, "-m", "pomdp_ffm.train", *CLI_TINY, *overrides, f"hydra.run.dir={run_dir}"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if not wait:
@@ -273,7 +274,7 @@ def test_two_writers_real_processes_then_a_killed_holder_is_taken_over(tmp_path)
     slow = ("train.num_iters=400", "train.num_updates_per_iter=0.5", "resume=true")  # minutes: still running
     first = cli(run_dir, *slow, wait=False)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + HANG_S
         while time.time() < deadline and len(eval_steps(run_dir)) < 1:
             time.sleep(0.2)
         assert eval_steps(run_dir), "the first process did not start"
@@ -288,7 +289,7 @@ def test_two_writers_real_processes_then_a_killed_holder_is_taken_over(tmp_path)
         assert not (run_dir / "ERROR.txt").exists()
         assert "start" in (run_dir / "attempts.log").read_text().splitlines()[-1]
         first.send_signal(signal.SIGKILL)  # dies holding the lock: the kernel releases it, the file stays
-        first.wait(timeout=30)
+        first.wait(timeout=HANG_S)
     finally:
         if first.poll() is None:
             first.kill()
@@ -303,25 +304,25 @@ def test_two_writers_real_processes_then_a_killed_holder_is_taken_over(tmp_path)
     fourth = cli(run_dir, *slow, wait=False)
     try:
         log = run_dir / "experiment.log"
-        deadline = time.time() + 120
+        deadline = time.time() + HANG_S
         while time.time() < deadline and f"took over the lock of pid {first.pid}" not in log.read_text():
             time.sleep(0.2)
         assert f"took over the lock of pid {first.pid}" in log.read_text()
         assert (run_dir / ".lock").read_text().startswith(f"pid={fourth.pid} ")
     finally:
         fourth.kill()
-        fourth.wait(timeout=30)
+        fourth.wait(timeout=HANG_S)
 
 
 def test_sigterm_stops_with_its_own_exit_code_and_resumes(tmp_path):
     run_dir = tmp_path / "term"
     proc = cli(run_dir, "train.num_iters=400", wait=False)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + HANG_S
         while time.time() < deadline and not eval_steps(run_dir):
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        proc.wait(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()

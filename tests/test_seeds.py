@@ -15,6 +15,7 @@ from pomdp_ffm.start import seed_dirs
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
 from test_trainer import collect
+from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,7 +142,7 @@ def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "experiment=smoke", "seed=0", "seeds=[0,1]",
                            "seq_model=gru", f"hydra/launcher={launcher}", f"hydra.sweep.dir={tmp_path / 'sw'}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.parent.name for p in (tmp_path / "sw").glob("*/*/*/DONE")) == ["seed-0", "seed-1"]
 

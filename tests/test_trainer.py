@@ -14,6 +14,7 @@ from pomdp_ffm import evaluation as evaluation_module
 from pomdp_ffm.rollout import answered
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer, TrainingDiverged
+from hang import HANG_S
 
 
 def train(cfg, run_dir, trainer_cls=Trainer):
@@ -211,14 +212,14 @@ def test_hydra_entry_point_smoke(tmp_path):
            "train.num_iters=2", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=8",
            "train.num_updates_per_iter=0.02", "env.num_eval_tasks=1", "eval.log_interval=1", "progress=false",
            f"hydra.run.dir={run_dir}"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=240)
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=HANG_S)
     assert (run_dir / "config.yaml").exists() and not (run_dir / ".hydra").exists()
     assert len(eval_rows(read(run_dir))) == 2
 
 
 def test_misspelt_key_fails_at_start(tmp_path):
     cmd = [sys.executable, "-m", "pomdp_ffm.train", "train.batch_sise=4", f"hydra.run.dir={tmp_path / 'x'}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode != 0 and "batch_sise" in proc.stderr
 
 

@@ -22,6 +22,7 @@ from pomdp_ffm.start import Refused
 from pomdp_ffm.unwritable import Unwritable
 from pomdp_ffm.train import run
 from pomdp_ffm.trainer import Trainer
+from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 GRU = ("algo=sac", "seq_model=gru")
@@ -121,7 +122,7 @@ def test_the_entry_point_says_an_unwritable_file_in_one_line_with_its_exit_code(
     (run_dir / "attempts.log").mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-V-v0", *TINY, *GRU,
-                           f"hydra.run.dir={run_dir}"], env=env, capture_output=True, text=True, timeout=300)
+                           f"hydra.run.dir={run_dir}"], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
     assert proc.stderr.splitlines() == [f"error: {run_dir / 'attempts.log'} cannot be written (Is a directory); "
                                         f"move away what is in its way{RERUN}"]
@@ -140,7 +141,7 @@ def test_a_duplicated_key_in_a_runs_config_is_named_with_its_line(stopped):
 
 
 def test_an_update_that_cannot_fit_in_memory_is_refused_at_the_start(composed, tmp_path, monkeypatch):
-    monkeypatch.setattr(agent_module, "free_memory", lambda device: 4 << 30)  # a machine with 4 GiB free
+    monkeypatch.setattr(agent_module, "free_memory", lambda device: (4 << 30, "of host memory available"))  # 4 GiB
     run_dir = tmp_path / "run"
     trainer = Trainer(OmegaConf.to_object(composed(*GRU)), tmp_path / "unused")
     try:

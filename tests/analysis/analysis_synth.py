@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from hang import HANG_S
 
 SAC_HEADER = [
     "rl_loss/qf1_loss", "rl_loss/qf2_loss", "rl_loss/policy_loss", "rl_loss/policy_entropy", "rl_loss/alpha",
@@ -131,4 +132,4 @@ def run_cli(*args, cwd):
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     env["MPLBACKEND"] = "Agg"
     return subprocess.run([sys.executable, "-m", "analysis", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)

@@ -12,6 +12,7 @@ import torch
 import analysis
 from analysis import aggregate, bench, curves, decay, figures, load, stats
 from analysis_synth import steps_grid, write_our_run, write_reference_run
+from hang import HANG_S
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -157,7 +158,7 @@ def _run_cli(*args, cwd):
     env["PYTHONPATH"] = str(Path(analysis.__file__).resolve().parent.parent)
     env["MPLBACKEND"] = "Agg"
     return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
 def test_cli_end_to_end(small_tree, tmp_path):
