@@ -117,8 +117,10 @@ class RunDir:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:  # (also one that a refused start took back just now)
             return None
-        except NotADirectoryError:
-            raise RunDirError(f"{self.path} is not a directory") from None
+        except NotADirectoryError:  # the run directory, or a folder above it, is a file: name that file
+            file = next((p for p in (self.path, *self.path.parents) if p.exists()), self.path)
+            raise RunDirError(f"{self.path} is not a directory" if file == self.path else
+                              f"{file} is a file where a folder of {self.path} belongs") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)

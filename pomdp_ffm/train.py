@@ -174,7 +174,7 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
     except Refused:
         raise
     except Exception as e:  # Hydra's and OmegaConf's composition errors
-        raise Refused(_one_line(e)) from None
+        raise Refused(_one_line(e) + _quoting_hint(argv)) from None
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     try:
         path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
@@ -186,20 +186,34 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
     with contextlib.suppress(InterpolationResolutionError):  # a subdir named by Hydra's runtime values
         for job in sweep_jobs([a for a in argv if a not in ("-m", "--multirun")], statuses=False) \
                 if check_dirs and multirun else []:
-            if file := next((d for d in (job.run_dir, *job.run_dirs) if d.exists() and not d.is_dir()), None):
-                raise Refused(f"{file} is a file where a job's run directory belongs; move it away")
+            for d in (job.run_dir, *job.run_dirs):
+                file = next((p for p in (d, *d.parents) if p.exists()), d)  # the deepest existing path
+                if not file.is_dir():
+                    where = "a job's run directory" if file == d else f"a folder of the job's run directory {d}"
+                    raise Refused(f"{file} is a file where {where} belongs; move it away")
     return composed
 
 
+def _quoting_hint(argv: list[str]) -> str:
+    """A word that is no override right after a key=value one is most likely the rest of a value with spaces,
+    which the shell split: say how to quote it."""
+    for prev, word in zip(argv, argv[1:]):
+        if "=" not in word and not word.startswith("-") and "=" in prev and not prev.startswith("-"):
+            key, value = prev.split("=", 1)
+            return f"; if '{value} {word}' is one value, quote it for the shell and Hydra: '{key}=\"{value} {word}\"'"
+    return ""
+
+
 def _printed_config_overrides(argv: list[str]) -> list[str] | None:
-    """The overrides of a command that prints the config (``--cfg``, ``--resolve``, ``--package``), else None."""
-    if not any(a in ("--cfg", "-c") for a in argv):
+    """The overrides of a command that prints the config (``--cfg``, ``--resolve``, ``--package``) or its help
+    (``--help``, which composes it too), else None."""
+    if not any(a in ("--cfg", "-c", "--help", "-h") for a in argv):
         return None
     rest, args = [], iter(argv)
     for a in args:
         if a in ("--cfg", "-c", "--package", "-p"):
             next(args, None)  # (its value)
-        elif a != "--resolve":
+        elif a not in ("--resolve", "--help", "-h"):
             rest.append(a)
     return None if any(a.startswith("-") and a not in ("-m", "--multirun") for a in rest) else rest
 

@@ -405,12 +405,23 @@ def test_a_duplicated_key_in_a_config_file_is_one_line_naming_the_file_and_key(t
     dup = tmp_path / "extra" / "experiment" / "mine.yaml"
     dup.write_text("# @package _global_\ntrain:\n  batch_size: 4\n  num_iters: 2\n  batch_size: 8\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    for flags in (["--config-dir", str(tmp_path / "extra")], ["-cd", "extra", "--cfg", "job"]):
+    for flags in (["--config-dir", str(tmp_path / "extra")], ["-cd", "extra", "--cfg", "job"],
+                  ["-cd", "extra", "--help"]):
         proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", *flags, "experiment=mine"], cwd=tmp_path,
                               env=env, capture_output=True, text=True)
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr.splitlines() == [f"error: {dup}, line 5: found duplicate key batch_size; remove one of them"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["extra"]  # nothing started
+
+
+def test_a_value_with_spaces_that_the_shell_split_gets_a_quoting_hint(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "hydra.run.dir=my", "runs"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["error: Error parsing override 'runs'; if 'my runs' is one value, quote it "
+                                        "for the shell and Hydra: 'hydra.run.dir=\"my runs\"'"]
+    assert list(tmp_path.iterdir()) == []  # nothing started
 
 
 def test_every_configured_update_fits_in_4_gib(hydra_ctx):

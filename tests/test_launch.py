@@ -616,18 +616,20 @@ def test_a_sweep_names_every_refused_job_and_sums_up(tmp_path, launcher):
     assert sorted(p.name for p in root.iterdir()) == ["Pendulum-V-v0", "multirun.yaml"]  # no outcome files left
 
 
-def test_a_file_where_a_jobs_run_directory_belongs_refuses_the_sweep_before_it_starts(tmp_path):
+@pytest.mark.parametrize("file", ["Pendulum-V-v0/sac_gru/seed-1", "Pendulum-V-v0/sac_gru"])
+def test_a_file_where_a_jobs_run_directory_belongs_refuses_the_sweep_before_it_starts(tmp_path, file):
     # Hydra makes a job's directory before the job runs, so such a job cannot be refused alone: the command is, in
-    # one line, before any job starts or anything is written.
+    # one line, before any job starts or anything is written. The file may stand where a folder above it belongs.
     root = tmp_path / "sweep"
-    (root / "Pendulum-V-v0" / "sac_gru").mkdir(parents=True)
-    (root / "Pendulum-V-v0" / "sac_gru" / "seed-1").write_text("not a run\n")
+    (root / file).parent.mkdir(parents=True)
+    (root / file).write_text("not a run\n")
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", check=False)
     assert proc.returncode == EXIT_REFUSED, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines() == [f"error: {root}/Pendulum-V-v0/sac_gru/seed-1 is a file where a job's "
-                                                "run directory belongs; move it away"]
-    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == [
-        "Pendulum-V-v0", "Pendulum-V-v0/sac_gru", "Pendulum-V-v0/sac_gru/seed-1"]
+    job = root / "Pendulum-V-v0" / "sac_gru" / "seed-0"  # the first job under it
+    where = "a job's run directory" if file.endswith("seed-1") else f"a folder of the job's run directory {job}"
+    assert proc.stderr.strip().splitlines() == [f"error: {root / file} is a file where {where} belongs; move it away"]
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
 
 
 def test_the_paper_grid_names_a_damaged_slot_up_front_and_the_sweep_refuses_it(tmp_path, capfd):

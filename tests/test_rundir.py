@@ -776,6 +776,12 @@ def test_status_is_what_a_start_would_do(finished, tmp_path, case, expected):
     assert not (tmp_path / "payload-ran").exists()
 
 
+def test_a_file_where_a_folder_above_the_run_belongs_is_named(tmp_path):
+    above = tmp_path / "above"
+    above.write_text("not a folder\n")
+    assert status(above / "run") == f"damaged: {above} is a file where a folder of {above / 'run'} belongs"
+
+
 def test_a_finished_run_does_not_fill_another_tasks_slot(finished):
     assert status(finished) == "done"
     got = status(finished, compose_cfg([*TINY, *GRU, "env=HopperBLT-V-v0"]))
