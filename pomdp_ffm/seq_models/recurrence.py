@@ -1,7 +1,12 @@
 """FFM's aggregator S_t = gamma * S_{t-1} + u_t over a whole sequence. Unlike the reference's closed form (``closed``:
-complex128, exact only while gamma^(-t) fits a float64), ``loop`` (sqrt(T) chunks; ``auto`` on a CPU) and ``scan``
-(log-depth, fewer kernels; ``auto`` on a GPU) never multiply by |gamma| > 1: exact in complex64 at any length, with
-the adjoint recurrence as their backward (docs/benchmarks.md)."""
+complex128, defined only while gamma^(-t) fits a float64), ``loop`` (sqrt(T) chunks; ``auto`` on a CPU) and ``scan``
+(log-depth, fewer kernels; ``auto`` on a GPU) and ``assoc`` (one associative scan; ``auto`` under torch.compile on a
+GPU) never multiply by |gamma| > 1: no overflow and no chunks at any length,
+with the adjoint recurrence as their backward (docs/benchmarks.md). Not exact: in complex64 the error grows about
+linearly with T for decays slower than the window (gamma's complex64 rounding, ~1e-7, raised to the power t; ~T eps / 8
+with eps = 2^-23). Measured against the reference's complex128 function of the same float32 alpha, omega (state-norm
+relative, alpha in [1e-8, 0.05]): 9e-7 at T = 64, 2.9e-6 at 200, 1.55e-5 at 1100, 6.4e-5 at 4096; under 8e-7 at any T
+for the default init's decays. ``closed`` here takes the complex64 gamma too and drifts alike (patches/001)."""
 from __future__ import annotations
 
 import math
@@ -158,8 +163,8 @@ def _recurrence(method: str):
 
 
 def _powers(gamma: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """gamma^k for each k, as exp(k log gamma) in complex128: exact in complex64 even for large k (repeated
-    float32 products would accumulate phase error)."""
+    """gamma^k for each k, as exp(k log gamma) in complex128, then rounded to gamma's dtype: no error beyond that of
+    gamma's own rounding raised to the power k (repeated float32 products would add their own phase error)."""
     k = exponents.to(device=gamma.device, dtype=torch.float64).view(-1, *([1] * gamma.dim()))
     return torch.exp(k * torch.log(gamma.to(torch.complex128))).to(gamma.dtype)
 
