@@ -14,7 +14,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from . import constants as C
-from .stats import group_seed
+from .stats import group_seed, resampling_order
 
 AGGREGATE_METRICS = ("IQM", "Mean", "Optimality gap")
 # The optimality gap's target: the Oracle's return, 1 on the normalised scale (rliable's gamma).
@@ -31,7 +31,7 @@ def iqm(x, axis=-1):
 
 
 def _per_task_arrays(df: pd.DataFrame, value: str) -> list[np.ndarray]:
-    return [g[value].to_numpy(float) for _, g in df.groupby("task", sort=True)]
+    return [resampling_order(g[value]) for _, g in df.groupby("task", sort=True)]
 
 
 def _aggregate(samples: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -44,8 +44,10 @@ def _aggregate(samples: list[np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def stratified_resample(per_task: list[np.ndarray], n_resamples: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Resample runs with replacement *within* each task; arrays shaped (n_resamples, n_runs_task)."""
-    return [x[rng.integers(0, len(x), size=(n_resamples, len(x)))] for x in per_task]
+    """Resample runs with replacement *within* each task; arrays shaped (n_resamples, n_runs_task). Each task's
+    runs are drawn from in :func:`analysis.stats.resampling_order`, so their folders' names do not move an
+    interval."""
+    return [x[rng.integers(0, len(x), size=(n_resamples, len(x)))] for x in map(resampling_order, per_task)]
 
 
 def _group_sources(df: pd.DataFrame) -> pd.Series:
@@ -69,6 +71,21 @@ def compared_groups(df: pd.DataFrame) -> list[tuple[str, str]]:
     return compared or list(sources.index)
 
 
+def common_task_sets(df: pd.DataFrame) -> dict[str, set[str]]:
+    """Per algorithm, the tasks every one of its :func:`compared_groups` has: the one task set of everything
+    that algorithm's report says (aggregate, probability of improvement, profile).
+
+    Per algorithm, as a task TD3 lacks says nothing about SAC's groups: a set across algorithms dropped it from
+    SAC's aggregate while SAC's probability of improvement kept it, and one report mixed task sets. ``df`` holds
+    a row per run with its task (every run, normalisable or not: the aggregate leaves out the tasks without
+    normalisation constants afterwards, for every group alike)."""
+    out = {}
+    for algo, g in df.groupby("algo", sort=True):
+        sets = g.groupby("model")["task"].apply(set)
+        out[algo] = set.intersection(*(sets[model] for _, model in compared_groups(g)))
+    return out
+
+
 def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
                      n_resamples: int = C.DEFAULT_RESAMPLES, seed: int = C.DEFAULT_SEED,
                      common_tasks: bool = True) -> tuple[pd.DataFrame, list[str]]:
@@ -76,8 +93,9 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
 
     IQM pools every (task, run) score, as rliable does; the mean and the optimality gap weight tasks equally (a
     mean of per-task means), which differs from pooling only when tasks have different numbers of runs. With
-    ``common_tasks`` only the tasks every one of :func:`compared_groups` has are used, so those groups are
-    comparable; the other groups are restricted to that set too but may cover fewer.
+    ``common_tasks`` only the tasks of the algorithm's :func:`common_task_sets` are used (those every compared group
+    of that algorithm has, counted on every run of ``norm``), so those groups are comparable; the algorithm's
+    other groups are restricted to that set too but may cover fewer.
 
     A task with a single run of a group adds no variance to the stratified bootstrap (every resample repeats
     that run), so the interval understates the uncertainty: such tasks are listed in the ``single_run_tasks``
@@ -88,15 +106,18 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
     if df.empty:
         return pd.DataFrame(columns=AGGREGATE_COLUMNS), ["no task has normalisation constants"]
     if common_tasks:
-        sets = df.groupby(["algo", "model"])["task"].apply(set)
-        compared = compared_groups(df)
-        common = set.intersection(*(sets[k] for k in compared))
-        for (algo, model), s in sets.items():
-            if s - common:
-                notes.append(f"{algo}/{model}: tasks {sorted(s - common)} not shared by all compared groups; left out")
-            if (algo, model) not in compared and not common <= s:
-                notes.append(f"{algo}/{model}: covers only {len(s & common)} of the {len(common)} common tasks")
-        df = df[df["task"].isin(common)]
+        common = common_task_sets(norm)
+        normalisable = set(df["task"])
+        for algo, g in df.groupby("algo", sort=True):
+            shared = common[algo] & normalisable
+            compared = compared_groups(norm[norm["algo"] == algo])
+            for (_, model), s in g.groupby(["algo", "model"])["task"].apply(set).items():
+                if s - shared:
+                    notes.append(f"{algo}/{model}: tasks {sorted(s - shared)} not shared by all compared {algo} "
+                                 "groups; left out")
+                if (algo, model) not in compared and not shared <= s:
+                    notes.append(f"{algo}/{model}: covers only {len(s & shared)} of the {len(shared)} common tasks")
+        df = df[np.array([t in common[a] for a, t in zip(df["algo"], df["task"])], dtype=bool)]
     alpha = (1 - confidence) / 2
     rows = []
     for (algo, model), g in df.groupby(["algo", "model"], sort=True):
@@ -128,8 +149,9 @@ def aggregate_problems(norm: pd.DataFrame, agg: pd.DataFrame, metric: str) -> li
         left = sorted(set(g["task"]) - covered.get((algo, model), set()))
         if left:
             problems.append((f"{algo}_{model}", "warning",
-                             f"aggregate ({metric}): task(s) {', '.join(left)} left out, as not every compared group "
-                             f"has them; the aggregate is over {len(covered.get((algo, model), ()))} task(s)"))
+                             f"aggregate ({metric}): task(s) {', '.join(left)} left out, as not every compared "
+                             f"{algo} group has them; the aggregate is over {len(covered.get((algo, model), ()))} "
+                             "task(s)"))
     for r in agg.drop_duplicates(["algo", "model"]).itertuples(index=False):
         for task in r.single_run_tasks.split():
             problems.append((f"{task}/{r.algo}_{r.model}", "warning",
@@ -147,8 +169,11 @@ def _prob_greater(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def probability_of_improvement(scores: pd.DataFrame, model_x: str = "ffm", model_y: str = "gru",
                                confidence: float = C.DEFAULT_CONFIDENCE, n_resamples: int = C.DEFAULT_RESAMPLES,
-                               seed: int = C.DEFAULT_SEED, value: str = "score") -> pd.DataFrame:
-    """P(model_x > model_y) per algorithm, averaged over tasks both models ran.
+                               seed: int = C.DEFAULT_SEED, value: str = "score",
+                               common_tasks: bool = True) -> pd.DataFrame:
+    """P(model_x > model_y) per algorithm, averaged over the tasks both models ran; with ``common_tasks`` only
+    over the algorithm's :func:`common_task_sets`: the tasks its aggregate is over, plus any without
+    normalisation constants (the aggregate cannot score them; raw scores compare).
 
     Per task it is the Mann-Whitney statistic U/(n m) on the raw scores, so no
     normalisation constants are needed.  The CI resamples each model's runs
@@ -158,12 +183,14 @@ def probability_of_improvement(scores: pd.DataFrame, model_x: str = "ffm", model
     """
     rows = []
     alpha = (1 - confidence) / 2
+    common = common_task_sets(scores) if common_tasks else {}
     for algo, g in scores.groupby("algo", sort=True):
-        tasks = sorted(set(g.loc[g["model"] == model_x, "task"]) & set(g.loc[g["model"] == model_y, "task"]))
+        tasks = set(g.loc[g["model"] == model_x, "task"]) & set(g.loc[g["model"] == model_y, "task"])
+        tasks = sorted(tasks & common[algo] if common_tasks else tasks)
         if not tasks:
             continue
-        xs = [g.loc[(g["task"] == t) & (g["model"] == model_x), value].to_numpy(float) for t in tasks]
-        ys = [g.loc[(g["task"] == t) & (g["model"] == model_y), value].to_numpy(float) for t in tasks]
+        xs = [resampling_order(g.loc[(g["task"] == t) & (g["model"] == model_x), value]) for t in tasks]
+        ys = [resampling_order(g.loc[(g["task"] == t) & (g["model"] == model_y), value]) for t in tasks]
         point = np.mean([_prob_greater(x, y) for x, y in zip(xs, ys)])
         rng = np.random.default_rng(group_seed(seed, algo, model_x, model_y))
         bx = stratified_resample(xs, n_resamples, rng)

@@ -9,7 +9,8 @@ import pandas as pd
 from scipy import stats as sps
 
 from . import constants as C
-from .stats import GROUP, curve_settings, each_run, fmt_steps, group_path, group_seed, reference_curve
+from .stats import (GROUP, curve_settings, each_run, fmt_steps, group_path, group_seed, reference_curve,
+                    resampling_order)
 
 
 def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float | None = None,
@@ -74,7 +75,8 @@ def curve_band(curves: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
 
     Uses ``scipy.stats.bootstrap`` vectorised over grid points; percentile rather
     than BCa because early grid points are often identical across seeds, where
-    BCa is undefined.  ``n_runs`` is the number of runs averaged (every run of
+    BCa is undefined.  Whole runs are resampled, in :func:`analysis.stats.resampling_order`
+    (by their curves' values, not their folders).  ``n_runs`` is the number of runs averaged (every run of
     the group).
     """
     rows = []
@@ -83,7 +85,7 @@ def curve_band(curves: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
         wide = wide[_common_points(wide)]
         if wide.shape[1] == 0:
             continue
-        data = wide.to_numpy(float)
+        data = resampling_order(wide.to_numpy(float))
         mean = data.mean(axis=0)
         low = np.full(data.shape[1], np.nan)
         high = np.full(data.shape[1], np.nan)

@@ -34,6 +34,8 @@ _RC = {
     "grid.alpha": 0.3, "grid.linewidth": 0.5, "savefig.dpi": 300, "pdf.fonttype": 42,
 }
 _MODEL_ORDER = ["oracle", "markovian", "gru", "lstm", "mlp", "ffm"]
+# The mark of a group with a single run, which has no interval (drawn as none, never as a zero-width one).
+SINGLE_RUN = "n=1"
 
 
 @contextmanager
@@ -106,7 +108,10 @@ def _steps_formatter(max_steps: float):
 
 def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_label: str,
                    formats=DEFAULT_FORMATS, confidence: float = C.DEFAULT_CONFIDENCE) -> list[Path]:
-    """One row per algorithm, tasks on x, one bar per model with its CI and the individual runs as dots."""
+    """One row per algorithm, tasks on x, one bar per model with its CI and the individual runs as dots.
+
+    A group with one run has no interval; a missing error bar would read as a zero-width one, so its bar is
+    labelled ``n=1`` and the legend says what that means."""
     if summary.empty:
         raise ValueError("no per-task summary to plot (no runs loaded?)")
     algos = sorted(summary["algo"].unique())
@@ -122,18 +127,25 @@ def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_lab
             for j, model in enumerate(row_models):
                 offset = (j - (len(row_models) - 1) / 2) * width
                 s = summary[(summary.algo == algo) & (summary.model == model)].set_index("task")
-                xs, means, lo, hi = [], [], [], []
+                xs, means, with_ci, single = [], [], [], []
                 for i, task in enumerate(tasks):
                     if task in s.index:
                         r = s.loc[task]
                         xs.append(i + offset)
                         means.append(r["mean"])
-                        lo.append(r["mean"] - r["ci_low"] if np.isfinite(r["ci_low"]) else 0.0)
-                        hi.append(r["ci_high"] - r["mean"] if np.isfinite(r["ci_high"]) else 0.0)
+                        if np.isfinite(r["ci_low"]) and np.isfinite(r["ci_high"]):
+                            with_ci.append((i + offset, r["mean"], r["mean"] - r["ci_low"],
+                                            r["ci_high"] - r["mean"]))
+                        elif r["n_runs"] == 1:
+                            single.append((i + offset, r["mean"]))
                 ax.bar(xs, means, width * 0.92, color=C.model_color(model), edgecolor="black", linewidth=0.4,
                        hatch=source_style(model)[0], alpha=0.85, zorder=2)
-                ax.errorbar(xs, means, yerr=[lo, hi], fmt="none", ecolor="black", elinewidth=0.9, capsize=2,
-                            zorder=3)
+                if with_ci:
+                    x, m, lo, hi = zip(*with_ci)
+                    ax.errorbar(x, m, yerr=[lo, hi], fmt="none", ecolor="black", elinewidth=0.9, capsize=2, zorder=3)
+                for x, m in single:
+                    ax.annotate(SINGLE_RUN, (x, m), xytext=(0, 2 if m >= 0 else -2), textcoords="offset points",
+                                ha="center", va="bottom" if m >= 0 else "top", fontsize=5.5, zorder=6)
                 runs = scores[(scores.algo == algo) & (scores.model == model)]
                 for i, task in enumerate(tasks):
                     v = runs.loc[runs.task == task, "score"].to_numpy(float)
@@ -155,6 +167,8 @@ def plot_task_bars(summary: pd.DataFrame, scores: pd.DataFrame, base, metric_lab
                            ha="right" if len(tasks) > 6 else "center")
         ax.set_xlim(-0.6, len(tasks) - 0.4)
         handles = _model_handles(models)
+        if (summary["n_runs"] == 1).any():
+            handles.append(Patch(facecolor="none", edgecolor="none", label=f"{SINGLE_RUN}: one run, no CI"))
         if any(C.reference_for(t) for t in tasks):
             handles += [plt.Line2D([], [], color="black", linestyle=":", label="Oracle (reference)"),
                         plt.Line2D([], [], color="#555555", linestyle="--", label="Markovian (reference)")]
@@ -243,6 +257,12 @@ def plot_aggregate(agg: pd.DataFrame, base, formats=DEFAULT_FORMATS,
         for ax, metric in zip(axes[0], metrics):
             for y, g in enumerate(groups):
                 r = agg[(agg.algo == g.algo) & (agg.model == g.model) & (agg.metric == metric)].iloc[0]
+                # One run on every task: every resample repeats the runs, so the "interval" is the point.
+                if r["n_runs"] == r["n_tasks"]:
+                    ax.plot(r["value"], y, "o", color=C.model_color(g.model), markersize=4)
+                    ax.annotate(f"{SINGLE_RUN} per task", (r["value"], y), xytext=(0, 4), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=5.5)
+                    continue
                 ax.errorbar(r["value"], y, xerr=[[r["value"] - r["ci_low"]], [r["ci_high"] - r["value"]]],
                             fmt="o", color=C.model_color(g.model), markersize=4, capsize=3, elinewidth=1.4)
             ax.set_title(f"{metric} (lower is better)" if metric == "Optimality gap" else metric)
