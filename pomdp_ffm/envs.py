@@ -106,6 +106,7 @@ class POMDPWrapper(gymnasium.Wrapper):
             raise ValueError(f"Unsupported action space {act!r} for {spec.base_id!r}; allowed: Box")
         self._act_low, self._act_high = act.low.astype(np.float64), act.high.astype(np.float64)
         self._pending_seed = seed
+        self._past_first_reset = False  # see set_rng_state
         if seed is not None:
             self.action_space.seed(seed)
 
@@ -118,13 +119,24 @@ class POMDPWrapper(gymnasium.Wrapper):
         return np.asarray(obs)[self._idx].astype(np.float32)
 
     def rng_state(self) -> dict:
-        """The env's and the action sampler's RNG states, for checkpoints."""
+        """What the env's next reset depends on, for checkpoints: the env's and the action sampler's RNG states, the
+        seed of a first reset still to come, and whether the env is past its first reset."""
         return {"env": self.unwrapped.np_random.bit_generator.state,
                 "action_space": self.action_space.np_random.bit_generator.state,
-                "pending_seed": self._pending_seed}
+                "pending_seed": self._pending_seed, "past_first_reset": self._past_first_reset}
 
     def set_rng_state(self, state: dict) -> None:
-        """Continue the RNG streams of a checkpoint: the next reset is the one the saved run would have made."""
+        """Continue the RNG streams of a checkpoint: the next reset is the one the saved run would have made.
+
+        A PyBullet env's first reset is unlike its later ones: pybullet_envs' WalkerBase adds the floor to the
+        robot's parts (whose mean position is the robot's) only after that reset has computed its state, so the first
+        episode's first reward (its progress term; AntBLT's reset observation too) differs from that of a later
+        episode from the same RNG state. An env restored where the saved one was past its first reset (a resumed
+        run's new env) is therefore reset once here first, its RNG states then set over what that reset drew."""
+        # A state from before the key (checkpoint format 3): the training env, made with a seed, had been reset
+        # once its pending seed was spent.
+        if state.get("past_first_reset", state["pending_seed"] is None) and not self._past_first_reset:
+            self.reset()
         self.unwrapped.np_random.bit_generator.state = state["env"]
         self.action_space.np_random.bit_generator.state = state["action_space"]
         self._pending_seed = state["pending_seed"]
@@ -133,6 +145,7 @@ class POMDPWrapper(gymnasium.Wrapper):
         # Only the first reset is seeded implicitly; later resets continue the env's RNG stream.
         seed, self._pending_seed = self._pending_seed if seed is None else seed, None
         obs, info = self.env.reset(seed=seed, options=options)
+        self._past_first_reset = True
         return self._observe(obs), info
 
     def _rescale(self, action: Any) -> np.ndarray:

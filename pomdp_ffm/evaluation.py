@@ -62,8 +62,8 @@ class Evaluator:
         while len(self.envs) < n:
             env = (EnvInWorker if self.cfg.eval.workers else make_env)(self.cfg.env.env_name)
             self.envs.append(env)  # closed with the evaluator, even if its first reset fails
-            # A PyBullet env's first reset builds its scene and starts from a slightly different state than
-            # later resets with the same RNG; the training env is always past its first reset here.
+            # A PyBullet env's first reset is unlike its later ones with the same RNG (envs.POMDPWrapper
+            # .set_rng_state); the training env is always past its first reset here.
             env.reset()
         envs, chain = self.envs[:n], [self.env.rng_state()]
 
