@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pomdp_ffm.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED
+from pomdp_ffm.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
 from pomdp_ffm.grid import combined_status
@@ -108,6 +108,35 @@ def test_writes_stop_when_the_lock_file_was_removed(tmp_path):
     b.release()
 
 
+def test_a_lock_file_removed_under_a_running_job_ends_it_in_one_line(tmp_path):
+    # The job rightly stops writing at its next checkpoint; recording that failure (ERROR.txt, attempts.log) would be
+    # refused the same way, as another process may own the directory now: one line naming the directory and the
+    # check to make, exit 74 (a file of the run could not be written), no traceback, nothing more written there.
+    run_dir = tmp_path / "run"
+    job = cli(run_dir, "train.num_iters=100000", wait=False)
+    try:
+        deadline = time.time() + HANG_S
+        while time.time() < deadline and not eval_steps(run_dir) and job.poll() is None:
+            time.sleep(0.1)
+        assert eval_steps(run_dir), "the job did not start"
+        attempts = (run_dir / "attempts.log").read_text()
+        (run_dir / ".lock").unlink()
+        _, err = job.communicate(timeout=HANG_S)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=HANG_S)
+    assert job.returncode == EXIT_UNWRITABLE, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err == (f"error: refusing to write last.pt in {run_dir}: its lock file was removed or replaced while this "
+                   "process held it, so another process may be training here too; check that no other process "
+                   f"trains there (`python -m pomdp_ffm.grid status {run_dir}`), then rerun (resume=true continues "
+                   "from the last checkpoint)\n")
+    assert (run_dir / "attempts.log").read_text() == attempts and not (run_dir / "ERROR.txt").exists()
+    assert not list(run_dir.rglob("*.tmp")) and not (run_dir / ".lock").exists()
+    assert RunDir(run_dir).status() == "resumable"
+
+
 def test_a_lock_file_removed_while_it_is_being_locked_is_not_the_one_held(tmp_path, monkeypatch):
     # Another start, refused under its lock, takes back the .lock it made just after this one opened it: locking
     # that removed file would exclude nobody, so the lock is taken on the file that .lock names now.
@@ -187,8 +216,9 @@ def test_a_lock_that_cannot_be_written_is_not_kept(tmp_path, monkeypatch):
 
 def test_paths_that_are_no_directory_are_refused_not_tracebacks(tmp_path):
     (tmp_path / "f").write_text("")
-    for run in (RunDir(tmp_path / "f"), RunDir(tmp_path / "f" / "run")):
-        with pytest.raises(RunDirError, match="cannot be made a directory|is not a directory"):
+    for run, named in ((RunDir(tmp_path / "f"), "is not a directory"),
+                       (RunDir(tmp_path / "f" / "run"), f"{tmp_path / 'f'} is a file where a folder of")):
+        with pytest.raises(RunDirError, match=f"cannot be made a directory|{re.escape(named)}"):
             run.ensure_free()
             run.acquire()
     (tmp_path / "r" / ".lock").mkdir(parents=True)
@@ -709,10 +739,12 @@ def finished(tmp_path_factory):
 
 def _damage(run_dir: Path, case: str, tmp_path: Path) -> None:
     ckpt = run_dir / "checkpoints" / "last.pt"
-    if case != "as it is":
+    if not case.startswith(("as it is", "finished")):
         (run_dir / "DONE").unlink()  # unfinished: resume would load its checkpoint
-    if case == "truncated last.pt":
+    if case.endswith("truncated last.pt"):
         ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    elif case == "finished, deleted last.pt":  # (to save the space of its replay buffer)
+        ckpt.unlink()
     elif case == "deleted config.yaml":
         (run_dir / "config.yaml").unlink()
     elif case == "crafted checkpoint":
@@ -746,6 +778,11 @@ STATUS_CASES = [
     ("another experiment's config", r"damaged: \S+/config.yaml differs from the copy in \S+/last.pt \(seed: 0 -> 3\)"
                                     r".*"),
     ("counters no run reaches", r"damaged: \S+/last.pt holds counters no run reaches \(env_steps=-5\).*"),
+    # A finished run's checkpoint must agree with DONE: one that cannot be read leaves DONE unchecked, so the run is
+    # not taken as done (launch/README.md); one deleted (to save space) leaves it checked against config.yaml.
+    ("finished, truncated last.pt", r"damaged: \S+/last.pt cannot be read as a tensors-only checkpoint \(.*\), so "
+                                    r"\S+/DONE cannot be checked against it; .*delete the checkpoint.*"),
+    ("finished, deleted last.pt", r"done"),
     ("a DONE short of the budget", r"damaged: \S+/DONE says the run finished at 400 env steps, but \S+/last.pt is "
                                    r"at 800; delete DONE .*"),
     ("only DONE", r"damaged: \S+ is finished but config.yaml is missing.*"),
