@@ -19,7 +19,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from .signals import end_with_parent
+from .signals import end_with_parent, env_worker
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,8 @@ class EnvInWorker:
     def __init__(self, name: str, seed: int | None = None):
         self.venv = gymnasium.vector.AsyncVectorEnv(
             [functools.partial(_make_env_in_worker, name, seed, os.getpid())], shared_memory=False,
-            context=worker_start_method(), autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED)
+            context=worker_start_method(), autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED,
+            worker=env_worker)  # (ends without a word when the run is killed: signals.env_worker)
         _OPEN_WORKERS.add(self)
         self.max_episode_steps = get_task(name).max_episode_steps
         self.observation_space, self.action_space = self.venv.single_observation_space, self.venv.single_action_space

@@ -30,6 +30,16 @@ class CheckpointError(RunDirError):
     pass
 
 
+class LockLost(RunDirError):
+    """The run's lock file was removed or replaced while this process held it: another process may be training in
+    the directory now, so this one writes nothing more there (not even ERROR.txt or attempts.log)."""
+
+    def __init__(self, run: "RunDir", what: str):
+        super().__init__(f"refusing to write {what} in {run.path}: its lock file was removed or replaced while this "
+                         "process held it, so another process may be training here too")
+        self.fix = f"check that no other process trains there (`python -m pomdp_ffm.grid status {run.path}`)"
+
+
 def tmp_path(target: Path) -> Path:
     """A temporary file beside ``target``, unique to this process: two writers never share one."""
     return target.with_name(f".{target.name}.{socket.gethostname()}.{os.getpid()}.tmp")
@@ -213,8 +223,7 @@ class RunDir:
         if self._lock_fd is None:
             raise RunDirError(f"refusing to write {what} in {self.path} without holding its lock")
         if not _same_file(self._lock_fd, self.path / self.LOCK):
-            raise RunDirError(f"refusing to write {what} in {self.path}: its lock file was removed or replaced "
-                              "while this process held it, so another process may be training here too")
+            raise LockLost(self, what)
 
     def write_text(self, target: Path, text: str) -> None:
         self._require_lock(target.name)

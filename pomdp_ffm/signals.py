@@ -213,6 +213,19 @@ def end_with_parent(signum: int, parent: int | None = None) -> None:
             os.kill(os.getpid(), signum)
 
 
+def env_worker(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, autoreset_mode, semaphore) -> None:
+    """Gymnasium's AsyncVectorEnv worker (its ``worker``), ending without a word once the process it serves is gone.
+    A run killed by SIGKILL closes the worker's pipe at once, but the kernel's signal (``end_with_parent``) comes
+    only once the worker's own parent, the forkserver, has noticed and ended too: in between, Gymnasium's worker
+    reports the closed pipe down that pipe, and the failed send as two tracebacks on the terminal, one per worker.
+    (Here, not in the caller's module: the forkserver has imported this one, so a worker starts without imports.)"""
+    from gymnasium.vector.async_vector_env import _async_worker
+    try:
+        _async_worker(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, autoreset_mode, semaphore)
+    except (BrokenPipeError, ConnectionResetError):  # (what sending on a pipe the other end closed raises)
+        os._exit(0)  # nobody is left to answer: nothing to say, nothing to flush (its error queue's thread)
+
+
 def unblock_in_worker() -> None:
     """Let in the stop signals the launcher blocked, once this worker's handler is in."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from .agent import DoesNotFit
 from .config import RunConfig, as_read_now, check_known_keys, flat_keys, learning_settings, yaml_problem
 from .envs import get_task
-from .rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint, set_aside
+from .rundir import CHECKPOINT_FORMAT, CheckpointError, LockLost, RunDir, RunDirError, load_checkpoint, set_aside
 from .trainer import Outcome, Trainer, TrainingDiverged, env_step_budget, resolve_device
 from .unwritable import Unwritable, writing
 
@@ -100,6 +100,22 @@ def _load_resume_checkpoint(run: RunDir) -> dict:
     return state
 
 
+def _load_finished_checkpoint(run: RunDir) -> dict | None:
+    """A finished run's checkpoint, for DONE to be checked against; None where it has none (deleted to save the space
+    of its buffer) or one of another version's format (its results stand). One that cannot be read: RunDirError."""
+    if not run.checkpoint.exists():
+        return None
+    try:
+        state = load_checkpoint(run.checkpoint, mmap=True)
+    except CheckpointError as e:
+        raise RunDirError(f"{e}, so {run.done} cannot be checked against it; if the run finished as {RunDir.DONE} "
+                          f"says, delete the checkpoint (the run is then checked against {RunDir.CONFIG} alone), else "
+                          f"delete {RunDir.DONE} and the checkpoint to train it again") from None
+    if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
+        return None
+    return state
+
+
 def _check_config_file(run: RunDir, state: dict) -> None:
     """A key config.yaml lacks (as a file cut short would) or a setting that differs from the checkpoint's copy."""
     if not run.config.exists():
@@ -129,9 +145,7 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | N
         if not run.config.exists():
             raise RunDirError(f"{run.path} is finished but {RunDir.CONFIG} is missing, so it cannot be checked "
                               f"against this config; {_restore_hint(run)}")
-        state = None
-        with contextlib.suppress(RunDirError):  # (a finished run needs no checkpoint: checked where it can be read)
-            state = _load_resume_checkpoint(run)
+        state = _load_finished_checkpoint(run)
         if state is not None:
             _check_config_file(run, state)
         _refuse_other_experiment(run, _stored_config(run), composed, "was finished with")
@@ -315,16 +329,22 @@ class Attempt:
             self.run.release(untouched=True)
 
     def fail(self, e: BaseException) -> None:
-        """Record the failure as far as the disk lets (a full one may take neither file); ``e`` goes on up."""
+        """Record the failure as far as the disk lets (a full one may take neither file); ``e`` goes on up. Where the
+        lock was lost (LockLost), nothing: the directory may be another process's now."""
+        if isinstance(e, LockLost):
+            return
         event, kind = "interrupted (KeyboardInterrupt)", "diverged" if isinstance(e, TrainingDiverged) else "failed"
-        if not isinstance(e, KeyboardInterrupt):
-            try:
-                self.run.write_text(self.run.error, "".join(traceback.format_exception(e)))
-                event = f"{kind} (see {RunDir.ERROR})"
-            except Unwritable as why:
-                event = f"{kind}: {_first_line(e)} ({RunDir.ERROR} not written: {why.strerror})"
-        with contextlib.suppress(Unwritable):
-            self.run.record_attempt(event)
+        try:
+            if not isinstance(e, KeyboardInterrupt):
+                try:
+                    self.run.write_text(self.run.error, "".join(traceback.format_exception(e)))
+                    event = f"{kind} (see {RunDir.ERROR})"
+                except Unwritable as why:
+                    event = f"{kind}: {_first_line(e)} ({RunDir.ERROR} not written: {why.strerror})"
+            with contextlib.suppress(Unwritable):
+                self.run.record_attempt(event)
+        except LockLost:  # (removed since ``e``): ``e`` goes on up, unrecorded
+            pass
 
     def close(self) -> None:
         try:

@@ -21,7 +21,7 @@ from .config import register_configs, yaml_problem
 from .envs import check_worker_start_method
 from .exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
 from .grid import job_configs, job_overrides, sweep_jobs, sweep_outcome
-from .rundir import RunDir
+from .rundir import LockLost, RunDir
 from .seeds import run_seeds
 from .signals import STOP_SIGNALS, StopSignals, SweepSignals
 from .start import Refused, check_and_lock, validate
@@ -87,8 +87,9 @@ def _job(cfg: DictConfig, hc) -> dict:
         return {"stopped": True, "started": False, "signal": stopped}
     try:
         result = run(cfg, run_dir)
-    except (Refused, TrainingDiverged, Unwritable) as e:  # (a failure is in attempts.log and ERROR.txt where it fits)
-        refused, unwritable = isinstance(e, Refused), isinstance(e, Unwritable)
+    # (A failure is in attempts.log and ERROR.txt where it fits; a lost lock, in neither: the run wrote its last.)
+    except (Refused, TrainingDiverged, Unwritable, LockLost) as e:
+        refused, unwritable = isinstance(e, Refused), isinstance(e, (Unwritable, LockLost))
         if refused:
             _remove_empty_dirs(run_dir, stop_at=Path.cwd() if not multirun else Path(hc.sweep.dir))
         if multirun:  # named at the sweep's end (grid.SweepOutcomes), as the sweep goes on

@@ -754,28 +754,32 @@ def test_a_joblib_sweep_killed_by_sigkill_leaves_no_worker(tmp_path):
 
 
 @LINUX_ONLY
-def test_env_workers_start_without_warnings_and_end_with_a_run_killed_by_sigkill(tmp_path):
+def test_env_workers_start_without_warnings_and_end_quietly_with_a_run_killed_by_sigkill(tmp_path):
     # The workers' parent, the forkserver, ends with the run, and they with it (PR_SET_PDEATHSIG). Each starts by
     # running the entry point again as its __main__, which runpy warned about where the forkserver had imported it.
+    # A worker that sees its pipe close before that signal comes exits without a word: killing the run is not an
+    # error of each of its workers (Gymnasium's worker would print two tracebacks each).
     from conftest import TINY
 
-    run = tmp_path / "run"
-    proc, out = _start(tmp_path, *TINY, "train.num_iters=400", "eval.workers=true", "env.num_eval_tasks=2",
+    run, n = tmp_path / "run", 8
+    proc, out = _start(tmp_path, *TINY, "train.num_iters=100000", "eval.workers=true", f"env.num_eval_tasks={n}",
                        f"hydra.run.dir={run}")
     procs: dict = {}
     try:
         def workers_up():
-            return (run / "progress.csv").exists() and len(eval_steps(run)) >= 2 and \
-                sum(parent != proc.pid for parent, _ in _descendants(proc.pid).values()) >= 2
+            return (run / "progress.csv").exists() and len(eval_steps(run)) >= 1 and \
+                sum(parent != proc.pid for parent, _ in _descendants(proc.pid).values()) >= n
 
-        _poll(workers_up, 300, proc, out)
+        _poll(workers_up, HANG_S, proc, out)
         procs = _descendants(proc.pid)
-        proc.kill()
+        proc.kill()  # the main process only, not its group: the workers learn of it by themselves
         proc.wait(timeout=HANG_S)
-        assert _alive_after(procs, 60) == [], procs
+        assert _alive_after(procs, HANG_S) == [], procs
     finally:
         _kill_all(proc, procs)
-    assert "RuntimeWarning" not in out.read_text(), out.read_text()[-3000:]
+    text = out.read_text()  # what the run and its workers wrote, all of them gone
+    assert "Traceback" not in text and "Process Worker" not in text, text[-3000:]
+    assert "RuntimeWarning" not in text, text[-3000:]
 
 
 def test_a_second_stop_signal_does_not_undo_the_first(tmp_path):
