@@ -138,6 +138,7 @@ def test_config_differences_ignore_where_it_runs():
     assert config_differences(gru, changed) == ["policy.ffm.beta: 0.01 -> 0.1"]
 
 
+@pytest.mark.slow  # (17 s)
 def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
     # Job #0 (FFM) cannot take an FFM sizing that its hidden size cannot split; the GRU job would ignore it.
     # The whole sweep is refused up front, in one line naming the job, and nothing is launched or written.

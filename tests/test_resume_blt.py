@@ -62,7 +62,8 @@ def stopping_trainer(plan: Plan):
 
 @pytest.mark.parametrize("setting", [
     # the evaluation on the training env (one episode), as in the runs
-    pytest.param(("algo=sac",), id="sac-eval-on-training-env"),
+    pytest.param(("algo=sac",), marks=pytest.mark.slow, id="sac-eval-on-training-env"),  # (23 s; the cause is
+    # pinned in the default suite by tests/test_envs.py::test_a_restored_env_replays_the_saved_ones_episodes)
     # on two env copies (new ones in a resumed run), each evaluation played during the next burst
     pytest.param(("algo=td3", "env.num_eval_tasks=2", "eval.during_updates=true"), marks=pytest.mark.slow,
                  id="td3-eval-on-copies-during-updates"),

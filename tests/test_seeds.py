@@ -416,7 +416,7 @@ def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, mon
                                       check_exact=True)
 
 
-@pytest.mark.parametrize("where", ["collect", "evaluate"])
+@pytest.mark.parametrize("where", ["collect", pytest.param("evaluate", marks=pytest.mark.slow)])  # (16 s)
 def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_path, monkeypatch, where):
     # A stop arrives while the other seeds are inside an episode or an evaluation: it is acted on once every
     # seed's unit of work is over, so every checkpoint is at a boundary and the resumed logs are the full ones.

@@ -161,6 +161,7 @@ def _run_cli(*args, cwd):
                           capture_output=True, text=True, timeout=HANG_S)
 
 
+@pytest.mark.slow  # (23 s; test_cli_single_command_and_options runs the same command in the default suite)
 def test_cli_end_to_end(small_tree, tmp_path):
     root, bench_csv = small_tree
     out = tmp_path / "out"
