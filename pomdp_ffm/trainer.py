@@ -71,7 +71,7 @@ class Counters:
     last_return: float = math.nan
     elapsed: float = 0.0  # wall seconds trained, over all attempts
     pool_done: bool = False
-    burst: dict | None = None  # the burst in hand (burst.Burst): a checkpoint inside it resumes it
+    burst: dict | None = None  # the burst in hand (trainer.Burst's state): a checkpoint inside it resumes it
 
 
 @dataclass
