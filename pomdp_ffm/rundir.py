@@ -54,20 +54,15 @@ def replace_file(target: Path, write: Callable[[Path], Any]) -> None:
             write(tmp)
             _fsync(tmp, os.O_RDONLY)
             os.replace(tmp, target)
-            _fsync(target.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), folder=True)
+            _fsync(target.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _fsync(path: Path, flags: int, folder: bool = False) -> None:
+def _fsync(path: Path, flags: int) -> None:
     fd = os.open(path, flags)
     try:
         os.fsync(fd)
-    except OSError as e:
-        # Some file systems (a few FUSE and network ones) cannot sync a folder: the rename is then as durable as
-        # they make it, which is no reason to stop a run.
-        if not (folder and e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF)):
-            raise
     finally:
         os.close(fd)
 
