@@ -46,25 +46,14 @@ def tmp_path(target: Path) -> Path:
 
 
 def replace_file(target: Path, write: Callable[[Path], Any]) -> None:
-    """``write(tmp)`` a whole file beside ``target``, then swap it in: neither a killed process nor a machine crash
-    leaves half a file (the data reach the disk before the rename, and the rename before we return)."""
+    """``write(tmp)`` a whole file beside ``target``, then swap it in: a crash never leaves half a file."""
     tmp = tmp_path(target)
     try:
         with writing(target):
             write(tmp)
-            _fsync(tmp, os.O_RDONLY)
             os.replace(tmp, target)
-            _fsync(target.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _fsync(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def replace_text(target: Path, text: str) -> None:
