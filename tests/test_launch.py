@@ -588,7 +588,7 @@ def _files(root: Path) -> dict:
     return {p: (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
-@pytest.mark.parametrize("launcher", ["basic", "local"])
+@pytest.mark.parametrize("launcher", ["basic", pytest.param("local", marks=pytest.mark.slow)])  # (local: 11 s)
 def test_a_sweep_names_every_refused_job_and_sums_up(tmp_path, launcher):
     # Two of the smoke sweep's four runs are damaged (DONE alone; a checkpoint that cannot be read): each is named
     # with its reason, nothing is written into either, the other two train, and the sweep ends with its summary

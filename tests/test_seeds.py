@@ -160,7 +160,7 @@ def joint_with(monkeypatch, make):
 
 
 @pytest.mark.parametrize("overrides", [
-    ("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=lstm"),
+    ("algo=sac", "seq_model=ffm"), pytest.param(("algo=td3", "seq_model=lstm"), marks=pytest.mark.slow),  # (8 s)
     ("env=HopperMJ-V-v0", "algo=td3", "policy.td3.policy_delay=2", "seq_model=mlp",
      "train.num_updates_per_iter=0.1", "train.num_iters=1")],
     ids=["sac-ffm", "td3-lstm", "td3-mlp-falls"])
