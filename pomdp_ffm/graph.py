@@ -32,14 +32,12 @@ class CompileError(RuntimeError):
 
 
 @contextlib.contextmanager
-def compile_errors_named(compiled: bool):
+def compile_errors_named():
     """torch.compile's errors (a graph break under fullgraph, a failed lowering) as a CompileError: they surface at
     the first update, which compiles, before any optimiser step of a compiled loss."""
     try:
         yield
     except torch._dynamo.exc.TorchDynamoException as e:
-        if not compiled:
-            raise
         detail = (str(e).strip().splitlines() or [""])[0]
         raise CompileError(f"compiling the update with torch.compile failed: {type(e).__name__}: {detail}; "
                            "set train.compile=false to run it uncompiled") from e
@@ -256,7 +254,7 @@ class UpdateRunner:
         if len(self.agents) != 1:
             raise TypeError(f"this runner updates {len(self.agents)} agents together: call update_all(batches)")
         # A wrapper a test or tool set on the instance's update is honoured.
-        with compile_errors_named(self.compiled):
+        with compile_errors_named() if self.compiled else contextlib.nullcontext():
             if not self.graphed or "update" in vars(self.agent):
                 return self.agent.update(batch, grad_norms=grad_norms, compiled=self.compiled)
             return self._update(agents_batches=[batch], grad_norms=grad_norms)[0]
@@ -268,7 +266,7 @@ class UpdateRunner:
         if len(set(due)) != 1:
             raise ValueError(f"agents updated together must agree on whether this update moves their actors (a "
                              f"TD3 policy delay): got {due} after {[a.num_updates for a in self.agents]} updates")
-        with compile_errors_named(self.compiled):
+        with compile_errors_named() if self.compiled else contextlib.nullcontext():
             if not self.graphed:
                 return [a.update(b, grad_norms=grad_norms, compiled=self.compiled) for a, b in zip(self.agents, batches)]
             return self._update(batches, grad_norms)

@@ -165,8 +165,7 @@ class FFM(SeqModel):
             return self.aggregator
         if device.type != "cuda":
             return "loop"
-        # (One context column: inductor's real view of the [.., m, 1] state fails on its last stride; torch 2.11.)
-        return "assoc" if torch.compiler.is_compiling() and self.context_size > 1 else "scan"
+        return "assoc" if torch.compiler.is_compiling() else "scan"
 
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         self._check_input(x)
