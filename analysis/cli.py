@@ -20,7 +20,7 @@ import pandas as pd
 
 from pomdp_ffm.exits import EXIT_UNWRITABLE
 
-from . import aggregate, curves, figures, load, published, stats
+from . import aggregate, columns, curves, figures, load, published, rundirs, stats
 from . import constants as C
 from .issues import LoadReport, console_lines
 from .report import write_report
@@ -200,7 +200,7 @@ def _read_published(args: argparse.Namespace):
 def _load(ctx: Context, pub=None) -> None:
     """The runs (and ``pub``, :func:`_read_published`'s answer) into one table and one list of issues."""
     a = ctx.args
-    table, report = load.empty_table(), LoadReport()
+    table, report = columns.empty_table(), LoadReport()
     if a.runs:
         cache = None if a.no_cache else ctx.cache
         try:
@@ -209,7 +209,7 @@ def _load(ctx: Context, pub=None) -> None:
             raise UsageError(str(exc)) from exc
         if table.empty:
             skipped = "".join(f"\n  skipped {i.path}: {i.reason}" for i in report.skipped)
-            raise UsageError(f"no usable runs (folders with a {load.PROGRESS} holding evaluations) under "
+            raise UsageError(f"no usable runs (folders with a {rundirs.PROGRESS} holding evaluations) under "
                              f"{', '.join(map(str, a.runs))}{skipped}")
         if not a.pool_sources:
             table = load.separate_sources(table)

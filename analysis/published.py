@@ -29,7 +29,7 @@ import pandas as pd
 
 from . import constants as C
 from . import stats
-from .load import TABLE_COLUMNS
+from .columns import TABLE_COLUMNS
 
 FILE_NAME = "final.csv"
 # The biggest final.csv of the release is a few MB (about 25 variants x 5 trials x 377 grid points, and the

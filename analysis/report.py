@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import constants as C
-from . import curves, load, published
+from . import curves, published, rundirs
 from .tables import to_markdown
 
 
@@ -64,7 +64,7 @@ def write_report(ctx) -> Path:
         unfinished = int((runs["finished"] == False).sum())  # noqa: E712  (nullable boolean)
         unknown = int(runs["finished"].isna().sum())
         ended = runs["status"].value_counts()
-        lines.append(f"- unfinished runs (no {load.DONE_MARKER} file, still analysed): {unfinished}, of which "
+        lines.append(f"- unfinished runs (no {rundirs.DONE_MARKER} file, still analysed): {unfinished}, of which "
                      f"{int(ended.get('diverged', 0))} diverged and {int(ended.get('failed', 0))} failed (each named "
                      f"under warnings); completion unknown (the reference's runs, published curves): {unknown}")
         if ctx.published is not None:

@@ -3,7 +3,7 @@ import os
 import pandas as pd
 import pytest
 
-from analysis import load, stats
+from analysis import columns, load, rundirs, runmeta, stats
 from analysis_synth import SAC_HEADER, progress_text, steps_grid, write_our_run, write_reference_run
 
 
@@ -44,7 +44,7 @@ def test_tidy_table_from_mixed_tree(tree):
     assert ours.loc[ours.seed == 2, "finished"].eq(False).all() and ours.loc[ours.seed < 2, "finished"].all()
     assert runs.loc[runs.source == "reference", "finished"].isna().all()
     assert set(table["model_label"]) == {"FFM", "GRU"}
-    assert list(table.columns) == load.TABLE_COLUMNS
+    assert list(table.columns) == columns.TABLE_COLUMNS
     # Reference run without seed: trial id is its timestamp folder, with a warning.
     ref = runs[(runs.source == "reference") & runs.seed.isna()]
     assert ref["trial"].tolist() == ["05-10:12-34:56.78"]
@@ -163,11 +163,11 @@ def test_missing_root_is_a_clear_error(tmp_path):
 
 
 def test_parse_run_path_layouts():
-    ref = load.parse_run_path(["logs", "pomdp", "WalkerBLT", "V", "td3_ffm", "gamma-0.99", "oar", "05-09:1"])
+    ref = runmeta.parse_run_path(["logs", "pomdp", "WalkerBLT", "V", "td3_ffm", "gamma-0.99", "oar", "05-09:1"])
     assert ref == {"task": "WalkerBLT-V-v0", "layout": "reference", "algo": "td3", "model": "ffm"}
-    ours = load.parse_run_path(["runs", "Pendulum-V-v0", "sac_lstm", "seed-7", "2026"])
+    ours = runmeta.parse_run_path(["runs", "Pendulum-V-v0", "sac_lstm", "seed-7", "2026"])
     assert ours == {"task": "Pendulum-V-v0", "algo": "sac", "model": "lstm", "seed": 7}
-    mark = load.parse_run_path(["logs", "pomdp", "HopperBLT", "P", "Markovian_sac", "gamma-0.99", "x"])
+    mark = runmeta.parse_run_path(["logs", "pomdp", "HopperBLT", "P", "Markovian_sac", "gamma-0.99", "x"])
     # The reference's observation-only agent is not our seq_model=mlp (patches/012): a label of its own.
     assert mark["model"] == "markovian" and mark["task"] == "HopperBLT-P-v0"
 
@@ -179,7 +179,7 @@ def test_runs_behind_symlinks_are_found_once(tmp_path):
     gathered.mkdir()
     (gathered / "td3_ffm").symlink_to(run.parent.parent, target_is_directory=True)
     (gathered / "loop").symlink_to(gathered, target_is_directory=True)  # a cycle must not hang discovery
-    found = load.find_run_dirs([gathered])
+    found = rundirs.find_run_dirs([gathered])
     assert [r for _, r in found] == [gathered / "td3_ffm" / "seed-0" / run.name]
     table, _ = load.build_table([gathered])
     assert set(table["model"]) == {"ffm"} and set(table["algo"]) == {"td3"} and set(table["seed"]) == {0}
@@ -321,7 +321,7 @@ def test_a_cached_status_follows_the_runs_lock(tmp_path):
 def test_a_progress_file_that_is_no_log_is_skipped_without_reading_it_whole(tmp_path, monkeypatch):
     import os
 
-    from analysis import load
+    from analysis import progress
 
     fifo = tmp_path / "fifo.csv"
     os.mkfifo(fifo)
@@ -329,7 +329,7 @@ def test_a_progress_file_that_is_no_log_is_skipped_without_reading_it_whole(tmp_
     device.symlink_to("/dev/urandom")
     big = tmp_path / "big.csv"
     big.write_bytes(b"z/env_steps,metrics/return_eval_total\n" + b"1,2\n" * 64)
-    monkeypatch.setattr(load, "MAX_PROGRESS_BYTES", 100)
+    monkeypatch.setattr(progress, "MAX_PROGRESS_BYTES", 100)
     for path, why in ((fifo, "not a regular file"), (device, "not a regular file"), (big, "larger than")):
-        table, problems = load.read_progress(path)
+        table, problems = progress.read_progress(path)
         assert table is None and problems[0][0] == "skipped" and why in problems[0][1], path

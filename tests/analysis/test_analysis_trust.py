@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from analysis import aggregate, bench, curves, figures, load, stats
+from analysis.cache import CACHE_FORMAT, CACHE_VERSION
 from analysis_synth import (Payload, progress_text, run_cli, steps_grid, write_our_run, write_payload_checkpoint,
                             write_reference_run)
 
@@ -275,7 +276,7 @@ def test_cache_is_json_and_a_planted_pickle_never_runs(tmp_path, monkeypatch):
     cache = tmp_path / "out" / ".cache"
     first, rep1 = load.load_runs([root], cache_dir=cache)
     (written,) = cache.iterdir()
-    assert written.suffix == ".json" and json.loads(written.read_text())["format"] == load.CACHE_FORMAT
+    assert written.suffix == ".json" and json.loads(written.read_text())["format"] == CACHE_FORMAT
     # Read back: the same table (dtypes included) and the same report.
     second, rep2 = load.load_runs([root], cache_dir=cache)
     pd.testing.assert_frame_equal(first, second)
@@ -292,7 +293,7 @@ def test_cache_is_json_and_a_planted_pickle_never_runs(tmp_path, monkeypatch):
     third, _ = load.load_runs([root], cache_dir=cache)
     assert calls == [1] and not target.exists()
     pd.testing.assert_frame_equal(first, third)
-    assert json.loads(written.read_text())["version"] == load.CACHE_VERSION
+    assert json.loads(written.read_text())["version"] == CACHE_VERSION
     assert not written.with_suffix(".pkl").exists()
 
 
