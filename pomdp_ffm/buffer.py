@@ -1,6 +1,13 @@
-"""POMDP-Baselines' vanilla sequence buffer: a circular array of transitions; an episode of length L gets
-``n = max(1, L - T + 1)`` starts weighted ``(beta + n) / n`` each. Windows running past their episode are padded
-with whatever is stored next, removed only through the mask, as in the reference."""
+"""Sequence replay buffer: POMDP-Baselines' vanilla buffer (whole episodes, windows of T steps).
+
+Storage is a flat circular array of transitions. Each slot carries a start weight: an episode of
+length L gets ``n = max(1, L - T + 1)`` legal starts (every window that fits inside it, or just
+its first step when L <= T), each weighted ``(beta + n) / n`` so the episode's total is
+``beta + n``. With ``beta = 0`` windows are uniform over legal starts in the whole buffer.
+Windows that run past their episode are padded with whatever is stored next and removed only
+through the mask, exactly like the reference.
+"""
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -9,8 +16,10 @@ import numpy as np
 
 
 class Batch(NamedTuple):
-    """The batch's one vocabulary, from the episode (``rollout.Episode``: all but ``masks``) to the update
-    (``update.Aligned``): time-major float32 arrays (or tensors) ``[T, B, dim]``."""
+    """The batch's one vocabulary, from the collected episode (``rollout.Episode`` has the same fields but
+    ``masks``) through the buffer to the update (``update.Aligned``). Time-major float32 arrays ``[T, B, dim]``
+    (or tensors); ``rewards``, ``terminals`` and ``masks`` have dim 1."""
+
     observs: Any       # o_t
     actions: Any       # a_t
     rewards: Any       # r_t
@@ -34,8 +43,10 @@ class SeqReplayBuffer:
     def __init__(self, capacity: int, obs_dim: int, act_dim: int, sampled_seq_len: int,
                  sample_weight_baseline: float = 0.0, seed: int | None = None):
         self.capacity = _positive_int("capacity", capacity)
-        self.obs_dim, self.act_dim = _positive_int("obs_dim", obs_dim), _positive_int("act_dim", act_dim)
-        # The caller resolves the reference's -1 ("whole episodes") to the env's max episode length.
+        self.obs_dim = _positive_int("obs_dim", obs_dim)
+        self.act_dim = _positive_int("act_dim", act_dim)
+        # The reference's -1 ("whole episodes") must be resolved by the caller to the env's max
+        # episode length, so only concrete lengths are accepted here.
         self.sampled_seq_len = _positive_int("sampled_seq_len", sampled_seq_len)
         if self.sampled_seq_len > self.capacity:
             raise ValueError(f"sampled_seq_len={self.sampled_seq_len} exceeds capacity={self.capacity}; "
@@ -51,18 +62,23 @@ class SeqReplayBuffer:
         self._data = {k: np.zeros((self.capacity, dims[k]), dtype=np.uint8 if k == "terminals" else np.float32)
                       for k in TRANSITIONS}
         self._weights = np.zeros((self.capacity,), dtype=np.float32)
-        self._top = self._size = 0
-        self._cdf, self._last_positive = None, -1  # cumulative weights for inverse-CDF sampling, reset by a write
+        self._top = 0
+        self._size = 0
+        # Cumulative weights for O(log N) inverse-CDF sampling; recomputed only after a write.
+        self._cdf: np.ndarray | None = None
+        self._last_positive = -1
 
     def __len__(self) -> int:
         return self._size
 
     @property
-    def top(self) -> int:  # the slot the next episode's first transition goes to
+    def top(self) -> int:
+        """Write head: the slot the next episode's first transition goes to."""
         return self._top
 
     @property
-    def weights(self) -> np.ndarray:  # the per-slot start weights, read-only
+    def weights(self) -> np.ndarray:
+        """Read-only view of the per-slot start weights."""
         view = self._weights.view()
         view.flags.writeable = False
         return view
@@ -78,10 +94,12 @@ class SeqReplayBuffer:
         return arr
 
     def add_episode(self, episode) -> None:
-        """Store one whole episode: anything with the ``TRANSITIONS`` attributes, of leading length L >= 2."""
+        """Store one whole episode: anything with the ``TRANSITIONS`` attributes (``rollout.Episode``), each with
+        leading length L (L >= 2)."""
         arrays = {k: np.asarray(getattr(episode, k)) for k in TRANSITIONS}
         length = arrays["observs"].shape[0]
-        # L = 1 would leave no zero-weight slot, so the next episode's start would not show as a boundary.
+        # L = 1 would leave the episode with no zero-weight slot, so the next episode's start
+        # could not be detected as a boundary when building masks.
         if length < 2:
             raise ValueError(f"episode length must be >= 2, got {length}")
         if length > self.capacity:
@@ -93,7 +111,7 @@ class SeqReplayBuffer:
         n = max(1, length - self.sampled_seq_len + 1)
         w = np.zeros(length, dtype=np.float32)
         w[:n] = (self.sample_weight_baseline + n) / n
-        # Slice writes (split in two at the wrap), cheaper than fancy indexing
+        # Slice writes (split in two at the wrap) instead of fancy indexing keep this cheap.
         first = min(length, self.capacity - self._top)
         for src, dst in ((slice(0, first), slice(self._top, self._top + first)),
                          (slice(first, length), slice(0, length - first))):
@@ -106,7 +124,8 @@ class SeqReplayBuffer:
 
     def _ensure_cdf(self) -> np.ndarray:
         if self._cdf is None:
-            self._cdf = np.cumsum(self._weights, dtype=np.float64)  # float64: a 1e6 buffer's last slots keep mass
+            # float64 so that slots near the end of a 1e6 buffer keep distinguishable mass.
+            self._cdf = np.cumsum(self._weights, dtype=np.float64)
             total = self._cdf[-1]
             # The first slot at which the running sum reaches the total is the last positive one.
             self._last_positive = int(np.searchsorted(self._cdf, total, side="left")) if total > 0 else -1
@@ -127,25 +146,33 @@ class SeqReplayBuffer:
         starts = self.sample_starts(batch_size)
         idx = (starts[None, :] + np.arange(self.sampled_seq_len)[:, None]) % self.capacity  # (T, B)
         has_weight = self._weights[idx] > 0
-        # A window's episode ends where weight switches from 0 to positive (a new episode starts) or at the write
-        # head (what follows is older than the newest episode).
         boundary = np.zeros_like(has_weight)
+        # A new episode starts where weight switches from 0 to positive (not at position 0) ...
         boundary[1:] = ~has_weight[:-1] & has_weight[1:]
+        # ... and everything from the write head on is older than, not part of, the newest episode.
         boundary |= idx == self._top
         mask = np.cumsum(boundary, axis=0) == 0
-        # np.take: a[idx] at half the cost (123 vs 288 us, 64 x 64 HopperBLT-V), host time a GPU update waits on
+        # np.take along the first axis gathers the rows that a[idx] does at about half the cost (a 64 x 64 batch
+        # of HopperBLT-V's arrays: 123 against 288 us), which is host time a GPU's update waits on per seed.
         out = {k: np.take(v, idx, axis=0) for k, v in self._data.items()}
         out["terminals"] = out["terminals"].astype(np.float32)
         return Batch(**out, masks=mask[:, :, None].astype(np.float32))
 
     def state_dict(self) -> dict[str, Any]:
-        s = self._size  # slots fill from 0 and wrap only once full: the filled part is [0, size)
-        return {**{k: getattr(self, k) for k in self._CONFIG_KEYS}, "top": self._top, "size": s,
-                **{k: v[:s].copy() for k, v in self._data.items()}, "weights": self._weights[:s].copy(),
-                "rng_state": self._rng.bit_generator.state}
+        # Slots fill from 0 and only wrap once full, so the filled part is always [0, size).
+        s = self._size
+        return {
+            **{k: getattr(self, k) for k in self._CONFIG_KEYS},
+            "top": self._top,
+            "size": s,
+            **{k: v[:s].copy() for k, v in self._data.items()},
+            "weights": self._weights[:s].copy(),
+            "rng_state": self._rng.bit_generator.state,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if missing := [k for k in self.state_dict() if k not in state]:
+        missing = [k for k in self.state_dict() if k not in state]
+        if missing:
             raise ValueError(f"state dict lacks keys {missing}")
         for key in self._CONFIG_KEYS:
             if state[key] != getattr(self, key):
@@ -164,7 +191,8 @@ class SeqReplayBuffer:
         for key, dst in arrays.items():
             dst[:size] = state[key]
             dst[size:] = 0
-        self._size, self._top, self._cdf = size, top, None
+        self._size, self._top = size, top
+        self._cdf = None
         rng = np.random.default_rng()
         rng.bit_generator.state = state["rng_state"]
         self._rng = rng

@@ -1,5 +1,12 @@
-"""The jobs a multirun would start (by Hydra's own parser and BasicSweeper), where their run directories stand
-(``start.status``), how the sweep ended (``SweepOutcomes``); ``python -m pomdp_ffm.grid status <dir>...``."""
+"""The jobs a multirun would start, and where each of their run directories stand, without starting any.
+
+The job list is expanded by Hydra's own override parser and BasicSweeper from the composed config's
+``hydra.sweeper.params`` plus the command-line overrides, exactly as ``python -m pomdp_ffm.train -m ...``
+would expand them, so a dry run cannot disagree with the real launch about which jobs exist. A run directory's
+status is ``start.status``, the checks a start makes (reading only), so a status cannot disagree with a start either.
+
+Also here: how a sweep ended (``SweepOutcomes``), and ``python -m pomdp_ffm.grid status <dir>...``.
+"""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +34,8 @@ from .start import seed_config, seed_dirs, status
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-# The key each config group sets to its choice's name (tests/test_config.py checks conf/<group>/<choice>.yaml).
+# Config-group choices and the config keys they set (each conf/<group>/<choice>.yaml sets its key to the
+# choice's name; tests/test_config.py checks that).
 _GROUP_KEYS = {"env": "env.env_name", "algo": "policy.algo_name", "seq_model": "policy.seq_model"}
 
 
@@ -49,10 +57,16 @@ def kind(status: str) -> str:
 
 
 def combined_status(statuses: list[str]) -> str:
-    """A seed-axis job's status: its worst seed's, done when every seed is, resumable for a mix of done and new."""
+    """A seed-axis job's status: done when every seed is; else the first of damaged, running, failed, resumable
+    that any seed has (a job is as good as its worst seed); a mix of done and new seeds is resumable: the job
+    continues."""
     kinds = [kind(s) for s in statuses]
-    worst = next((statuses[kinds.index(k)] for k in ("damaged", "running", "failed", "resumable") if k in kinds), None)
-    return worst or ("done" if all(k == "done" for k in kinds) else "resumable" if "done" in kinds else "new")
+    for worst in ("damaged", "running", "failed", "resumable"):
+        if worst in kinds:
+            return statuses[kinds.index(worst)]
+    if all(k == "done" for k in kinds):
+        return "done"
+    return "resumable" if "done" in kinds else "new"
 
 
 def show(status: str, where) -> str:
@@ -63,20 +77,28 @@ def show(status: str, where) -> str:
 
 def show_job(job: Job, where, each: bool | None = None) -> list[str]:
     """A job's line, then (``each``; default: where its run directories' statuses differ) one line for each."""
-    if not (len(set(job.statuses)) > 1 if each is None else each):
+    if each is None:
+        each = len(set(job.statuses)) > 1
+    if not each:
         return [show(job.status, where)]
     return [show(kind(job.status), where)] + ["    " + show(s, d.name) for s, d in zip(job.statuses, job.run_dirs)]
 
 
 def job_overrides(overrides: list[str], multirun: bool = True) -> tuple[list[list[str]], DictConfig]:
-    """Each job's overrides, and the config composed from their fixed part (with Hydra's); a multirun expands the
-    preset's ``hydra.sweeper.params``, then the command line's, which replace them."""
+    """The overrides of each job that ``overrides`` start, and the config composed from their fixed part (with
+    Hydra's): with ``multirun`` (or a preset that sets ``hydra.mode: MULTIRUN``), the preset's
+    ``hydra.sweeper.params`` and then the command line's, expanded by Hydra's BasicSweeper (a key on the command
+    line replaces the preset's sweep of it); otherwise the one job of ``overrides``."""
     register_configs()
     parser = OverridesParser.create()
-    fixed = [o.input_line for o in parser.parse_overrides(list(overrides)) if not o.is_sweep_override()]
+    parsed = parser.parse_overrides(list(overrides))
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=fixed, return_hydra_config=True)
-    preset = (cfg.hydra.sweeper.params or {}) if multirun or cfg.hydra.mode == RunMode.MULTIRUN else {}
+    if multirun or cfg.hydra.mode == RunMode.MULTIRUN:
+        preset = cfg.hydra.sweeper.params or {}
+    else:
+        preset = {}
     params = [f"{k}={v}" for k, v in preset.items()] + list(overrides)
     batches = BasicSweeper.split_arguments(parser.parse_overrides(params), None)
     return [list(job) for batch in batches for job in batch], cfg
@@ -104,13 +126,15 @@ def job_configs(jobs: list[list[str]]) -> list[tuple[list[str], DictConfig]]:
 
 
 def sweep_jobs(overrides: list[str], statuses: bool = True) -> list[Job]:
-    """Every job of the sweep and, by start.status under the job's own config, where its run directories stand."""
+    """Every job of the sweep and, by start.status under the job's own config, where its run directories stand
+    (``statuses=False``: the jobs and their directories only, nothing composed or checked)."""
     parser = OverridesParser.create()
     jobs_overrides, cfg = job_overrides(overrides)
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     subdir = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)["subdir"]
-    base = {"env": {"env_name": cfg.env.env_name}, "seed": cfg.seed,
-            "policy": {"algo_name": cfg.policy.algo_name, "seq_model": cfg.policy.seq_model}}
+    base = {"env": {"env_name": cfg.env.env_name},
+            "policy": {"algo_name": cfg.policy.algo_name, "seq_model": cfg.policy.seq_model},
+            "seed": cfg.seed}
     jobs = []
     for job in jobs_overrides:
         values = OmegaConf.create(base)
@@ -123,7 +147,10 @@ def sweep_jobs(overrides: list[str], statuses: bool = True) -> list[Job]:
                 OmegaConf.update(values, key, o.value())
         values["_subdir"] = subdir
         run_dir = sweep_dir / str(values._subdir)
-        dirs = seed_dirs(run_dir, int(values.seed), [int(k) for k in seeds]) if seeds else [run_dir]
+        if seeds:
+            dirs = seed_dirs(run_dir, int(values.seed), [int(k) for k in seeds])
+        else:
+            dirs = [run_dir]
         jobs.append(Job(list(job), run_dir, dirs, []))
     if not statuses:
         return jobs
@@ -133,8 +160,10 @@ def sweep_jobs(overrides: list[str], statuses: bool = True) -> list[Job]:
     for j in jobs:
         cfg = configs.get(tuple(j.overrides))
         seeds = cfg.get("seeds") if cfg is not None else None
-        j.statuses = [status(d, seed_config(cfg, k) if seeds else cfg)
-                      for d, k in zip(j.run_dirs, seeds or [None] * len(j.run_dirs))]
+        if seeds:
+            j.statuses = [status(d, seed_config(cfg, k)) for d, k in zip(j.run_dirs, seeds)]
+        else:
+            j.statuses = [status(d, cfg) for d in j.run_dirs]
     return jobs
 
 
@@ -147,8 +176,9 @@ def sweep_outcome() -> Counter | None:
 
 
 class SweepOutcomes(Callback):
-    """Names each refused or failed job and sums the sweep up (conf/config.yaml). on_job_end runs where the job ran
-    (here, a joblib worker, a submitit job): it leaves a file beside the runs, which on_multirun_end reads."""
+    """Names each refused or failed job and sums the sweep up in the launching process (conf/config.yaml). Hydra
+    calls on_job_end where the job ran (here, a joblib worker, a submitit job): each leaves its outcome in a file
+    of its own beside the runs, which on_multirun_end reads and removes."""
 
     folder: str | None = None
 
@@ -163,8 +193,11 @@ class SweepOutcomes(Callback):
             value = job_return.return_value
         except Exception as e:  # (the train entry point returns its refusals and failures)
             value = {"failed": f"{type(e).__name__}: {e}"}
-        value = value if isinstance(value, dict) else {}
-        what = next((k for k in ("refused", "failed") if k in value), "stopped" if value.get("stopped") else "finished")
+        if not isinstance(value, dict):
+            value = {}
+        what = next((k for k in ("refused", "failed") if k in value), None)
+        if what is None:
+            what = "stopped" if value.get("stopped") else "finished"
         why = " ".join(str(value.get(what, "")).split())
         record = {"kind": what, "dir": str(config.hydra.runtime.output_dir), "why": why}
         Path(self.folder).mkdir(parents=True, exist_ok=True)
@@ -175,7 +208,8 @@ class SweepOutcomes(Callback):
         folder = Path(self.folder)
         records = [json.loads(p.read_text()) for p in sorted(folder.glob("[0-9]*"), key=lambda p: int(p.name))]
         shutil.rmtree(folder, ignore_errors=True)
-        _ended = n = Counter(r["kind"] for r in records)
+        n = Counter(r["kind"] for r in records)
+        _ended = n
         for r in records:
             if r["kind"] in ("refused", "failed"):
                 print(f"{r['kind']}: {r['dir']}: {r['why']}", file=sys.stderr)
@@ -193,13 +227,22 @@ def main(argv: list[str] | None = None) -> int:
     code = EXIT_OK
     for d in map(Path, args.dirs):
         run = RunDir(d)
-        seeds = [] if not d.is_dir() or any(p.exists() for p in (run.config, run.checkpoint, run.done)) else \
-            sorted((p for p in d.iterdir() if re.fullmatch(r"seed-\d+", p.name) and p.is_dir()),
-                   key=lambda p: int(p.name[5:]))
-        job = Job([], d, seeds or [d], [status(p) for p in seeds or [d]])
+        # A folder that is no run itself (no config, checkpoint or DONE) may hold a seed axis's seed-<k> directories.
+        if not d.is_dir() or any(p.exists() for p in (run.config, run.checkpoint, run.done)):
+            seeds = []
+        else:
+            seeds = sorted((p for p in d.iterdir() if re.fullmatch(r"seed-\d+", p.name) and p.is_dir()),
+                           key=lambda p: int(p.name[5:]))
+        dirs = seeds or [d]
+        job = Job([], d, dirs, [status(p) for p in dirs])
         missing = not seeds and job.status == "new" and not d.exists()
-        print(f"{'missing':9s} {d}  (no such directory)" if missing else "\n".join(show_job(job, d, each=bool(seeds))))
-        code = EXIT_REFUSED if missing or kind(job.status) == "damaged" else code
+        if missing:
+            print(f"{'missing':9s} {d}  (no such directory)")
+            code = EXIT_REFUSED
+        else:
+            print("\n".join(show_job(job, d, each=bool(seeds))))
+            if kind(job.status) == "damaged":
+                code = EXIT_REFUSED
     return code
 
 

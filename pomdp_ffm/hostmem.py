@@ -69,8 +69,10 @@ def cgroup_left() -> int | None:
 
 def host_memory_left() -> tuple[int | None, str]:
     """(bytes, the words naming the tightest limit), or (None, "") where nothing can tell."""
-    found = [(n, words) for n, words in ((machine_available(), "of host memory available"),
-                                         (address_space_left(), "that the address-space limit (ulimit -v) leaves"),
-                                         (cgroup_left(), "that the cgroup's memory limit leaves"))
-             if n is not None]
-    return min(found, key=lambda f: f[0]) if found else (None, "")
+    limits = ((machine_available(), "of host memory available"),
+              (address_space_left(), "that the address-space limit (ulimit -v) leaves"),
+              (cgroup_left(), "that the cgroup's memory limit leaves"))
+    found = [(n, words) for n, words in limits if n is not None]
+    if not found:
+        return None, ""
+    return min(found, key=lambda f: f[0])

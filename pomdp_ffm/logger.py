@@ -1,6 +1,12 @@
-"""progress.csv in the reference's format (precision 4), and TensorBoard when asked. Unlike the reference, the
-header is written first, so the file is never empty nor rewritten while a run is alive; the rows are kept as
-written, so that a checkpoint carries them and a resumed run can check progress.csv against them and repair it."""
+"""One metrics writer: progress.csv in the reference's format, and TensorBoard when asked, fed the same rows.
+
+The columns are pomdp_ffm/metrics.py's. Unlike the reference's writer, the header is known up front and written
+first, so the file is never empty and never rewritten while a run is alive (values with precision 4, as the
+reference's logger).
+
+Every row is also kept in memory as the strings written, so that a checkpoint carries the exact rows up to it,
+with their header (``state()``), and a resumed run can check progress.csv against them and repair it.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -24,17 +30,26 @@ def _csv_text(rows: list[list[str]]) -> str:
 
 
 def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return str(int(v))
     if isinstance(v, float) and math.isfinite(v):
         return repr(round(v, 4))
-    return str(int(v)) if isinstance(v, bool) else str(v)
+    return str(v)
 
 
 class MetricsWriter:
     def __init__(self, path: Path, columns: list[str], tensorboard_dir: Path | None = None,
                  checkpoint: dict | None = None):
-        """Open progress.csv for appending, under a fresh header or, resuming, rebuilt from the ``checkpoint``'s rows
-        (``state()``), the file as it was set aside where it differs. Rows under another header are mapped by column
-        name; a column this version no longer logs is refused (ValueError), as its values would be lost."""
+        """Open progress.csv for appending.
+
+        A fresh run (``checkpoint`` None) starts the file with its header. A resumed run passes what its
+        checkpoint holds (``state()``): the file must start with exactly those rows. Rows logged after the
+        checkpoint (the run went on before it stopped) are dropped with a warning, since the resumed run logs them
+        again (the file as it was is kept as ``progress.csv.after-checkpoint-<time>``). A missing file is rebuilt
+        from the checkpoint's rows; a shorter, different or unreadable one is moved aside to
+        ``progress.csv.damaged-<time>`` and rebuilt, with a warning naming both files. Rows stored under another
+        header (a version that logged other columns) are mapped onto this one by column name, never by
+        position; a column this version no longer logs is refused (ValueError), since its values would be lost."""
         self.path, self.columns = Path(path), list(columns)
         self.rows: list[list[str]] = []
         if checkpoint is None:
@@ -53,14 +68,16 @@ class MetricsWriter:
                                   "pip install 'pomdp-ffm[tensorboard]'") from e
             self.tb = SummaryWriter(str(tensorboard_dir))
 
-    def state(self) -> dict:  # what a checkpoint keeps
+    def state(self) -> dict:
+        """What a checkpoint keeps: the header and the rows written so far."""
         return {"columns": list(self.columns), "rows": [list(r) for r in self.rows]}
 
     def _by_name(self, columns: list[str], rows: list[list[str]]) -> list[list[str]]:
         """Rows stored under ``columns``, as rows of this writer's columns."""
         if columns == self.columns:
             return rows
-        if lost := [c for i, c in enumerate(columns) if c not in self.columns and any(r[i] for r in rows)]:
+        lost = [c for i, c in enumerate(columns) if c not in self.columns and any(r[i] for r in rows)]
+        if lost:
             raise ValueError(f"the checkpoint's rows have column(s) {lost} that this run does not log; resume it "
                              "with the version (and eval.eval_stochastic setting) that wrote them")
         log.warning("%s: the checkpoint's rows were logged under another header; mapped onto this one by column "
@@ -71,7 +88,8 @@ class MetricsWriter:
         expected, n = self._by_name(columns, stored), len(stored)
         if not self.path.exists():
             log.warning("%s is missing: rebuilt its %d rows from the checkpoint", self.path, n)
-            return self._rewrite(expected)
+            self._rewrite(expected)
+            return
         found, unreadable = self._read(len(_csv_text([columns, *stored])))
         header, rows = (found[0], found[1:]) if found else (None, [])
         if unreadable is None and header == columns and rows[:n] == stored:
@@ -80,19 +98,23 @@ class MetricsWriter:
                 log.warning("%s: %d row(s) were logged after the checkpoint; the resumed run logs them again (the "
                             "file as it was is kept in %s)", self.path, len(rows) - n, aside.name)
             elif header != self.columns:
+                aside = set_aside(self.path, "old-header")
                 log.warning("%s: rewritten under this run's header (the file as it was is kept in %s)", self.path,
-                            set_aside(self.path, "old-header").name)
-            return self._rewrite(expected)
+                            aside.name)
+            self._rewrite(expected)
+            return
+        aside = set_aside(self.path, "damaged")
         why = (unreadable if unreadable is not None else
                "its header differs from the checkpoint's" if header != columns else
                f"it holds {len(rows)} row(s) where the checkpoint has {n}" if len(rows) < n else
                "its rows differ from the checkpoint's copy")
         log.warning("%s did not match the checkpoint (%s): moved it to %s and rebuilt its %d rows from the "
-                    "checkpoint", self.path, why, set_aside(self.path, "damaged").name, n)
+                    "checkpoint", self.path, why, aside.name, n)
         self._rewrite(expected)
 
     def _read(self, expected_bytes: int) -> tuple[list[list[str]], str | None]:
-        """The file's rows, or why they cannot be read (not a regular file, far too large, not UTF-8 CSV)."""
+        """The file's rows, or why they cannot be read: not a regular file (a device, a FIFO), far larger than a run
+        could have written beside the checkpoint's rows (read with that bound), or not UTF-8 CSV text."""
         if not self.path.is_file():
             return [], "it is not a regular file"
         bound = 4 * expected_bytes + (1 << 20)  # rows logged after the checkpoint: a few hundred at most
@@ -106,11 +128,13 @@ class MetricsWriter:
             return [], f"it is not CSV text ({type(e).__name__}: {str(e)[:80]})"
 
     def _rewrite(self, rows: list[list[str]]) -> None:
+        # A complete file beside the old one, then swapped in: a crash never leaves half a file.
         replace_text(self.path, _csv_text([self.columns, *rows]))
         self.rows = [list(r) for r in rows]
 
     def write(self, values: dict, step: int) -> None:
-        if unknown := set(values) - set(self.columns):
+        unknown = set(values) - set(self.columns)
+        if unknown:
             raise KeyError(f"progress.csv has no column(s) {sorted(unknown)}")
         row = [_fmt(values[c]) if c in values else "" for c in self.columns]
         with writing(self.path):  # (a row cut short by a full disk is set aside at resume, as later rows)

@@ -20,7 +20,9 @@ class FeatureExtractor(nn.Module):
         self.fc = nn.Linear(input_size, output_size) if output_size > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros(*x.shape[:-1], 0) if self.fc is None else torch.relu(self.fc(x))
+        if self.fc is None:
+            return x.new_zeros(*x.shape[:-1], 0)
+        return torch.relu(self.fc(x))
 
 
 def uniform_init_(layer: nn.Linear, bound: float) -> None:
@@ -37,7 +39,8 @@ class Mlp(nn.Module):
         layers, size = [], input_size
         for h in hidden_sizes:
             fc = nn.Linear(size, h)
-            bound = 1.0 / math.sqrt(h)  # rlkit's "fanin" init as the reference uses it: of the *output* size
+            # rlkit's "fanin" init as the reference uses it: the bound uses weight.size(0), the *output* size.
+            bound = 1.0 / math.sqrt(h)
             nn.init.uniform_(fc.weight, -bound, bound)
             nn.init.constant_(fc.bias, 0.1)
             layers += [fc, nn.ReLU()]

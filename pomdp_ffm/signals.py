@@ -1,7 +1,20 @@
-"""Every signal a run answers (launch/README.md, "Rerun, resume, failures"): SIGTERM and SIGUSR1 stop a run with a
-checkpoint (EXIT_STOPPED); a submitit job's warning signal too, before submitit requeues it (``hand_over``). A
-sweep's stop signal is forwarded to its workers (``SweepSignals``) and no later job starts (``sweep_stopped``).
-Workers end with the process that started them, even one killed by SIGKILL."""
+"""Every signal a run answers, in one place (launch/README.md, "Rerun, resume, failures").
+
+SIGTERM and SIGUSR1 ask a run to stop: the trainer finishes the update or episode in hand, saves
+checkpoints/last.pt and exits with EXIT_STOPPED. Inside a submitit job the scheduler's warning signal (USR2
+unless SUBMITIT_PREEMPT_SIGNAL says otherwise) does the same first, and submitit's own handler, which
+requeues the job with its timeout accounting and exits the process, runs only after the checkpoint is on disk
+(``hand_over``). Outside the ``with`` block, submitit's handler acts alone: there is nothing new to save then.
+
+In a sweep whose jobs run in the launching process (Hydra's basic launcher) or in its worker processes
+(joblib's, ``hydra/launcher=local``), a stop signal stops the sweep: the launching process forwards it to its
+workers (``SweepSignals``), the jobs in hand checkpoint and stop, the jobs after them do not start
+(``sweep_stopped``), and the launcher exits with EXIT_STOPPED. Rerunning the command resumes the stopped runs
+and starts the others. Under submitit every job is its own process and gets its own signals.
+
+Workers end with the process that started them, even one killed by SIGKILL (``WorkerSignals``,
+``end_with_parent``), so that no orphan trains on.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +34,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class StopSignals:
     def __init__(self):
         self.requested: int | None = None
-        self.warning_signum = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
-        self._requeue = self._warning_caught = None  # (submitit's handler; the warning it gets when it comes)
+        name = "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+        self.warning_signum = getattr(signal, name, None)
+        self._requeue = None  # submitit's handler of the warning signal
+        self._warning_caught: tuple | None = None  # the warning, handed to it after the checkpoint
         self._old: dict[int, object] = {}
 
     def request(self, signum: int, frame=None) -> None:
@@ -35,7 +50,8 @@ class StopSignals:
 
     def __enter__(self) -> "StopSignals":
         try:
-            self._old.update((sig, signal.signal(sig, self.request)) for sig in STOP_SIGNALS)
+            for sig in STOP_SIGNALS:
+                self._old[sig] = signal.signal(sig, self.request)
             w = self.warning_signum
             if w is not None and w not in STOP_SIGNALS and callable(signal.getsignal(w)):
                 # A Python handler on the warning signal is submitit's: defer it until the checkpoint is saved.
@@ -43,13 +59,15 @@ class StopSignals:
                 self._old[w] = signal.signal(w, self._on_warning)
         except ValueError:  # signals can only be handled in the main thread; a worker thread trains unguarded
             _restore(self._old)
-        # A stop remembered by SweepSignals while this run was set up: looked for once this handler is in.
+        # A stop that came while this run was being set up (remembered by SweepSignals), looked for once this
+        # handler is in, so that none falls between the two.
         if _sweep_stop is not None:
             self.request(_sweep_stop)
         return self
 
     def __exit__(self, *exc) -> bool:
-        return _restore(self._old)
+        _restore(self._old)
+        return False
 
     def hand_over(self) -> None:
         """After the checkpoint: let submitit requeue the job (it exits the process) if its warning stopped us."""
@@ -57,14 +75,15 @@ class StopSignals:
             self._requeue(*self._warning_caught)
 
 
-def _restore(old: dict) -> bool:
+def _restore(old: dict) -> None:
     for sig, handler in old.items():
         signal.signal(sig, handler)
     old.clear()
-    return False
 
 
-_sweep_stop: int | None = None  # the stop signal this process got in a sweep: no later job starts here
+# The stop signal this process received during a sweep, by a job or between two jobs: no later job of the sweep
+# starts in this process.
+_sweep_stop: int | None = None
 
 
 def sweep_stopped() -> int | None:
@@ -79,20 +98,27 @@ def stop_sweep(signum: int | None) -> None:
 
 def _job_processes() -> list[int]:
     """The worker processes of joblib's loky executor, where Hydra's joblib launcher runs a sweep's jobs."""
-    executor = getattr(sys.modules.get("joblib.externals.loky.reusable_executor"), "_executor", None)
+    module = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(module, "_executor", None)
     processes = getattr(executor, "_processes", None) or {}
     return [p.pid for p in list(processes.values()) if getattr(p, "pid", None)]
 
 
 class SweepSignals:
-    """Around a sweep launched here: a stop signal is remembered (``stop_sweep``) and forwarded to the job
-    processes. ``workers`` (joblib's): a forwarded signal would kill a worker before its handler is in, so the
-    stop signals are blocked here, the workers inherit that (until ``unblock_in_worker``), and a thread takes
-    them with ``sigwait``."""
+    """Around a sweep launched in this process: a stop signal is remembered (``stop_sweep``) and forwarded to the
+    processes running the sweep's jobs. In each job process its subclass WorkerSignals is installed, so that a
+    signal between jobs (where a job's StopSignals is not) is remembered instead of killing the worker.
+
+    ``workers``: the jobs run in worker processes that this one starts (joblib's). Until a worker has installed
+    its own handler, as it starts (``workers_follow``), a forwarded signal would kill it; so the stop signals are
+    blocked here, which the workers inherit (a blocked signal waits for its process to unblock it:
+    ``unblock_in_worker``), and a thread of this process takes them with ``sigwait`` instead of a handler."""
 
     def __init__(self, forward: bool = True, workers: bool = False):
         self.forward = forward
-        self.workers = workers and hasattr(signal, "sigtimedwait")  # (not on macOS: there a worker stays exposed)
+        # The watcher needs sigtimedwait, which macOS lacks: there a worker stays exposed until its handler is in,
+        # as without this.
+        self.workers = workers and hasattr(signal, "sigtimedwait")
         self._old: dict[int, object] = {}
         self._signalled: set[int] = set()
         self._watcher: threading.Thread | None = None
@@ -113,15 +139,19 @@ class SweepSignals:
                     os.kill(pid, _sweep_stop)
 
     def _watch(self) -> None:
-        while self._watcher is not None:
-            if (got := signal.sigtimedwait(STOP_SIGNALS, 0.2)) is not None:
+        while self._watcher is not None:  # (__exit__ ends the loop)
+            got = signal.sigtimedwait(STOP_SIGNALS, 0.2)
+            if got is not None:
                 self._on_stop(got.si_signo)
-            else:  # workers started after the stop get it too (a stop before any worker existed would reach no job)
+            else:
+                # Workers started after the stop get it too (blocked until their handler is in, they take it there and
+                # start no job); a stop that came before any worker existed would otherwise reach no job.
                 self._forward()
 
     def __enter__(self) -> "SweepSignals":
         try:
-            self._old.update((sig, signal.signal(sig, self._on_stop)) for sig in STOP_SIGNALS)
+            for sig in STOP_SIGNALS:
+                self._old[sig] = signal.signal(sig, self._on_stop)
         except ValueError:  # not the main thread
             self.__exit__()
             return self
@@ -139,12 +169,14 @@ class SweepSignals:
 
     def __exit__(self, *exc) -> bool:
         if self._watcher is not None:
-            watcher, self._watcher = self._watcher, None  # (which ends its loop)
+            watcher = self._watcher
+            self._watcher = None  # which ends its loop
             watcher.join()
         if self._mask is not None:  # a signal that came after the watcher stopped reaches this one's handler
             signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
             self._mask = None
-        return _restore(self._old)
+        _restore(self._old)
+        return False
 
 
 class WorkerSignals(SweepSignals):
@@ -154,7 +186,8 @@ class WorkerSignals(SweepSignals):
 
     def __init__(self, exit_code: int):
         super().__init__(forward=False)
-        self.exit_code, self.busy = exit_code, False
+        self.exit_code = exit_code
+        self.busy = False  # a job in hand: a stop lets it checkpoint before the worker exits
         self.parent = getattr(multiprocessing.parent_process(), "pid", None)  # None: jobs run here (n_jobs=1)
 
     def __enter__(self) -> "WorkerSignals":
@@ -227,5 +260,6 @@ def env_worker(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, aut
 
 
 def unblock_in_worker() -> None:
-    """Let in the stop signals the launcher blocked, once this worker's handler is in."""
+    """In a job's worker process, once its handler is installed: the stop signals its launcher blocked
+    (``SweepSignals(workers=True)``) are let in, and one that came meanwhile is delivered now."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -1,5 +1,27 @@
-"""Hydra entry point: ``python -m pomdp_ffm.train env=HopperBLT-V-v0 algo=td3 seq_model=ffm seed=0``, or a grid
-(``experiment=<preset>``; launch/README.md, with the exit codes); every setting is checked before any write."""
+"""Hydra entry point: ``python -m pomdp_ffm.train env=HopperBLT-V-v0 algo=td3 seq_model=ffm seed=0``.
+
+``--cfg job`` prints the composed config; ``experiment=<preset>`` runs a grid (conf/experiment/);
+``hydra/launcher=<basic|local|slurm|slurm_local>`` chooses where its jobs run (launch/README.md).
+
+Every setting is checked before anything is written (a bad one is a one-line error naming the key, the value
+and what is allowed). A run directory (``pomdp_ffm.rundir``) is then locked for the life of the run: a second
+process is refused, naming the holder. With ``resume=true`` (the presets set it) a run directory is a unit of
+work that can be started any number of times: a finished run (DONE) is skipped; an interrupted one continues
+from checkpoints/last.pt once the checkpoint and config.yaml agree with each other and with the config asked for
+(progress.csv is checked against the checkpoint's rows, and rebuilt from them where it differs); anything else is
+refused, naming the file and the fix. Every start is recorded in attempts.log; a failure leaves its traceback in
+ERROR.txt.
+
+Exit codes of a single run (pomdp_ffm/exits.py; a sweep's, and what each asks of the user: launch/README.md,
+"Statuses and exit codes"):
+
+    0   finished (DONE written), or skipped because it had finished
+    1   failed: an error while training (traceback in ERROR.txt)
+    2   refused: a bad setting, or a run directory that is in use, damaged, or holds another experiment
+    3   diverged: a non-finite loss (checkpoints/diverged.pt saved, message in ERROR.txt)
+    74  unwritable: a file of the run could not be written, or its lock file was removed under it
+    75  stopped by SIGTERM/SIGUSR1 (or the scheduler's warning) with its checkpoint saved: rerun to resume
+"""
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +55,10 @@ log = logging.getLogger("pomdp_ffm")
 
 
 def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer) -> dict:
-    """Train one run directory (with ``seeds``, one per seed: seeds.py) and return a summary dict; raises Refused
-    (nothing written) or the error that stopped training. ``trainer_cls``: an instrumented trainer for tests."""
+    """Validate, lock, verify and train one run directory (or, with ``seeds``, one per seed: pomdp_ffm/seeds.py).
+    Raises Refused (nothing written), TrainingDiverged, or the error that stopped training (recorded in
+    ERROR.txt where it can be written). Returns a summary dict. ``trainer_cls`` lets tests put an instrumented
+    trainer on the real path."""
     if cfg.get("seeds"):
         return run_seeds(cfg, Path(run_dir), trainer_cls)
     stop = StopSignals()
@@ -66,22 +90,30 @@ def _remove_empty_dirs(path: Path, stop_at: Path) -> None:
 
 
 def _launcher(hydra_cfg) -> str:
+    """The class name of a composed Hydra config's launcher ("BasicLauncher", "JoblibLauncher", ...)."""
     return str(hydra_cfg.launcher.get("_target_", "")).rsplit(".", 1)[-1]
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
-    # In joblib's worker: a stop signal between two jobs stops the sweep, not the worker; it ends with the launcher.
+    # A worker of joblib's launcher (signals.WorkerSignals, installed as it starts, else at its first job): a stop
+    # signal between two of its jobs stops the sweep, not the worker; and the worker ends with its launcher.
     joblib = hc.mode == RunMode.MULTIRUN and _launcher(hc) == "JoblibLauncher"
-    with signals.job_worker(EXIT_STOPPED).job() if joblib else contextlib.nullcontext():
+    if joblib:
+        guard = signals.job_worker(EXIT_STOPPED).job()
+    else:
+        guard = contextlib.nullcontext()
+    with guard:
         return _job(cfg, hc)
 
 
 def _job(cfg: DictConfig, hc) -> dict:
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    if multirun and (stopped := signals.sweep_stopped()) is not None:  # (in a job of this process, or between two)
+    stopped = signals.sweep_stopped()
+    if multirun and stopped is not None:
+        # A stop signal stopped the sweep (during a job of this process or between two): this job does not start.
         _remove_empty_dirs(run_dir, stop_at=Path(hc.sweep.dir))
         log.info("not started: the sweep was stopped by signal %d", stopped)
         return {"stopped": True, "started": False, "signal": stopped}
@@ -89,14 +121,17 @@ def _job(cfg: DictConfig, hc) -> dict:
         result = run(cfg, run_dir)
     # (A failure is in attempts.log and ERROR.txt where it fits; a lost lock, in neither: the run wrote its last.)
     except (Refused, TrainingDiverged, Unwritable, LockLost) as e:
-        refused, unwritable = isinstance(e, Refused), isinstance(e, (Unwritable, LockLost))
+        refused = isinstance(e, Refused)
+        unwritable = isinstance(e, (Unwritable, LockLost))
         if refused:
             _remove_empty_dirs(run_dir, stop_at=Path.cwd() if not multirun else Path(hc.sweep.dir))
         if multirun:  # named at the sweep's end (grid.SweepOutcomes), as the sweep goes on
             return {"refused" if refused else "failed": str(e)}
         fix = f"; {e.fix}, then rerun (resume=true continues from the last checkpoint)" if unwritable else ""
         print(f"error: {e}{fix}", file=sys.stderr)
-        sys.exit(EXIT_REFUSED if refused else EXIT_UNWRITABLE if unwritable else EXIT_DIVERGED)
+        if refused:
+            sys.exit(EXIT_REFUSED)
+        sys.exit(EXIT_UNWRITABLE if unwritable else EXIT_DIVERGED)
     except Exception as e:
         if not multirun:
             raise
@@ -108,7 +143,8 @@ def _job(cfg: DictConfig, hc) -> dict:
             sys.exit(EXIT_STOPPED)
         signals.stop_sweep(result["signal"])
     elif multirun and result.get("stop") is not None and result["stop"].requested is not None:
-        # A signal after the run's last look at it (final evaluation, checkpoint, DONE): done, but the sweep stops.
+        # The signal came after the run's last look at it (its final evaluation, checkpoint, DONE): the run is
+        # done, and the sweep stops all the same.
         signals.stop_sweep(result["stop"].requested)
     result.pop("stop", None)
     return result
@@ -116,7 +152,8 @@ def _job(cfg: DictConfig, hc) -> dict:
 
 def _one_line(e: Exception) -> str:
     """Hydra's composition errors in one line: what was refused, why, and what is allowed."""
-    text, problem = str(e), yaml_problem(e)
+    text = str(e)
+    problem = yaml_problem(e)
     if problem is not None:  # a config file Hydra read
         return problem + ("; remove one of them" if "duplicate key" in problem else "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -125,14 +162,16 @@ def _one_line(e: Exception) -> str:
         options = [ln.strip() for ln in text.split("Available options in", 1)[1].splitlines()[1:]
                    if ln.startswith("\t") and "provider=" not in ln]
         return f"{head}; the choices are {', '.join(options)}"
-    why = (str(e.__cause__ or "").strip().splitlines() or [""])[0]
+    cause = e.__cause__
+    why = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
     if lines and lines[0].startswith("Could not override"):
         return f"{lines[0].rstrip('.')}: {why}; `--cfg job` prints every key" if why else lines[0]
     return "; ".join([*lines[:1], *([why] if why else [])])
 
 
 def why_not_makeable(path: Path) -> str | None:
-    """Why ``path`` cannot be made a directory or written in, found without writing anything; else None."""
+    """Why ``path`` cannot be made a directory (or written in), found without writing anything: a file in its way,
+    no permission (a read-only file system included), a name too long. None where nothing tells so."""
     path = Path(path) if Path(path).is_absolute() else Path.cwd() / path  # ".." left to the kernel, as mkdir does
     found, missing = path, []
     while True:
@@ -154,18 +193,26 @@ def why_not_makeable(path: Path) -> str | None:
 
 
 def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
-    """Every job the command line starts, validated before Hydra starts anything (else Refused, nothing written),
-    and with ``check_dirs`` its directory; None for Hydra flags but --multirun. Returns the fixed part's config."""
+    """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
+    key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
+    launched. Every job of a sweep (the command line's, and a preset's ``hydra.sweeper.params`` in a multirun)
+    is checked, with its own overrides as the sweep will start it; jobs that differ only in their seed are composed
+    once (``grid.job_configs``). Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left
+    to Hydra. Returns the config composed from the fixed overrides, with Hydra's (None where the command is left
+    to Hydra). With ``check_dirs``, the run (or sweep) directory must be one that can be made, and no file may sit
+    where one of a sweep's run directories, or a folder above one, belongs."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return None
     flag = any(a in ("-m", "--multirun") for a in argv)
     try:
         every, composed = job_overrides([a for a in argv if not a.startswith("-")], multirun=flag)
         multirun = flag or composed.hydra.mode == RunMode.MULTIRUN
-        # joblib runs the jobs in loky's workers (unless one at a time, or in threads); the others in Python's own
+        # The multiprocessing start method a sweep's jobs run under: joblib's launcher runs them in loky's workers
+        # (unless it runs one job at a time, in this process, or in threads); the others run them in processes of
+        # Python's own.
         launcher = composed.hydra.launcher
-        loky = multirun and _launcher(composed.hydra) == "JoblibLauncher" and launcher.get("n_jobs") != 1 \
-            and launcher.get("backend") in (None, "loky")
+        loky = (multirun and _launcher(composed.hydra) == "JoblibLauncher" and launcher.get("n_jobs") != 1
+                and launcher.get("backend") in (None, "loky"))
         for job, job_cfg in job_configs(every):
             try:
                 if validate(job_cfg).eval_in_workers():
@@ -176,17 +223,22 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
         raise
     except Exception as e:  # Hydra's and OmegaConf's composition errors
         raise Refused(_one_line(e) + _quoting_hint(argv)) from None
+    # A run or sweep directory that cannot be made (a file in its way, no permission, a read-only file system, a
+    # name too long) is refused in one line, instead of Hydra's traceback once it tries.
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     try:
         path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
     except Exception:  # named by Hydra's runtime values (${hydra:...}), it cannot be resolved yet: left to Hydra
         return composed
-    if check_dirs and (why := why_not_makeable(path)) is not None:
-        raise Refused(f"{key}={path} cannot be made a directory ({why})")
+    if check_dirs:
+        why = why_not_makeable(path)
+        if why is not None:
+            raise Refused(f"{key}={path} cannot be made a directory ({why})")
+    if not (check_dirs and multirun):
+        return composed
     # Hydra makes each job's directory before the job runs: a file there would end the sweep with a traceback.
     with contextlib.suppress(InterpolationResolutionError):  # a subdir named by Hydra's runtime values
-        for job in sweep_jobs([a for a in argv if a not in ("-m", "--multirun")], statuses=False) \
-                if check_dirs and multirun else []:
+        for job in sweep_jobs([a for a in argv if a not in ("-m", "--multirun")], statuses=False):
             for d in (job.run_dir, *job.run_dirs):
                 file = next((p for p in (d, *d.parents) if p.exists()), d)  # the deepest existing path
                 if not file.is_dir():
@@ -206,11 +258,12 @@ def _quoting_hint(argv: list[str]) -> str:
 
 
 def _printed_config_overrides(argv: list[str]) -> list[str] | None:
-    """The overrides of a command that prints the config (``--cfg``, ``--resolve``, ``--package``) or its help
-    (``--help``, which composes it too), else None."""
+    """The overrides of a command that prints the composed config (``--cfg job|hydra|all``, with ``--resolve`` or
+    ``--package``) or its help (``--help``, which composes it too), or None for any other command."""
     if not any(a in ("--cfg", "-c", "--help", "-h") for a in argv):
         return None
-    rest, args = [], iter(argv)
+    rest = []
+    args = iter(argv)
     for a in args:
         if a in ("--cfg", "-c", "--package", "-p"):
             next(args, None)  # (its value)
@@ -221,7 +274,8 @@ def _printed_config_overrides(argv: list[str]) -> list[str] | None:
 
 def _config_dir_as_searchpath(argv: list[str]) -> list[str]:
     """``--config-dir DIR`` (``-cd``) as a search path, for the checks to read what Hydra will (given argv as is)."""
-    out, rest = [], iter(argv)
+    out = []
+    rest = iter(argv)
     for a in rest:
         if a in ("--config-dir", "-cd") or a.startswith("--config-dir="):
             d = a.split("=", 1)[1] if "=" in a else next(rest, "")
@@ -235,8 +289,9 @@ def _config_dir_as_searchpath(argv: list[str]) -> list[str]:
 
 
 def cli() -> None:
-    """``python -m pomdp_ffm.train``: the command line checked (``precheck``), then Hydra's main; a sweep that a
-    stop signal stopped (``signals.SweepSignals``) exits with EXIT_STOPPED once its jobs in hand saved checkpoints."""
+    """``python -m pomdp_ffm.train``: the command line checked (``precheck``), then Hydra's main. A sweep that
+    a stop signal stopped (``signals.SweepSignals``) exits with EXIT_STOPPED once its jobs in hand have saved
+    their checkpoints; one with a refused or failed job (``grid.SweepOutcomes``), with EXIT_FAILED."""
     argv = sys.argv[1:]
     early: list[int] = []  # a stop while the command is checked: nothing has started, nothing starts
     before = {sig: signal.signal(sig, lambda signum, frame: early.append(signum)) for sig in STOP_SIGNALS}
@@ -252,7 +307,8 @@ def cli() -> None:
     multirun = composed is not None and (any(a in ("-m", "--multirun") for a in argv)
                                          or composed.hydra.mode == RunMode.MULTIRUN)
     launcher = _launcher(composed.hydra) if composed is not None else ""
-    # Jobs in this process or its workers: a stop signal to it stops the sweep (under submitit, each job).
+    # The launchers whose jobs run in the launching process or in its worker processes: a stop signal sent to the
+    # launching process stops their sweep (signals.SweepSignals). Under submitit every job has its own signals.
     in_process = multirun and launcher in ("BasicLauncher", "JoblibLauncher")
     workers = launcher == "JoblibLauncher"
     if in_process:
@@ -262,8 +318,11 @@ def cli() -> None:
         if workers:
             signals.workers_follow(EXIT_STOPPED)
     elif composed is not None and not multirun:
-        # A stop before StopSignals is in (Hydra starting, the lock taken) is remembered, so the run stops with its
-        # checkpoint. (Not around a submitit launcher, which must stay stoppable while it waits for its jobs.)
+        # One run (or one seed axis) in this process: a stop signal before the trainer's own handler is in (Hydra
+        # starting, the trainer being built, the lock being taken) is remembered, and that handler takes it
+        # (StopSignals), so that the run stops with its checkpoint and EXIT_STOPPED instead of dying by the
+        # signal; one after the run's end changes nothing. (Not around a submitit launcher, which must stay
+        # stoppable while it waits for its jobs.)
         SweepSignals(forward=False).__enter__()
     else:
         for sig, handler in before.items():

@@ -1,5 +1,8 @@
-"""One SAC/TD3 update: critic step, actor step (when due), targets, temperature (docs/reference.md#update-order,
-#critic-loss, #actor-loss); SAC and TD3 differ only in algos.py's functions over tensors. It reads the reference's
+"""One SAC/TD3 update, top to bottom: critic step, actor step (when due), targets, temperature
+(docs/reference.md#update-order, #critic-loss, #actor-loss). SAC and TD3 differ only in the small functions of
+algos.py, which see tensors, never the agent.
+
+Shapes: T = sampled sequence length, B = batch, O/A = observation/action dims. The update reads the reference's
 T+1 extension of a stored window (docs/reference.md#batch-alignment), ``Aligned``:
 
     observs   = [o_0, o'_0, ..., o'_{T-1}]      [T+1, B, O]
@@ -8,10 +11,12 @@ T+1 extension of a stored window (docs/reference.md#batch-alignment), ``Aligned`
     terminals = [0,   d_0,  ..., d_{T-1}]       [T+1, B, 1]
     masks     =      [m_0,  ..., m_{T-1}]       [T,   B, 1]
 
-Nothing here reads a device value on the host, so an update only queues kernels and can be captured in a CUDA
-graph (pomdp_ffm/graph.py). ``compiled=True`` (``train.compile``) runs the same functions through ``torch.compile``:
-the actor pass and the two losses (forward and backward) become inductor's fused kernels; the optimisers' steps,
-the targets and the temperature stay as they are (patches/020-compiled-update.md).
+Nothing here reads a device value on the host (no .item(), no data-dependent branch): on a GPU an update only
+queues kernels, so that it can be captured once in a CUDA graph and replayed (pomdp_ffm/graph.py).
+
+``compiled=True`` (``train.compile``) runs the same functions through ``torch.compile``: the actor pass and the two
+losses (forward and backward) become inductor's fused kernels; the optimisers' steps, the targets and the
+temperature stay as they are (patches/020-compiled-update.md).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from .buffer import Batch
 
 class Aligned(NamedTuple):
     """A batch in the T+1 alignment, as tensors on the update's device (module docstring)."""
+
     observs: torch.Tensor
     actions: torch.Tensor
     rewards: torch.Tensor
@@ -34,28 +40,34 @@ class Aligned(NamedTuple):
 
     @classmethod
     def from_batch(cls, batch: Batch, device) -> "Aligned":
+        """A zero first previous action, reward and terminal; the first observation, then the next ones."""
         t = lambda a: torch.as_tensor(a, device=device)
+        first_obs = t(batch.observs)[:1]
         zero_first = lambda a: torch.cat([torch.zeros_like(a[:1]), a])
-        return cls(observs=torch.cat([t(batch.observs)[:1], t(batch.next_observs)]),
+        return cls(observs=torch.cat([first_obs, t(batch.next_observs)]),
                    actions=zero_first(t(batch.actions)), rewards=zero_first(t(batch.rewards)),
                    terminals=zero_first(t(batch.terminals)), masks=t(batch.masks))
 
-    def head(self, n: int) -> "Aligned":  # the first n steps of the history (the recurrence is causal)
+    def head(self, n: int) -> "Aligned":
+        """The first n steps of the history (the recurrence is causal)."""
         return self._replace(observs=self.observs[:n], actions=self.actions[:n], rewards=self.rewards[:n],
                              terminals=self.terminals[:n])
 
     @property
-    def history(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # a memory's inputs
+    def history(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A memory's inputs: (previous actions, previous rewards, observations)."""
         return self.actions, self.rewards, self.observs
 
 
 def masked_mean(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    """Sum over valid steps over their count (docs/reference.md#critic-loss): padding contributes nothing."""
+    """Sum over valid steps divided by their count (docs/reference.md#critic-loss): padded steps contribute
+    nothing."""
     return (x * masks).sum() / masks.sum().clamp(min=1.0)
 
 
 def mean_grad_norm(module: nn.Module) -> torch.Tensor:
-    """The reference's diagnostic: the mean over parameter tensors of their gradients' L2 norms (0-d)."""
+    """The reference's diagnostic: the mean over parameter tensors of each tensor's L2 gradient norm (0-d, on the
+    parameters' device; 0 without gradients)."""
     params = list(module.parameters())
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
@@ -63,20 +75,22 @@ def mean_grad_norm(module: nn.Module) -> torch.Tensor:
     return torch.stack(torch._foreach_norm(grads)).mean()
 
 
-def soft_update_(target: nn.Module, source: nn.Module, tau: float) -> None:  # Polyak averaging
+def soft_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Polyak averaging: target <- (1 - tau) target + tau source."""
     with torch.no_grad():
         torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
 def bound_memories_(*nets: nn.Module) -> None:
-    """Each net's memory back in its allowed range after a write (SeqModel.bound_)."""
+    """Each net's memory projected back into its allowed range after a write to it (FFM's decay bound; a no-op
+    for the others): see SeqModel.bound_."""
     for net in nets:
         net.encoder.memory.bound_()
 
 
 def critic_loss(agent, s: Aligned, policy_out) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked TD errors of both heads against min-of-targets. ``policy_out``: the actor's T+1-step output where
-    the algorithm shares it (SAC), else None (TD3: the target actor acts)."""
+    """Masked TD errors of both heads against min-of-targets. ``policy_out``: the actor's output over the T+1
+    steps where the algorithm shares it (SAC), else None (TD3: the target actor acts)."""
     T = s.masks.shape[0]
     with torch.no_grad():
         if policy_out is None:
@@ -150,6 +164,7 @@ def critic_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=critic_los
 
 
 def actor_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=actor_loss) -> dict[str, torch.Tensor]:
+    """The actor's step; its memory is bounded by ``update`` after the targets have averaged it in."""
     policy_loss, log_prob = loss(agent, s, policy_out)
     agent.actor_optim.zero_grad(set_to_none=True)
     # Only the actor's gradients are wanted: skip the critic weight gradients the reference computes.
@@ -166,11 +181,14 @@ def actor_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=actor_loss)
 
 def update(agent, s: Aligned, *, actor_step_due: bool, grad_norms: bool = False,
            compiled: bool = False) -> dict[str, torch.Tensor]:
-    """One gradient step of a RecurrentAgent: its statistics (pomdp_ffm/metrics.py's names) as detached 0-d device
-    tensors. ``actor_step_due``: whether the actor, targets and temperature move (the host decides); ``compiled``:
-    the losses through torch.compile (module docstring)."""
+    """One gradient step of ``agent`` (a RecurrentAgent) on the aligned batch ``s``: its statistics as detached 0-d
+    tensors on the device (the metric names of pomdp_ffm/metrics.py). ``actor_step_due``: whether the actor, the
+    targets and the temperature move (every update, or every d-th with a TD3 policy delay d; the host decides);
+    ``grad_norms``: the gradient-norm diagnostics; ``compiled``: the losses through torch.compile (module
+    docstring)."""
     fns = compiled_losses() if compiled else EAGER
-    # The critic step leaves SAC's actor unchanged: one pass serves the critic target and actor loss (patches/004).
+    # SAC's actor outputs are the same before and after the critic step (the actor has not moved), so one
+    # forward pass serves both the critic target and the actor loss (patches/004).
     policy_out = fns.actor_pass(agent, s) if agent.algo.shares_actor_pass else None
     stats = critic_step(agent, s, policy_out, grad_norms, fns.critic_loss)
     if not actor_step_due:

@@ -1,6 +1,9 @@
 """``python -m pomdp_ffm.bench {memory,update,act,loop,eval,overlap}``: benchmarks that compare variants in one
-process (docs/benchmarks.md). ``loop``, ``eval`` and ``overlap`` take Hydra overrides, e.g. ``loop env=HopperBLT-V-v0
-algo=sac seq_model=ffm --steps 3000``."""
+process (docs/benchmarks.md).
+
+``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
+seq_model=ffm --steps 3000``; so do ``eval`` (``python -m pomdp_ffm.bench eval env=Pendulum-V-v0``) and
+``overlap`` (``python -m pomdp_ffm.bench overlap env=HalfCheetahBLT-V-v0 eval.workers=true --updates 200``)."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +17,8 @@ from .common import print_table, write_csv
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2 (argparse's own prints its usage block first)
+    def error(self, message: str):
+        """One line, exit 2 (argparse's own prints its usage block first)."""
         self.refuse(f"{message} (`{self.prog} --help` lists the options)")
 
     def refuse(self, message: str):
@@ -39,8 +43,9 @@ _ms = _number(float, lambda v: 0 < v < float("inf"), "a finite number of millise
 
 def main(argv=None) -> None:
     if argv is None and sys.platform.startswith("linux") and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        # glibc hands tensors above its (<= 32 MB) mmap threshold back to the OS on free, and each iteration faults
-        # them in again (2-4x noisier timings on small VMs); it reads the thresholds at start, hence the re-exec.
+        # glibc hands tensors above its (dynamic, <= 32 MB) mmap threshold back to the OS on free, so every
+        # iteration page-faults them in again; on small VMs that made long-sequence timings 2-4x noisier.
+        # The thresholds are read once at process start, hence the re-exec.
         big = str(4 << 30)
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=big, MALLOC_TRIM_THRESHOLD_=big)
         os.execve(sys.executable, [sys.executable, "-m", "pomdp_ffm.bench", *sys.argv[1:]], env)
@@ -54,11 +59,16 @@ def main(argv=None) -> None:
     p.add_argument("--csv", help="also write the rows to this CSV file")
     p.add_argument("--steps", type=_count, default=3000, help="loop: env steps to train for (default 3000)")
     p.add_argument("--updates", type=_count, default=200, help="overlap: updates in the burst (default 200)")
-    p.add_argument("--seeds", type=_count, nargs="+", help="update, act: also the seed axis for these seed counts")
+    p.add_argument("--seeds", type=_count, nargs="+",
+                   help="update, act: also the seed axis for these seed counts (e.g. 1 5 10 20)")
     p.add_argument("--compile", action="store_true",
-                   help="update: eager against torch.compile (train.compile), SAC/TD3 x FFM/GRU, compile times, kernels")
-    p.add_argument("--project", metavar="TASK", help="loop: also project TASK's full budget from this run's costs")
-    p.add_argument("--env-step-ms", type=_ms, help="loop, with --project: TASK's env step cost in ms")
+                   help="update: eager against torch.compile (train.compile), SAC/TD3 x FFM/GRU, compile times, "
+                        "kernels")
+    p.add_argument("--project", metavar="TASK",
+                   help="loop: also project the full budget of TASK (e.g. HopperBLT-V-v0) from this run's acting, "
+                        "update and evaluation costs, with --env-step-ms as its env step cost")
+    p.add_argument("--env-step-ms", type=_ms,
+                   help="loop, with --project: TASK's env step cost in ms, measured where its env runs")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
     if args.compile and args.which != "update":
@@ -121,21 +131,29 @@ def _run(args, overrides: list[str], device: torch.device) -> list:
         if result["stopped"]:
             sys.exit(EXIT_STOPPED)
         return []
-    runs = {"memory": (lambda: memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants),
-                       "gru"),
-            "update": (lambda: update.run(args.repeats, device), "sac_gru"),
-            "act": (lambda: acting.run(args.repeats, device), "agent"),
-            "eval": (lambda: evaluation.run(overrides, args.repeats, device, args.threads), "one-after-another"),
-            "overlap": (lambda: evaluation.run_overlap(overrides, args.updates, args.repeats, device, args.threads),
-                        "after")}
     if args.which == "update" and args.compile:
         rows = update.run_compiled(args.repeats, device, args.seeds)
         print_table(rows, baseline="sac_gru")
         return rows
-    rows = runs[args.which][0]()
-    print_table(rows, baseline=runs[args.which][1])
+    if args.which == "memory":
+        rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants)
+        baseline = "gru"
+    elif args.which == "update":
+        rows = update.run(args.repeats, device)
+        baseline = "sac_gru"
+    elif args.which == "act":
+        rows = acting.run(args.repeats, device)
+        baseline = "agent"
+    elif args.which == "eval":
+        rows = evaluation.run(overrides, args.repeats, device, args.threads)
+        baseline = "one-after-another"
+    else:  # overlap
+        rows = evaluation.run_overlap(overrides, args.updates, args.repeats, device, args.threads)
+        baseline = "after"
+    print_table(rows, baseline=baseline)
     if args.seeds and args.which in ("act", "update"):  # each with its seed axis
-        seeds = (acting if args.which == "act" else update).run_seeds(args.seeds, args.repeats, device)
+        module = acting if args.which == "act" else update
+        seeds = module.run_seeds(args.seeds, args.repeats, device)
         print_table(seeds, baseline="separate")
         rows += seeds
     return rows

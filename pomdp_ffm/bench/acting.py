@@ -1,6 +1,24 @@
-"""``bench act``: one batch-1 SAC acting step by the ``agent``, on CUDA also by a ``graph`` replay and a ``cpu-copy``
-of the actor; ``--seeds``: S seeds acting ``separate``ly against ``gathered`` (docs/benchmarks.md, "GPU: the update
-and the acting step as CUDA graphs" and "Several seeds in one process")."""
+"""``python -m pomdp_ffm.bench act``: one acting step (the actor's memory and head, the action sampled and read
+on the host) at the HopperBLT-V dimensions, batch 1 as in collection, for SAC with each memory, three ways:
+
+* ``agent``: the agent's own ``act`` on its device (the reference acts on its GPU);
+* ``graph`` (CUDA): ``acting_graph.ActingRunner``, the step as a CUDA-graph replay (the trainer's ``train.cuda_graph``);
+* ``cpu-copy`` (CUDA): a CPU copy of the actor (``CpuActing`` below), the other way to cheap acting on a GPU
+  machine; measured against the graph, not used by the trainer.
+
+Median microseconds per step over interleaved rounds of episodes of INNER steps, carrying the memory state.
+
+``--seeds S ...`` adds a seed axis's acting (SAC+FFM and SAC+GRU, S agents, each with its own random generators), in
+microseconds per seed-step, two ways:
+
+* ``separate``: each seed plays its episode in its own turn, as the seeds of an axis do on a CPU;
+* ``gathered``: each step submitted for every seed (from its generators) before any is waited for, and each seed's
+  next step submitted as soon as its action is back, as ``joint.JointActs`` does on CUDA with graphs (the host
+  launching one seed's step while the GPU runs another's).
+
+docs/benchmarks.md has the measurements ("GPU: the update and the acting step as CUDA graphs", "Several seeds in
+one process").
+"""
 from __future__ import annotations
 
 import copy
@@ -21,8 +39,9 @@ OBSERVS = np.random.default_rng(0).standard_normal((INNER, 1, OBS)).astype(np.fl
 
 
 class CpuActing:
-    """Acting from a CPU copy of the agent's actor as of its last ``refresh()`` (a trainer would call it after each
-    burst); its exploration noise comes from the CPU's generator."""
+    """Acting from a CPU copy of the agent's actor, refreshed from the agent by ``refresh()`` (a trainer would call
+    it after each burst of updates, when the actor has moved). Its exploration noise would come from the CPU's
+    generator instead of the GPU's."""
 
     def __init__(self, agent: RecurrentAgent):
         self.agent = agent
@@ -50,8 +69,10 @@ def run(repeats: int, device: torch.device) -> list[Row]:
     rows = []
     for model in ("ffm", "gru", "lstm"):
         agent = make_agent(model, "sac", 0, device)
-        ways = {"agent": agent, **({"graph": ActingRunner(agent), "cpu-copy": CpuActing(agent)} if device.type == "cuda"
-                                   else {})}
+        ways = {"agent": agent}
+        if device.type == "cuda":
+            ways["graph"] = ActingRunner(agent)
+            ways["cpu-copy"] = CpuActing(agent)
         med = interleaved_medians({k: (lambda a=a: episode(a)) for k, a in ways.items()}, repeats, device)
         rows += [Row("acting", f"HopperBLT-V_B1_sac_{model}", k, "step_us", v / INNER * 1e6, "us")
                  for k, v in med.items()]
@@ -62,7 +83,8 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models
     rows = []
     for model in models:
         for S in seed_counts:
-            actors, rngs = [], [SeedRNG() for _ in range(S)]
+            actors = []
+            rngs = [SeedRNG() for _ in range(S)]
             for k, rng in enumerate(rngs):  # graph replays on CUDA, the agent on a CPU
                 actors.append(make_actor(make_agent(model, "sac", k, device), cuda_graph=True))
                 rng.keep()

@@ -17,9 +17,14 @@ Row = collections.namedtuple("Row", "benchmark shape model metric value unit")  
 
 def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device: torch.device,
                         warmup: int = 2, inner: int = 1) -> dict[str, float]:
-    """Median seconds per call of each function, timed round-robin so drift hits all variants alike; the first slot
-    rotates (on one H200 the same FFM variant ran 20-60% slower in a round's first slot)."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    """Median seconds per call of each function, timed round-robin so drift hits all variants alike.
+
+    The starting variant rotates from round to round: on a GPU the first call after the previous round's last
+    variant ran measurably slower (one H200 showed the same FFM variant 20-60% slower in the first slot)."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -36,19 +41,27 @@ def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+_NO_KERNEL = {"aten._unsafe_view.default"}  # a reshape that aliases without saying so
+
+
 class DispatchedOps(TorchDispatchMode):
-    """Counts (``ops``, by name) the operators that reach a backend while active but views and profiler marks (on a
-    GPU each is a kernel launch). ``optimisers=False`` leaves out optimiser steps, which dispatch per tensor on a CPU
-    but ``_foreach`` calls on CUDA, so that the rest counts the same on any device."""
+    """Counts the operators that reach a backend while it is active, but views and profiler marks, which launch
+    nothing (counted after autograd and vmap: a backward's ops and a batched op count once each). On a GPU each
+    is at least one kernel launch, which is what bounds an update of this size there. ``optimisers=False``
+    leaves out what optimiser steps dispatch: per tensor on a CPU, multi-tensor ``_foreach`` calls on CUDA, so
+    only the rest counts the same on any device. ``ops`` is a Counter by operator name
+    (``aten._local_scalar_dense`` is a read of a tensor's value on the host)."""
 
     def __init__(self, optimisers: bool = True):
         super().__init__()
         self.ops: collections.Counter = collections.Counter()
-        self.optimisers, self._stepping, self._hooks = optimisers, [], None
+        self.optimisers = optimisers
+        self._stepping: list = []  # one entry per optimiser step under way (optimisers=False): not counted
+        self._hooks: list | None = None  # None: not counting
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func)  # aten._unsafe_view: a reshape that aliases without saying so
-        if not (self._stepping or func.is_view or name == "aten._unsafe_view.default" or func.namespace == "profiler"):
+        name = str(func)
+        if not (self._stepping or func.is_view or name in _NO_KERNEL or func.namespace == "profiler"):
             self.ops[name] += 1
         return func(*args, **(kwargs or {}))
 
@@ -57,8 +70,11 @@ class DispatchedOps(TorchDispatchMode):
             raise RuntimeError("this DispatchedOps is already counting")
         self._stepping = []  # an optimiser step that raises leaves the rest of its count paused, not the next
         entered = super().__enter__()
-        self._hooks = [] if self.optimisers else [register_optimizer_step_pre_hook(lambda *_: self._stepping.append(1)),
-                                                  register_optimizer_step_post_hook(lambda *_: self._stepping.pop())]
+        if self.optimisers:
+            self._hooks = []
+        else:
+            self._hooks = [register_optimizer_step_pre_hook(lambda *_: self._stepping.append(1)),
+                           register_optimizer_step_post_hook(lambda *_: self._stepping.pop())]
         return entered
 
     def __exit__(self, *exc):
@@ -96,7 +112,7 @@ def saved_tensor_bytes(make_graph: Callable[[], torch.Tensor], device: torch.dev
 
 
 def print_table(rows: list[Row], baseline: str) -> None:
-    """One block per (shape, metric): value and ratio to ``baseline`` (> 1: slower/larger)."""
+    """One block per (shape, metric): value and ratio to ``baseline`` (ratio > 1 means slower/larger)."""
     width = max([12, *(len(r.model) for r in rows)])
     for shape, metric in dict.fromkeys((r.shape, r.metric) for r in rows):
         block = [r for r in rows if r.shape == shape and r.metric == metric]
@@ -109,4 +125,7 @@ def print_table(rows: list[Row], baseline: str) -> None:
 
 def write_csv(rows: list[Row], path: str) -> None:
     with open(path, "w", newline="") as f:
-        csv.writer(f).writerows([Row._fields, *([*r[:4], f"{r.value:.6g}", r.unit] for r in rows)])
+        w = csv.writer(f)
+        w.writerow(Row._fields)
+        for r in rows:
+            w.writerow([r.benchmark, r.shape, r.model, r.metric, f"{r.value:.6g}", r.unit])

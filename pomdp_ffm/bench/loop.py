@@ -1,6 +1,19 @@
-"""``bench loop``: the real training loop for about N env steps (a one-episode random pool, an evaluation every
-iteration), timed by part, and the task's full budget projected from those costs, evaluations at the time limit
-(docs/benchmarks.md, "The training loop"). A run stopped by a signal reports the part it ran, marked."""
+"""``python -m pomdp_ffm.bench loop env=<task> [overrides] --steps N``: the real training loop, timed by part.
+
+It trains (updates, acting, env steps, evaluations) for about N env steps with the task's own config, except a
+one-episode random pool and an evaluation at every iteration of the eval clock so that evaluation gets measured.
+It prints env steps/s, each part's share of the time, the cost per unit (per env step, per update, per
+evaluation step) and the projection for the task's full budget:
+
+    pool env steps x env cost  +  env steps x (env + act)  +  updates x (sample + update)
+        +  evaluations x num_eval_tasks x max episode length x eval cost per step
+
+The evaluation term is an upper bound: it counts every evaluation episode at the time limit, as a trained
+agent's are (an untrained one falls early, so the measured episodes are shorter).
+
+A run stopped by a signal (e.g. a ``timeout`` around the benchmark) reports the part it ran, marked, and the
+command exits 75 (docs/benchmarks.md, "The training loop").
+"""
 from __future__ import annotations
 
 import math
@@ -76,38 +89,63 @@ def run(overrides: list[str], steps: int, device, threads: int | None) -> dict:
         with SweepSignals(forward=False), tempfile.TemporaryDirectory() as d:
             full_cfg = compose_run(overrides, device, threads)
             max_len = get_task(full_cfg.env.env_name).max_episode_steps
-            iters = max(1, math.ceil(steps / env_step_budget(full_cfg.train, max_len)[0]) - 1)
+            iter_len, _ = env_step_budget(full_cfg.train, max_len)
+            iters = max(1, math.ceil(steps / iter_len) - 1)
             short = [*overrides, "train.num_init_rollouts_pool=1", f"train.num_iters={iters}", "eval.log_interval=1",
                      "checkpoint.interval=1000000", "eval.save_interval=-1"]
             cfg = compose_run(short, device, threads, typed=False)
-            t0 = time.perf_counter()  # in the entry point's own path (a seed axis's folders: .../seed-<k>)
+            # The entry point's own path; with seeds=[...] the seed axis (its directories: .../seed-<k>).
+            t0 = time.perf_counter()
             out = train_run(cfg, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
             wall = time.perf_counter() - t0
     finally:
         stop_sweep(before)  # a stop that came now stopped this run, not whatever this process runs next
-    tm = sum((t.timers for t in made), Counter())  # the seeds' parts add up (a joint round charges each its share)
-    # A stop signal ends the run at its next chance: what it timed until then is reported, marked as stopped.
+    tm = Counter()
+    for trainer in made:  # the seeds' parts add up (a joint round charges each seed its share)
+        tm += trainer.timers
+    # A stop signal (e.g. the `timeout` around a benchmark on a lent machine) ends the run at its next chance:
+    # what it timed until then is still a measurement, so it is reported, marked as stopped.
     if out.get("stopped") and not tm["n_updates"]:
         raise StoppedEarly("the benchmark's run was stopped by a signal before it timed an update")
-    n_steps, n_updates, n_eval_steps, n_pool = tm["n_steps"], tm["n_updates"], tm["n_eval_steps"], tm["n_pool_steps"]
-    per = {"env": tm["env"] / max(n_steps, 1), "act": tm["act"] / max(n_steps, 1),
-           "update": (tm["update"] + tm["sample"]) / max(n_updates, 1), "eval": tm["eval"] / max(n_eval_steps, 1),
-           "eval_act": tm["eval_act"] / max(n_eval_steps, 1)}
+    n_steps = tm["n_steps"]
+    n_updates = tm["n_updates"]
+    n_eval_steps = tm["n_eval_steps"]
+    n_pool = tm["n_pool_steps"]
+    per = {
+        "env": tm["env"] / max(n_steps, 1),
+        "act": tm["act"] / max(n_steps, 1),
+        "update": (tm["update"] + tm["sample"]) / max(n_updates, 1),
+        "eval": tm["eval"] / max(n_eval_steps, 1),
+        "eval_act": tm["eval_act"] / max(n_eval_steps, 1),
+    }
     parts = {"env": tm["env"], "act": tm["act"], "sample": tm["sample"], "update": tm["update"], "eval": tm["eval"],
              "pool": tm["pool_act"] + tm["pool_env"], "once": tm["once"]}
-    # once (building the trainers, the final checkpoint) and other (what no part timed: the entry point's checks
-    # and files, logging, the loop's bookkeeping) are not projected
+    # once: building the trainers and the final checkpoint, not projected; other: what no part timed (the
+    # entry point's checks and files, logging, the loop's own bookkeeping), not projected either
     parts["other"] = max(wall - sum(parts.values()), 0.0)
     budget = {k: v * len(made) for k, v in full_budget(full_cfg, max_len).items()}
     costs = (parts["pool"] / max(n_pool, 1), per["env"], per["act"], per["update"], per["eval"])
     # A run stopped early may not have reached a part (e.g. its first evaluation): its projection is no estimate.
     unmeasured = [k for k, n in zip(PARTS, (n_pool, n_steps, n_steps, n_updates, n_eval_steps)) if not n]
-    return {"wall": wall, "steps": n_steps + n_pool, "n_steps": n_steps, "n_updates": n_updates,
-            "n_joint_updates": tm["n_joint_updates"], "n_evals": tm["n_evals"], "n_eval_steps": n_eval_steps,
-            "parts": parts, "per": per, "budget": budget, "projected": _project(budget, costs),
-            "task": cfg.env.env_name, "model": f"{cfg.policy.algo_name}+{cfg.policy.seq_model}",
-            "overrides": list(overrides), "seeds": len(made), "stopped": bool(out.get("stopped")),
-            "unmeasured": unmeasured}
+    return {
+        "wall": wall,
+        "steps": n_steps + n_pool,
+        "n_steps": n_steps,
+        "n_updates": n_updates,
+        "n_joint_updates": tm["n_joint_updates"],
+        "n_evals": tm["n_evals"],
+        "n_eval_steps": n_eval_steps,
+        "parts": parts,
+        "per": per,
+        "budget": budget,
+        "projected": _project(budget, costs),
+        "task": cfg.env.env_name,
+        "model": f"{cfg.policy.algo_name}+{cfg.policy.seq_model}",
+        "overrides": list(overrides),
+        "seeds": len(made),
+        "stopped": bool(out.get("stopped")),
+        "unmeasured": unmeasured,
+    }
 
 
 class StoppedEarly(RuntimeError):
@@ -130,21 +168,25 @@ def report(r: dict) -> None:
     if r["stopped"]:
         print("  STOPPED by a signal before the planned steps: the numbers are those of the part it ran (a short "
               "part's costs include its warm-up)")
-    if r["seeds"] > 1:  # outside joint rounds: a seed left alone at the end, or seeds without a joint runner
+    if r["seeds"] > 1:
+        # Outside joint rounds: a seed left alone once the others have finished, or seeds without a joint runner.
         none = "; the seeds take turns on a CPU or without train.cuda_graph" if not r["n_joint_updates"] else ""
         print(f"  updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']} "
               f"({100 * r['n_joint_updates'] / max(r['n_updates'], 1):.1f} %{none})")
     print("\n  share of the time")
     for k, v in r["parts"].items():
         print(f"    {k:<8} {v:8.2f} s  {100 * v / r['wall']:5.1f} %")
-    per, missing = r["per"], set(r["unmeasured"])
+    per = r["per"]
+    missing = set(r["unmeasured"])
+
+    def cost(part: str, seconds: float, note: str = "") -> str:
+        return "    not reached by this run" if part in missing else f"{1e3 * seconds:8.3f} ms{note}"
     print("\n  cost per unit")
+    print(f"    env step      {cost('env steps', per['env'])}")
+    print(f"    acting step   {cost('acting', per['act'])}")
+    print(f"    update        {cost('updates', per['update'], '  (sampling included)')}")
     eval_note = f"  (acting and env, episodes together where configured; acting {1e3 * per['eval_act']:.3f} ms)"
-    for label, part, key, note in (("env step", "env steps", "env", ""), ("acting step", "acting", "act", ""),
-                                   ("update", "updates", "update", "  (sampling included)"),
-                                   ("eval step", PARTS[4], "eval", eval_note)):
-        cost = "    not reached by this run" if part in missing else f"{1e3 * per[key]:8.3f} ms{note}"
-        print(f"    {label:<14}{cost}")
+    print(f"    eval step     {cost('evaluation (upper bound)', per['eval'], eval_note)}")
     b = r["budget"]
     of_runs = f" of the {r['seeds']} runs" if r["seeds"] > 1 else ""
     print(f"\n  projected for the full budget{of_runs}: {b['pool_steps'] + b['steps']:,} env steps, {b['updates']:,} "
@@ -154,12 +196,14 @@ def report(r: dict) -> None:
 
 def report_projection(r: dict, task: str, env_step_ms: float, device: str, threads: int | None) -> dict:
     """The full budget of ``task`` at this run's acting, update and evaluation-acting costs, with ``env_step_ms``
-    as the task's env step cost (measured where its env can run)."""
+    as the task's env step cost (measured where its env can run, e.g. a BLT task on a CPU, when this run's
+    machine cannot build it)."""
     # The task's own config: a stand-in env (``env.env_name=...``) of the measured run is dropped.
     overrides = [o for o in r["overrides"] if not o.startswith(("env=", "env.env_name="))] + [f"env={task}"]
     cfg = compose_run(overrides, device, threads)
     budget = {k: v * r["seeds"] for k, v in full_budget(cfg, get_task(task).max_episode_steps).items()}
-    env_s, per = env_step_ms / 1e3, r["per"]
+    env_s = env_step_ms / 1e3
+    per = r["per"]
     # Parts this run never reached have no cost of their own here (the env step's is given): left out, marked.
     missing = set(r["unmeasured"]) - set(PARTS[:2])
     costs = (env_s, env_s, per["act"], per["update"], per["eval_act"] + env_s)

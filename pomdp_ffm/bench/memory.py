@@ -1,4 +1,8 @@
-"""``bench memory``: FFM vs nn.GRU vs nn.LSTM vs a Python-loop GRUCell (docs/benchmarks.md, "Memory models")."""
+"""Memory-model benchmark: FFM vs nn.GRU vs nn.LSTM vs a Python-loop GRUCell (the paper's comparison).
+
+All variants run in one process, warmed up, then timed in interleaved rounds so that machine noise hits
+every variant alike; medians are reported with ratios to nn.GRU (docs/benchmarks.md, "Memory models").
+"""
 from __future__ import annotations
 
 import torch
@@ -7,8 +11,11 @@ from torch import nn
 from ..seq_models import FFM, build
 from .common import Row, interleaved_medians, saved_tensor_bytes
 
-# (T, B, input, hidden): the recurrent SAC/TD3 training window on the BLT tasks; the paper's long-sequence shape
-SHAPES = {"rl": (64, 64, 64, 128), "paper": (1024, 8, 128, 256)}
+SHAPES = {
+    # name: (T, B, input, hidden)
+    "rl": (64, 64, 64, 128),  # the recurrent SAC/TD3 training window on the BLT tasks
+    "paper": (1024, 8, 128, 256),  # the paper's long-sequence efficiency shape
+}
 
 
 class LoopGRU(nn.Module):
@@ -20,14 +27,17 @@ class LoopGRU(nn.Module):
         self.hidden_size = hidden_size
 
     def forward(self, x, state=None):
-        ys, h = [], x.new_zeros(x.shape[1], self.hidden_size) if state is None else state
+        h = x.new_zeros(x.shape[1], self.hidden_size) if state is None else state
+        ys = []
         for xt in x:
-            ys.append(h := self.cell(xt, h))
+            h = self.cell(xt, h)
+            ys.append(h)
         return torch.stack(ys), h
 
 
 class FFMDenseFloor(FFM):
-    """FFM without recurrence (its aggregator a broadcast of the gated input): the floor its dense layers set."""
+    """FFM with its aggregator replaced by a broadcast of the gated input: every dense layer, gate and norm
+    of the cell, no recurrence. What an FFM cell cannot go below without faster dense kernels."""
 
     def _aggregate(self, u, gamma, s0):
         return torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(*u.shape, self.context_size)
@@ -36,10 +46,16 @@ class FFMDenseFloor(FFM):
 def variants(input_size: int, hidden_size: int, device: torch.device, only=None) -> dict[str, nn.Module]:
     """All variants, or ``only`` these (an unknown name is a ValueError), on ``device``."""
     size = {"input_size": input_size, "hidden_size": hidden_size}
-    models = {"ffm": build("ffm", **size), **{f"ffm-{a}": build("ffm", aggregator=a, **size)
-                                               for a in ("scan", "loop", "closed")},
-              "ffm-dense": FFMDenseFloor(input_size, hidden_size), "gru": build("gru", **size),
-              "lstm": build("lstm", **size), "gru-loop": LoopGRU(input_size, hidden_size)}
+    models = {
+        "ffm": build("ffm", **size),
+        "ffm-scan": build("ffm", aggregator="scan", **size),
+        "ffm-loop": build("ffm", aggregator="loop", **size),
+        "ffm-closed": build("ffm", aggregator="closed", **size),
+        "ffm-dense": FFMDenseFloor(input_size, hidden_size),
+        "gru": build("gru", **size),
+        "lstm": build("lstm", **size),
+        "gru-loop": LoopGRU(input_size, hidden_size),
+    }
     models.pop(f"ffm-{models['ffm'].resolved_aggregator(device)}")  # already timed as "ffm" (auto)
     unknown = sorted(set(only or ()) - set(models))
     if unknown:
@@ -53,10 +69,13 @@ def run(shape_names, repeats: int, device: torch.device, only: list[str] | None 
         T, B, I, H = SHAPES[shape_name]
         shape = f"T{T}_B{B}_in{I}_h{H}"
         models = variants(I, H, device, only)
-        x, out_grad = torch.randn(T, B, I, device=device), torch.randn(T, B, H, device=device)
+        x = torch.randn(T, B, I, device=device)
+        out_grad = torch.randn(T, B, H, device=device)
 
         def fwd_bwd(model):
-            model(x.detach().requires_grad_())[0].backward(out_grad)
+            xg = x.detach().requires_grad_()
+            y, _ = model(xg)
+            y.backward(out_grad)
 
         def fwd(model):
             with torch.no_grad():

@@ -1,6 +1,26 @@
-"""``bench update``: one SAC/TD3 update with each memory at the HopperBLT-V shape, on CUDA also as graph replays
-(``+graph``); ``--seeds``: S agents updated ``separate``ly against ``together`` (docs/benchmarks.md, "One full
-update" and "Several seeds in one process")."""
+"""Full-update benchmark: one gradient step (critic, actor, targets, temperature) at the BLT shape.
+
+HopperBLT-V dimensions (obs 6, act 3), batch 64, sampled sequence 64, hidden 128, layers 256x256, for SAC
+and TD3 with FFM, GRU and LSTM memories. Reports the median seconds per update (interleaved rounds),
+matmul FLOPs per update (torch.utils.flop_counter) and the achieved rate beside this machine's plain
+matmul rate at a comparable size.
+
+On CUDA each agent also runs as CUDA-graph replays (``<algo>_<model>+graph``: pomdp_ffm/graph.py, the trainer's
+``train.cuda_graph``), from the same weights, with numpy batches as the buffer samples them; the eager and graph
+variants are timed in the same interleaved rounds, and ``graph_speedup`` is eager ms / graph ms.
+
+``--seeds 1 5 10 20`` adds the seed axis (pomdp_ffm/seeds.py): for each S, S SAC+FFM agents updated as S separate
+runners in turn (each its own graph on CUDA: what S separate runs cost on one GPU) against one runner that
+updates the S agents together (``UpdateRunner.update_all``: on CUDA one graph with a branch per seed, on a CPU
+the same updates in turn), and on CUDA with TF32 matmuls (captured with TF32 on). Reported as seed-updates/s and
+the ratio to the separate runners, with the operators a round dispatches outside the optimisers' steps
+(``ops_per_round``, counted on an eager round: on a GPU each is a kernel launch, which bounds an update of this
+size). The optimisers are left out of the count as they run per tensor on a CPU and as multi-tensor calls on
+CUDA.
+
+``--compile``: eager against torch.compile (``run_compiled``). docs/benchmarks.md has the measurements ("One full
+update", "Several seeds in one process").
+"""
 from __future__ import annotations
 
 import copy
@@ -68,25 +88,32 @@ def run(repeats: int, device: torch.device) -> list[Row]:
                  row(k, "achieved_gflop_s", flops[k.removesuffix("+graph")] / v, "GFLOP/s")]
     rows += [row(k, "graph_speedup", med[k] / med[f"{k}+graph"], "x") for k in agents if f"{k}+graph" in med]
     # A plain fp32 matmul's rate at the update's typical size: [B*(T+1), 256] @ [256, 256].
-    a, w = torch.randn(BATCH * (SEQ + 1), 256, device=device), torch.randn(256, 256, device=device)
+    a = torch.randn(BATCH * (SEQ + 1), 256, device=device)
+    w = torch.randn(256, 256, device=device)
     mm = interleaved_medians({"mm": lambda: a @ w}, 20, device, inner=10)["mm"]
-    return rows + [Row("update", "matmul_4160x256x256", "torch", "matmul_gflop_s", 2 * a.shape[0] * 256**2 / mm / 1e9,
-                       "GFLOP/s")]
+    matmul_gflop_s = 2 * a.shape[0] * 256**2 / mm / 1e9
+    return rows + [Row("update", "matmul_4160x256x256", "torch", "matmul_gflop_s", matmul_gflop_s, "GFLOP/s")]
 
 
 def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model: str = "ffm") -> list[Row]:
     """Seed-updates/s of S agents updated separately (in turn) and together (one runner), for each S."""
-    rng, graph, rows = np.random.default_rng(0), device.type == "cuda", []
+    rng = np.random.default_rng(0)
+    graph = device.type == "cuda"
+    rows = []
     batches = [random_batch(rng) for _ in range(4)]
     for S in seed_counts:
         agents = lambda: [make_agent(model, "sac", k, device) for k in range(S)]
         separate = [UpdateRunner(a, cuda_graph=graph) for a in agents()]
-        joint = {k: UpdateRunner(agents(), cuda_graph=graph) for k in ["together", "together+tf32"][:1 + graph]}
-        fns = _counted({"separate": lambda i, rs=separate: [r(batches[(i + k) % 4]) for k, r in enumerate(rs)],
-                        **{name: (lambda i, r=r: r.update_all([batches[(i + k) % 4] for k in range(S)]))
-                           for name, r in joint.items()}})
+        kinds = ["together", "together+tf32"] if graph else ["together"]
+        joint = {k: UpdateRunner(agents(), cuda_graph=graph) for k in kinds}
+        variants = {"separate": lambda i, rs=separate: [r(batches[(i + k) % 4]) for k, r in enumerate(rs)]}
+        for name, r in joint.items():
+            variants[name] = lambda i, r=r: r.update_all([batches[(i + k) % 4] for k in range(S)])
+        fns = _counted(variants)
+        # Each warmed up to its replays; the TF32 runner captures with TF32 matmuls on (PyTorch's default, and the
+        # reference's, is off; cuDNN keeps its own default).
         saved = torch.backends.cuda.matmul.allow_tf32
-        for k, fn in fns.items():  # each warmed up to its replays; the TF32 runner captures with TF32 matmuls on
+        for k, fn in fns.items():
             torch.backends.cuda.matmul.allow_tf32 = saved or k.endswith("+tf32")
             for _ in range(WARMUP_UPDATES + 2):
                 fn()
@@ -94,8 +121,8 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
         med = interleaved_medians(fns, repeats, device, warmup=1)
         shape = f"{SHAPE}_sac_{model}_S{S}"
         for k, v in med.items():
-            rows += [Row("seed-axis", shape, k, "round_ms", v * 1e3, "ms"),
-                     Row("seed-axis", shape, k, "seed_updates_per_s", S / v, "1/s")]
+            rows.append(Row("seed-axis", shape, k, "round_ms", v * 1e3, "ms"))
+            rows.append(Row("seed-axis", shape, k, "seed_updates_per_s", S / v, "1/s"))
         # What an eager round dispatches outside the optimisers' steps (a replay dispatches none), after a first
         # round has made the optimisers' state.
         runner = UpdateRunner(agents(), cuda_graph=False)
@@ -103,7 +130,7 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
         with DispatchedOps(optimisers=False) as counted:
             runner.update_all(batches[:1] * S)
         rows.append(Row("seed-axis", shape, "separate", "ops_per_round", counted.total, "ops"))
-        del separate, joint, fns, runner
+        del separate, joint, variants, fns, runner
         if graph:
             torch.cuda.empty_cache()
     return rows
@@ -149,12 +176,16 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
 
     from ..graph import CompileError
 
-    rng, cuda = np.random.default_rng(0), device.type == "cuda"
+    rng = np.random.default_rng(0)
+    cuda = device.type == "cuda"
     batches = [random_batch(rng) for _ in range(4)]
-    rows, updates = [], {}
+    rows = []
+    updates = {}
+    # (suffix, compiled, graph, FFM's aggregator)
     variants = [("", False, False, "auto"), ("+compile", True, False, "auto")]
-    variants += [("+graph", False, True, "auto"), ("+compile+graph", True, True, "auto"),
-                 ("+compile-scan+graph", True, True, "scan")] if cuda else []
+    if cuda:
+        variants += [("+graph", False, True, "auto"), ("+compile+graph", True, True, "auto"),
+                     ("+compile-scan+graph", True, True, "scan")]
     for algo, model in itertools.product(("sac", "td3"), ("ffm", "gru")):
         name = f"{algo}_{model}"
         for suffix, compiled, graph, aggregator in variants:
@@ -174,8 +205,8 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
                         if cuda:
                             torch.cuda.synchronize(device)
                         rows.append(Row("update-compile", SHAPE, name + suffix, label, time.perf_counter() - t0, "s"))
-                        generated = generated if label == "compile_warm_s" else \
-                            inductor_metrics.generated_kernel_count - before
+                        if label == "compile_cold_s":  # what the cold compile generated
+                            generated = inductor_metrics.generated_kernel_count - before
                     rows.append(Row("update-compile", SHAPE, name + suffix, "generated_kernels", generated, "kernels"))
                 for i in range(runner.warmup + 2):  # compiled, captured and replayed once where it applies
                     runner(batches[i % len(batches)])
@@ -184,7 +215,8 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
                 continue
             if not graph:
                 kernels = _kernel_count(lambda r=runner: r(batches[0]), device)
-                kernels += generated if compiled and not cuda else 0  # (on CUDA the profiler sees them)
+                if compiled and not cuda:  # (on CUDA the profiler sees them)
+                    kernels += generated
                 rows.append(Row("update-compile", SHAPE, name + suffix, "kernels_per_update", kernels, "kernels"))
             updates[name + suffix] = runner
     fns = _counted({k: (lambda i, u=u: u(batches[i % len(batches)])) for k, u in updates.items()})
