@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pomdp_ffm import metrics
+from pomdp_ffm import algos, metrics, seq_models
 
 # progress.csv column names: declared once, by the logger's metrics table (identical to the reference's).
 COL_ENV_STEPS, COL_ROLLOUTS, COL_RL_STEPS = metrics.ENV_STEPS, metrics.ROLLOUTS, metrics.RL_STEPS
@@ -32,15 +32,18 @@ EVAL_COLUMNS = {
     COL_FPS: "fps",
 }
 
-MODEL_LABELS = {"gru": "GRU", "lstm": "LSTM", "ffm": "FFM", "mlp": "MLP", "markovian": "Markovian",
-                "oracle": "Oracle"}
-ALGO_LABELS = {"sac": "SAC", "td3": "TD3", "sacd": "SACD"}
+# The memories an agent of the comparison is built on: the registry's (its entries declare their label and colour);
+# Markovian and Oracle are the reference's baselines, not memory models.
+MEMORY_MODELS = tuple(sorted(seq_models.available()))
+_MEMORIES = [seq_models.get(m) for m in MEMORY_MODELS]
+MODEL_LABELS = {**{m.name: m.label for m in _MEMORIES}, "markovian": "Markovian", "oracle": "Oracle"}
+# Our algorithms, and the reference's discrete SAC.
+ALGO_LABELS = {**{a: algos.get(a).label for a in algos.ALGORITHMS}, "sacd": "SACD"}
 KNOWN_ALGOS = tuple(ALGO_LABELS)
 KNOWN_MODELS = tuple(MODEL_LABELS)
 
 # Fixed colours so that a model keeps its colour across every figure.
-MODEL_COLORS = {"ffm": "#d55e00", "gru": "#0072b2", "lstm": "#009e73", "mlp": "#7f7f7f", "markovian": "#bbbbbb",
-                "oracle": "#000000"}
+MODEL_COLORS = {**{m.name: m.color for m in _MEMORIES}, "markovian": "#bbbbbb", "oracle": "#000000"}
 
 # Paper / reference conventions (docs/reference.md#evaluation-clock, #reference-plots, #ffm-paper-plots).
 DEFAULT_SEED = 0
@@ -126,8 +129,6 @@ def reference_for(task: str) -> Reference | None:
 REF_SUFFIX = "@ref"
 PUB_SUFFIX = "@pub"
 SOURCE_SUFFIXES = {"reference": REF_SUFFIX, "published": PUB_SUFFIX}
-# The memories an agent of the comparison is built on; Markovian and Oracle are baselines, not memory models.
-MEMORY_MODELS = ("ffm", "gru", "lstm", "mlp")
 # A published variant of the reference's own method, by its tags but the algorithm (RL-Encoder-Len-Inputs[-Arch],
 # the reference's scripts/constants.py): "gru-64-oa-separate".
 PUBLISHED_VARIANT_RE = re.compile(

@@ -14,7 +14,6 @@ A file it refuses is reported as a warning naming it and skipped.
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from pomdp_ffm.rundir import RunDir, RunDirError, load_checkpoint
+from pomdp_ffm.seq_models.ffm import context_period, trace_durability
 
 from . import constants as C
 
@@ -115,12 +115,13 @@ def timescales(param: str, values: np.ndarray, beta: float = C.DEFAULT_BETA) -> 
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     values = np.asarray(values, dtype=float)
-    with np.errstate(divide="ignore"):
-        if param == "alpha":
-            return np.where(values > 0, math.log(1 / beta) / np.where(values > 0, values, 1.0), np.inf)
-        if param == "omega":
-            mag = np.abs(values)
-            return np.where(mag > 0, 2 * math.pi / np.where(mag > 0, mag, 1.0), np.inf)
+    # The formulas are the model's own (FFM.trace_durability, FFM.context_periods); only the entries without
+    # decay or rotation are filled in here, as inf rather than a division by zero (or a negative alpha's steps).
+    if param == "alpha":
+        return np.where(values > 0, trace_durability(np.where(values > 0, values, 1.0), beta), np.inf)
+    if param == "omega":
+        mag = np.abs(values)
+        return np.where(mag > 0, context_period(np.where(mag > 0, mag, 1.0)), np.inf)
     raise ValueError(f"unknown FFM parameter {param!r}; expected 'alpha' or 'omega'")
 
 

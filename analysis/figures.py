@@ -33,7 +33,8 @@ _RC = {
     "legend.fontsize": 8, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
     "grid.alpha": 0.3, "grid.linewidth": 0.5, "savefig.dpi": 300, "pdf.fonttype": 42,
 }
-_MODEL_ORDER = ["oracle", "markovian", "gru", "lstm", "mlp", "ffm"]
+# The baselines, the other memories, FFM (the one studied) last.
+_MODEL_ORDER = ["oracle", "markovian", *(m for m in C.MEMORY_MODELS if m != "ffm"), "ffm"]
 # The mark of a group with a single run, which has no interval (drawn as none, never as a zero-width one).
 SINGLE_RUN = "n=1"
 

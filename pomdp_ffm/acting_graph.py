@@ -10,13 +10,7 @@ import torch
 
 from .agent import RecurrentAgent
 from .graph import WARMUP_UPDATES, CudaGraphs, guarded_capture
-from .seq_models.ffm import drop_gamma_caches
-
-
-def _state_tensors(state) -> list[torch.Tensor]:  # of a tensor (FFM, GRU), a pair (LSTM) or None (MLP)
-    if state is None or torch.is_tensor(state):
-        return [] if state is None else [state]
-    return [t for s in state for t in _state_tensors(s)]
+from .seq_models import drop_caches
 
 
 class _Carried:
@@ -41,13 +35,14 @@ class _ActingGraph:
         self.action_host = torch.zeros(n, agent.act_dim, pin_memory=cuda)
         self.done = torch.cuda.Event() if cuda else None
         self.in_flight = False
-        self.state = None if state is None else _clone_state(state)
+        self.memory = memory = agent.actor.encoder.memory  # what reads inside its states
+        self.state = memory.clone_state(state)
         self.owner: _Carried | None = None  # the one episode whose memory state the static state is
 
         @torch.no_grad()
         def step():
             out, new_state = agent.actor(self.prev_action, self.prev_reward, self.obs, self.state)
-            for old, new in zip(_state_tensors(self.state), _state_tensors(new_state)):
+            for old, new in zip(memory.state_tensors(self.state), memory.state_tensors(new_state)):
                 old.copy_(new)
             return [{"action": agent.algo.act(out, deterministic).view(n, agent.act_dim)}]
         self.captured = runner.backend.capture(step)
@@ -73,10 +68,6 @@ class _ActingGraph:
             self.in_flight = False
             return self.action_host.numpy().copy()
         return wait
-
-
-def _clone_state(state):
-    return state.clone() if torch.is_tensor(state) else type(state)(map(_clone_state, state))
 
 
 class ActingRunner:
@@ -117,7 +108,7 @@ class ActingRunner:
             self.eager_steps += 1
             return lambda: (action, state)
         if not state.graphed:  # the episode goes on in the graph, from its state
-            for dst, src in zip(_state_tensors(graph.state), _state_tensors(state.eager)):
+            for dst, src in zip(graph.memory.state_tensors(graph.state), graph.memory.state_tensors(state.eager)):
                 dst.copy_(src)
             graph.owner, state.graphed, state.eager = state, True, None
         elif graph.owner is not state:
@@ -130,7 +121,7 @@ class ActingRunner:
     def _capture(self, key: tuple[int, bool], state) -> _ActingGraph:
         graph = self._graphs[key] = guarded_capture(f"the acting step {key}", "act eagerly", [self.agent.actor],
                                                     lambda: _ActingGraph(self, key, state))
-        drop_gamma_caches(self.agent.actor)  # it holds the graph's gamma now: an eager call computes its own
+        drop_caches(self.agent.actor)  # it holds the graph's gamma now: an eager call computes its own
         self.captures += 1
         return graph
 

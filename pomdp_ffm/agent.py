@@ -13,7 +13,7 @@ from .buffer import Batch
 from .hostmem import host_memory_left
 from .nets import FeatureExtractor, Mlp
 from .seq_models import build as build_seq_model
-from .seq_models.ffm import FFM, drop_gamma_caches
+from .seq_models import drop_caches
 from .update import Aligned, bound_memories_, update
 
 
@@ -125,9 +125,8 @@ class RecurrentAgent(nn.Module):
         a float per row per unit of width 2.5 times over (targets, the actor loss's critic heads, gradients). It is
         1.5-2.9x the peak RSS measured on a CPU (torch 2.13; SAC, TD3; all memories; batch 8-64, window 64-4096,
         hidden 32-512)."""
-        c, h, mem = self.cfg, self.cfg.rnn_hidden_size, self.critic.encoder.memory
-        memory = (4 * h + 6 * mem.memory_size * mem.context_size if isinstance(mem, FFM)  # gates, state, output
-                  else {"mlp": 2, "gru": 8}.get(c.seq_model, 10) * h * c.rnn_num_layers)
+        c, h = self.cfg, self.cfg.rnn_hidden_size
+        memory = self.critic.encoder.memory.activation_floats()
         i, o = self.critic.encoder.input_size, c.observ_embedding_size
         actor = i + memory + o + (h + o) + sum(c.policy_layers) + 2 * self.act_dim
         critic = 2 * i + memory + (h + i) + 2 * (sum(c.dqn_layers) + 1)
@@ -212,7 +211,7 @@ class ActorSnapshot:
         """The actor's weights, copied in place (graphs on this copy keep reading them), queued after the updates."""
         for dst, src in zip(self.actor.state_dict().values(), self.source.actor.state_dict().values()):
             dst.copy_(src)
-        drop_gamma_caches(self.actor)
+        drop_caches(self.actor)
 
     initial_state, act = RecurrentAgent.initial_state, RecurrentAgent.act  # they read actor, algo and device
 

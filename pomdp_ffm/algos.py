@@ -1,15 +1,39 @@
 """What SAC and TD3 supply to the one update (pomdp_ffm/update.py), as small functions over tensors; reference
-quirks are config fields (``policy.sac.*``, ``policy.td3.*``). The registry: the only code that knows their names.
+quirks are config fields (``policy.sac.*``, ``policy.td3.*``, each algorithm's options_config). The registry: the
+only code that knows their names; each class declares its name, the label analysis draws and its option section.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
 
 from .nets import DeterministicHead, TanhGaussianHead
+from .rules import above, at_least, checked, one_of
+
+
+@dataclass
+class SACConfig:
+    entropy_alpha: float = checked(0.2, at_least(0))  # used only when automatic_entropy_tuning is false
+    automatic_entropy_tuning: bool = True
+    alpha_lr: float = checked(3e-4, above(0))
+    target_entropy: Optional[float] = None  # None: -|A|
+    alpha_loss: str = checked("alpha", one_of(("alpha", "log_alpha")))  # the reference's loss (SAC paper: log_alpha)
+
+
+@dataclass
+class TD3Config:
+    exploration_noise: float = checked(0.1, at_least(0))
+    target_noise: float = checked(0.2, at_least(0))
+    target_noise_clip: float = checked(0.5, at_least(0))
+    policy_delay: int = checked(1, at_least(1))  # the reference updates the actor at every step (TD3 paper: 2)
+    actor_q: str = checked("min", one_of(("min", "q1")))  # the reference's actor maximises min(Q1, Q2) (TD3 paper: q1)
 
 
 class SAC(nn.Module):
+    name, label, options_config = "sac", "SAC", SACConfig  # policy.algo_name, analysis's label, policy.sac
     shares_actor_pass = True  # one actor pass over T+1 steps serves the critic target and the actor loss
     uses_target_actor = False
     policy_delay = 1
@@ -74,6 +98,7 @@ class SAC(nn.Module):
 
 
 class TD3(nn.Module):
+    name, label, options_config = "td3", "TD3", TD3Config
     shares_actor_pass = False  # the critic target's actions come from the target actor
     uses_target_actor = True
     metrics = ("qf1_loss", "qf2_loss", "policy_loss")
@@ -110,8 +135,12 @@ class TD3(nn.Module):
         return {}
 
 
-_REGISTRY = {"sac": SAC, "td3": TD3}
+_REGISTRY = {cls.name: cls for cls in (SAC, TD3)}
 ALGORITHMS = tuple(_REGISTRY)
+
+
+def get(name: str) -> type[nn.Module]:
+    return _REGISTRY[name]
 
 
 def build_algorithm(policy_cfg, act_dim: int) -> nn.Module:

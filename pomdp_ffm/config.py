@@ -1,6 +1,8 @@
 """Config schemas in the reference's vocabulary (docs/reference.md#config-schema), registered with Hydra. OmegaConf
-checks keys and types, ``checked(default, rule)`` each field's rule, ``_check_together`` the rules tying fields; a bad
-value is one line, ``<key>=<value> must be <rule>`` (patches/105). ``sampled_seq_len: -1`` is resolved where used."""
+checks keys and types, ``checked(default, rule)`` each field's rule (pomdp_ffm/rules.py), ``_check_together`` the
+rules tying fields; a bad value is one line, ``<key>=<value> must be <rule>`` (patches/105). ``sampled_seq_len: -1``
+is resolved where used. Names come from the registries: tasks (envs.py), algorithms (algos.py) and memories
+(seq_models/), each of which declares its own option section, policy.<name>."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,48 +10,17 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from . import algos, seq_models
+from .algos import SACConfig, TD3Config  # noqa: F401 (the option sections, where callers import them from)
 from .envs import available_tasks, get_task
+from .rules import above, at_least, checked, must, one_of, within
 from .seq_models import available, options
-from .seq_models.ffm import (AGGREGATORS, DECAY_CONTEXT_PRODUCTS, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON,
-                             PARAM_MODES, ffm_sizes)
-
-
-class Rule(NamedTuple):
-    ok: Callable[[Any], bool]
-    says: str  # what the message says of a value that is not ok: "must be > 0", "is not one of [...]"
-
-
-def must(ok, what: str) -> Rule:
-    return Rule(ok, f"must be {what}")
-
-
-def at_least(low) -> Rule:
-    return must(lambda v: v >= low, f">= {low}")
-
-
-def above(low) -> Rule:
-    return must(lambda v: v > low, f"> {low}")
-
-
-def within(low, high, note: str = "") -> Rule:
-    return must(lambda v: low <= v <= high, f"in [{low}, {high}]{note}")
-
-
-def one_of(names) -> Rule:
-    names = tuple(names)
-    return Rule(lambda v: v in names, f"is not one of {list(names)}")
-
-
-def checked(default, rule: Rule):
-    """A schema field with its default and its rule (a list default is copied per object)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"rule": rule})
-    return field(default=default, metadata={"rule": rule})
+from .seq_models.ffm import FFMConfig  # noqa: F401 (as above)
 
 
 def _given(value) -> bool:  # Hydra builds the schema's defaults (MISSING, "???", included) before values are set
@@ -59,64 +30,21 @@ def _given(value) -> bool:  # Hydra builds the schema's defaults (MISSING, "???"
 DEVICE_PATTERN = r"auto|cpu|cuda(?::(\d+))?"  # the device's index, if any, is group 1
 SEEDS = 2**32  # numpy's seeds: [0, 2^32 - 1]
 _WIDTHS = must(lambda v: all(x >= 1 for x in v), "a list of layer widths >= 1")
-_STEP_RANGE = must(lambda v: v is None or (len(v) == 2 and all(math.isfinite(x) for x in v) and 0 < v[0] <= v[1]),
-                   "null or [low, high] in steps with 0 < low <= high, both finite, e.g. [32,104]")
-_SIZE_OR_NULL = must(lambda v: v is None or v >= 1, "null (derived from policy.rnn_hidden_size) or >= 1")
+
+
+# An algorithm's or a memory's own options: a section of policy named after it, its registry entry's options_config
+# (a memory registered after this import has none: _check_together says so).
+ALGORITHM_OPTIONS = {name: algos.get(name).options_config for name in algos.ALGORITHMS}
+MEMORY_OPTIONS = {name: c for name in available() if (c := seq_models.get(name).options_config) is not None}
+SECTIONS = {**ALGORITHM_OPTIONS, **MEMORY_OPTIONS}
 
 
 @dataclass
-class SACConfig:
-    entropy_alpha: float = checked(0.2, at_least(0))  # used only when automatic_entropy_tuning is false
-    automatic_entropy_tuning: bool = True
-    alpha_lr: float = checked(3e-4, above(0))
-    target_entropy: Optional[float] = None  # None: -|A|
-    alpha_loss: str = checked("alpha", one_of(("alpha", "log_alpha")))  # the reference's loss (SAC paper: log_alpha)
-
-
-@dataclass
-class TD3Config:
-    exploration_noise: float = checked(0.1, at_least(0))
-    target_noise: float = checked(0.2, at_least(0))
-    target_noise_clip: float = checked(0.5, at_least(0))
-    policy_delay: int = checked(1, at_least(1))  # the reference updates the actor at every step (TD3 paper: 2)
-    actor_q: str = checked("min", one_of(("min", "q1")))  # the reference's actor maximises min(Q1, Q2) (TD3 paper: q1)
-
-
-@dataclass
-class FFMConfig:
-    """FFM options (see pomdp_ffm.seq_models.ffm.FFM); None sizes mean c = h // 32, m = h // c."""
-
-    context_size: Optional[int] = checked(None, _SIZE_OR_NULL)
-    memory_size: Optional[int] = checked(None, _SIZE_OR_NULL)
-    max_period: float = 128  # >= min_period (_check_together)
-    min_period: float = checked(1, above(0))
-    beta: float = checked(0.01, must(lambda v: 0 < v < 1, "in (0, 1) (the fraction a trace decays to)"))
-    # |gamma|^(-t) stays finite in float64 over this many steps (the reference's max_len); the closed chunk length.
-    decay_horizon: int = checked(1024, within(1, MAX_DECAY_HORIZON, " (steps)"))
-    decay_bound: bool = True
-    input_gate: bool = True
-    output_gate: bool = True
-    context: str = checked("learned", one_of(PARAM_MODES))
-    decay: str = checked("learned", one_of(PARAM_MODES))
-    # FFM's decay gamma = exp(-alpha) exp(i omega)^T ("outer", the paper) or one alpha, omega per entry ("hadamard")
-    decay_context_product: str = checked("outer", one_of(DECAY_CONTEXT_PRODUCTS))
-    aggregator: str = checked("auto", one_of(AGGREGATORS))
-    # Informed initialisation (the paper's decay figure): ranges of t_alpha and t_omega in steps.
-    init_trace_range: Optional[List[float]] = checked(None, _STEP_RANGE)
-    init_period_range: Optional[List[float]] = checked(None, _STEP_RANGE)
-
-
-# An algorithm's or a memory's own options: a section of policy named after it.
-ALGORITHM_OPTIONS = {"sac": SACConfig, "td3": TD3Config}
-MEMORY_OPTIONS = {"ffm": FFMConfig}
-
-
-@dataclass
-class PolicyConfig:
+class _Policy:  # PolicyConfig but its option sections
     separate: bool = checked(True, must(lambda v: v is True, "true (one memory shared by actor and critic is not "
                                         "supported; the POMDP track and the FFM paper use separate memories)"))
-    seq_model: str = checked("ffm", one_of(available()))
-    algo_name: str = checked("sac", one_of(ALGORITHM_OPTIONS))
+    seq_model: str = checked("ffm", one_of(available))  # (read when checked: a registry may grow)
+    algo_name: str = checked("sac", one_of(algos.ALGORITHMS))
     # 0 leaves that input out; the three sum to >= 1 (_check_together)
     action_embedding_size: int = checked(16, at_least(0))
     observ_embedding_size: int = checked(32, at_least(0))
@@ -128,15 +56,18 @@ class PolicyConfig:
     lr: float = checked(3e-4, above(0))
     gamma: float = checked(0.99, within(0, 1))
     tau: float = checked(0.005, must(lambda v: 0 < v <= 1, "in (0, 1]"))
-    sac: SACConfig = field(default_factory=SACConfig)
-    td3: TD3Config = field(default_factory=TD3Config)
-    ffm: FFMConfig = field(default_factory=FFMConfig)
 
     def seq_model_options(self) -> dict:
         if self.seq_model in MEMORY_OPTIONS:
             opts = dataclasses.asdict(getattr(self, self.seq_model))
             return {k: tuple(v) if isinstance(v, list) else v for k, v in opts.items()}
         return {"num_layers": self.rnn_num_layers} if "num_layers" in options(self.seq_model) else {}
+
+
+# The policy's fields, then each option section in the registries' order (sac, td3, ffm).
+PolicyConfig = dataclasses.make_dataclass("PolicyConfig", bases=(_Policy,), fields=[
+    (name, section, field(default_factory=section)) for name, section in SECTIONS.items()])
+PolicyConfig.__module__ = __name__  # (where pickle finds it)
 
 
 @dataclass
@@ -235,29 +166,27 @@ def check_rules(cfg, prefix: str = "") -> None:
             except (TypeError, ValueError):  # a value of another type, in an object built without OmegaConf
                 ok = False
             if not ok:
-                raise ValueError(f"{key}={value!r} {rule.says}")
+                raise ValueError(f"{key}={value!r} {rule.says() if callable(rule.says) else rule.says}")
 
 
 def _check_together(c: RunConfig) -> None:
-    p, f, t, e = c.policy, c.policy.ffm, c.train, c.eval
-    if f.max_period < f.min_period:
-        raise ValueError(f"policy.ffm.max_period={f.max_period!r} must be >= policy.ffm.min_period={f.min_period!r}")
-    if f.aggregator == "closed" and f.decay_horizon < MIN_CLOSED_DECAY_HORIZON:
-        raise ValueError(f"policy.ffm.decay_horizon={f.decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} "
-                         "with policy.ffm.aggregator=closed (a shorter one lets the decay underflow gamma, whose "
-                         "log the closed form takes); the other aggregators take any")
+    p, t, e = c.policy, c.train, c.eval
+    # An option section's rules: among its fields (check_together), whichever memory is chosen; with the policy's
+    # fields (check_chosen), where its memory is.
+    for name in SECTIONS:
+        if hasattr(section := getattr(p, name), "check_together"):
+            section.check_together(f"policy.{name}")
     if p.action_embedding_size + p.observ_embedding_size + p.reward_embedding_size < 1:
         raise ValueError("policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 "
                          "must be >= 1 (the memory needs an input)")
     if p.rnn_num_layers != 1 and "num_layers" not in options(p.seq_model):
         raise ValueError(f"policy.rnn_num_layers={p.rnn_num_layers} must be 1 with policy.seq_model={p.seq_model} "
                          f"(only {', '.join(m for m in available() if 'num_layers' in options(m))} stack layers)")
-    if p.seq_model == "ffm":
-        try:
-            ffm_sizes(p.rnn_hidden_size, f.context_size, f.memory_size)
-        except ValueError as err:
-            raise ValueError(f"policy.rnn_hidden_size={p.rnn_hidden_size} with policy.ffm.context_size="
-                             f"{f.context_size}, memory_size={f.memory_size}: {err}") from None
+    if p.seq_model in MEMORY_OPTIONS and hasattr(section := getattr(p, p.seq_model), "check_chosen"):
+        section.check_chosen(f"policy.{p.seq_model}", p)
+    elif p.seq_model not in MEMORY_OPTIONS and seq_models.get(p.seq_model).options_config is not None:
+        raise ValueError(f"policy.seq_model={p.seq_model} was registered after pomdp_ffm.config was imported: its "
+                         f"options have no section policy.{p.seq_model}; register it first")
     if _given(t.sampled_seq_len) and t.sampled_seq_len > t.buffer_size:
         raise ValueError(f"train.buffer_size={t.buffer_size} must be >= train.sampled_seq_len={t.sampled_seq_len}")
     if _given(c.env.env_name) and t.buffer_size < (steps := get_task(c.env.env_name).max_episode_steps):
@@ -326,7 +255,7 @@ def learning_settings(cfg: dict, like: dict | None = None) -> dict:
     full = _with_defaults(cfg)
     policy = (full if like is None else _with_defaults(like)).get("policy", {}) or {}
     chosen = (policy.get("algo_name"), policy.get("seq_model"))
-    unused = [f"policy.{k}." for k in (*ALGORITHM_OPTIONS, *MEMORY_OPTIONS) if k not in chosen]
+    unused = [f"policy.{k}." for k in SECTIONS if k not in chosen]
     return {k: v for k, v in flat_keys(full).items()
             if not any(k == m or k.startswith(m + ".") for m in MAY_DIFFER)
             and not any(k.startswith(u) for u in unused)}

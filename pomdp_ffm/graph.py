@@ -15,7 +15,7 @@ import torch
 
 from .agent import RecurrentAgent
 from .buffer import Batch
-from .seq_models.ffm import FFM, drop_gamma_caches
+from .seq_models import SeqModel, drop_caches
 from .update import Aligned, update
 
 WARMUP_UPDATES = 3  # eager updates on the side stream before the first capture (PyTorch's recipe uses 3)
@@ -44,9 +44,9 @@ def compile_errors_named():
 
 
 def guarded_capture(what: str, instead: str, modules, make: Callable):
-    """``make()`` (a capture) without cached gammas, which would be constants computed outside the graph; a failure
-    is a CaptureError."""
-    drop_gamma_caches(*modules)
+    """``make()`` (a capture) without the memories' acting caches (FFM's gamma), which would be constants computed
+    outside the graph; a failure is a CaptureError."""
+    drop_caches(*modules)
     try:
         return make()
     except Exception as e:
@@ -205,23 +205,24 @@ class CudaGraphs:
         torch.cuda.synchronize(self.device)
 
 
-def _one_context_column(agents: Sequence[RecurrentAgent]) -> bool:
-    return any(isinstance(m, FFM) and m.context_size == 1 for a in agents for m in a.modules())
+def _compile_failure(agents: Sequence[RecurrentAgent]) -> str | None:
+    memories = (m for a in agents for m in a.modules() if isinstance(m, SeqModel))
+    return next((why for m in memories if (why := m.compile_failure()) is not None), None)
 
 
 def compile_pays(agents: Sequence[RecurrentAgent]) -> bool:
-    """``train.compile=null``: where compiling was measured to pay (docs/benchmarks.md, "The compiled update"): FFM
-    on CUDA. Not on a CPU (slower than eager), nor for GRU/LSTM (dynamo unrolls cuDNN's kernel step by step)."""
+    """``train.compile=null``: where compiling was measured to pay (docs/benchmarks.md, "The compiled update"): on
+    CUDA, for memories that declare it (FFM). Not on a CPU (slower than eager), nor for GRU/LSTM (dynamo unrolls
+    cuDNN's kernel step by step)."""
     memories = {type(a.critic.encoder.memory) for a in agents}
-    return agents[0].device.type == "cuda" and memories == {FFM} and not _one_context_column(agents)
+    return (agents[0].device.type == "cuda" and all(m.compile_pays for m in memories)
+            and _compile_failure(agents) is None)
 
 
 def check_compilable(agents: Sequence[RecurrentAgent]) -> None:
     """A CompileError, before any update, where a compile is known to fail."""
-    if agents[0].device.type == "cuda" and _one_context_column(agents):
-        raise CompileError("train.compile=true with an FFM of one context column (policy.rnn_hidden_size below 64) "
-                           "fails in inductor on CUDA (torch 2.11); use policy.rnn_hidden_size >= 64 or "
-                           "train.compile=false")
+    if agents[0].device.type == "cuda" and (why := _compile_failure(agents)) is not None:
+        raise CompileError(f"train.compile=true with {why}")
 
 
 class UpdateRunner:

@@ -1,5 +1,6 @@
 """Every statistic progress.csv logs, declared once: name, the reference's column and, for an update's, how a burst
-reduces it; read by the update, the burst, the CSV header and analysis/constants.py."""
+reduces it. The update returns these names (each algorithm lists its own, algos.SAC.metrics); the burst, the CSV
+header and analysis/constants.py take everything else from here."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -13,7 +13,7 @@ from pomdp_ffm.algos import SAC
 from pomdp_ffm.update import Aligned, actor_loss, actor_step, critic_loss, critic_step, masked_mean
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
-from pomdp_ffm.seq_models import FFM
+from pomdp_ffm.seq_models import FFM, available
 from pomdp_ffm.seq_models.ffm import DECAY_MIN
 
 O, A, T, B = 5, 2, 12, 6
@@ -95,6 +95,15 @@ def test_actor_and_critic_memories_are_separate():
     assert make_agent("sac").actor_target is None  # SAC uses the current actor for next actions
 
 
+@pytest.mark.parametrize("model, layers, per_row", [("ffm", 1, 25856), ("gru", 1, 24576), ("gru", 2, 29696),
+                                                    ("lstm", 1, 25856), ("lstm", 2, 32256), ("mlp", 1, 20736)])
+def test_update_memory_estimate_per_memory(model, layers, per_row):
+    # Each memory's share comes from its class (SeqModel.activation_floats); the bytes per row are pinned as they
+    # were when the agent held a table of them.
+    cfg = PolicyConfig(seq_model=model, rnn_hidden_size=32, rnn_num_layers=layers)
+    assert RecurrentAgent(O, A, cfg).update_memory()[1] == per_row
+
+
 def test_reference_architecture_sizes():
     # docs/reference.md#actor, #critic, #heads-and-initialisation: actor head input H + obs_emb; critic shortcut
     # [o, a] -> rnn_input_size; twin heads
@@ -110,7 +119,7 @@ def test_reference_architecture_sizes():
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+@pytest.mark.parametrize("model", available())
 def test_one_update_changes_parameters_and_moves_targets(algo, model):
     agent = make_agent(algo, model)
     before = copy.deepcopy(agent.state_dict())
@@ -223,7 +232,7 @@ def test_the_host_read_guard_catches_what_it_should():
 
 @pytest.mark.parametrize("grad_norms", [False, True])
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+@pytest.mark.parametrize("model", available())
 def test_update_reads_no_device_value_on_the_host(algo, model, grad_norms):
     agent = make_agent(algo, model, td3=TD3Config(policy_delay=2))
     batch = tensor_batch(make_batch())

@@ -4,15 +4,15 @@ import math
 import pytest
 import torch
 
-from pomdp_ffm.seq_models import ABLATIONS, available, build
+from pomdp_ffm.seq_models import ABLATIONS, available, build, get
 from pomdp_ffm.seq_models.ffm import DECAY_MIN, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON, reference_decay_limit
 from pomdp_ffm.seq_models.recurrence import aggregate_closed, aggregate_loop, aggregate_scan
 
-MODELS = ["lstm", "gru", "ffm", "mlp"]
+MODELS = available()
 
 
 def test_registry_names_and_errors():
-    assert available() == MODELS
+    assert available() == ["lstm", "gru", "ffm", "mlp"]  # (the order errors list them in)
     with pytest.raises(ValueError, match=r"unknown seq model 'transformer'.*\['lstm', 'gru', 'ffm', 'mlp'\]"):
         build("transformer", input_size=4, hidden_size=32)
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['contex_size'\].*context_size"):
@@ -33,6 +33,27 @@ def test_shapes_and_state_round_trip(name, T):
     assert y3.shape == (T, 3, 64)
     with pytest.raises(ValueError, match=r"expects input of shape \[T, B, 5\]"):
         model(torch.randn(T, 3, 4))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_each_entry_declares_what_others_need(name):
+    cls = get(name)
+    assert cls.name == name and cls.label and cls.color.startswith("#")
+    model = build(name, input_size=5, hidden_size=64)
+    assert isinstance(model.activation_floats(), int) and model.activation_floats() >= 64
+    _, state = model(torch.randn(3, 2, 5))
+    copy = model.clone_state(state)
+    tensors, copies = model.state_tensors(state), model.state_tensors(copy)
+    assert len(tensors) == {"lstm": 2, "mlp": 0}.get(name, 1) == len(copies)
+    for t, c in zip(tensors, copies):
+        assert torch.equal(t, c) and t.data_ptr() != c.data_ptr()
+    assert model.compile_failure() is None
+
+
+def test_ffm_names_what_fails_to_compile():
+    assert build("ffm", input_size=5, hidden_size=32).compile_failure() == (
+        "an FFM of one context column (policy.rnn_hidden_size below 64) fails in inductor on CUDA (torch 2.11); use "
+        "policy.rnn_hidden_size >= 64 or train.compile=false")
 
 
 @pytest.mark.parametrize("name", MODELS)

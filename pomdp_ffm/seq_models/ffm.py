@@ -14,11 +14,14 @@ The aggregator's evaluation (loop, scan, closed) is pomdp_ffm/seq_models/recurre
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..rules import above, checked, must, one_of, within
 from .base import SeqModel, State
 from .recurrence import AGGREGATE, aggregate_closed
 
@@ -49,6 +52,18 @@ def reference_decay_limit(decay_horizon: int = 1024) -> float:
     return _F64_MAX_LOG / decay_horizon - 0.01
 
 
+# The timescales, written once: FFM's methods and analysis/decay.py's tables (numpy arrays) both call these.
+def trace_durability(alpha, beta: float = 0.01):
+    """t_alpha = ln(1/beta) / alpha: steps until a trace (|gamma| = exp(-alpha) a step) decays to ``beta`` of its
+    value; ``alpha`` a tensor or a numpy array."""
+    return math.log(1 / beta) / alpha
+
+
+def context_period(omega):
+    """t_omega = 2 pi / |omega|: the period in steps of a context column's rotation."""
+    return 2 * math.pi / abs(omega)
+
+
 def _bound_after_load(module: "FFM", _keys) -> None:
     module.bound_()  # load_state_dict wrote alpha: bound it in either mode, as the reference's next call would
 
@@ -67,12 +82,62 @@ def ffm_sizes(hidden_size: int, context_size: int | None = None, memory_size: in
     return m, c
 
 
+_SIZE_OR_NULL = must(lambda v: v is None or v >= 1, "null (derived from policy.rnn_hidden_size) or >= 1")
+_STEP_RANGE = must(lambda v: v is None or (len(v) == 2 and all(math.isfinite(x) for x in v) and 0 < v[0] <= v[1]),
+                   "null or [low, high] in steps with 0 < low <= high, both finite, e.g. [32,104]")
+
+
+@dataclass
+class FFMConfig:
+    """FFM's options, the config section policy.ffm (conf/seq_model/ffm.yaml); None sizes mean c = h // 32,
+    m = h // c."""
+
+    context_size: Optional[int] = checked(None, _SIZE_OR_NULL)
+    memory_size: Optional[int] = checked(None, _SIZE_OR_NULL)
+    max_period: float = 128  # >= min_period (check_together)
+    min_period: float = checked(1, above(0))
+    beta: float = checked(0.01, must(lambda v: 0 < v < 1, "in (0, 1) (the fraction a trace decays to)"))
+    # |gamma|^(-t) stays finite in float64 over this many steps (the reference's max_len); the closed chunk length.
+    decay_horizon: int = checked(1024, within(1, MAX_DECAY_HORIZON, " (steps)"))
+    decay_bound: bool = True
+    input_gate: bool = True
+    output_gate: bool = True
+    context: str = checked("learned", one_of(PARAM_MODES))
+    decay: str = checked("learned", one_of(PARAM_MODES))
+    # FFM's decay gamma = exp(-alpha) exp(i omega)^T ("outer", the paper) or one alpha, omega per entry ("hadamard")
+    decay_context_product: str = checked("outer", one_of(DECAY_CONTEXT_PRODUCTS))
+    aggregator: str = checked("auto", one_of(AGGREGATORS))
+    # Informed initialisation (the paper's decay figure): ranges of t_alpha and t_omega in steps.
+    init_trace_range: Optional[List[float]] = checked(None, _STEP_RANGE)
+    init_period_range: Optional[List[float]] = checked(None, _STEP_RANGE)
+
+    def check_together(self, key: str) -> None:
+        """The rules tying the section's fields (``key``: "policy.ffm"), checked whichever memory is chosen."""
+        if self.max_period < self.min_period:
+            raise ValueError(f"{key}.max_period={self.max_period!r} must be >= {key}.min_period={self.min_period!r}")
+        if self.aggregator == "closed" and self.decay_horizon < MIN_CLOSED_DECAY_HORIZON:
+            raise ValueError(f"{key}.decay_horizon={self.decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} "
+                             f"with {key}.aggregator=closed (a shorter one lets the decay underflow gamma, whose "
+                             "log the closed form takes); the other aggregators take any")
+
+    def check_chosen(self, key: str, policy) -> None:
+        """The rules tying the section to the policy's other fields, where FFM is policy.seq_model."""
+        try:
+            ffm_sizes(policy.rnn_hidden_size, self.context_size, self.memory_size)
+        except ValueError as err:
+            raise ValueError(f"policy.rnn_hidden_size={policy.rnn_hidden_size} with {key}.context_size="
+                             f"{self.context_size}, memory_size={self.memory_size}: {err}") from None
+
+
 class FFM(SeqModel):
     """Fast and Forgetful Memory as a drop-in for a GRU; the state is complex64 ``[B, memory_size, context_size]``.
     ``decay_horizon`` (the reference's ``max_len``) sets the bound ``decay_bound`` clamps alpha into. Every call must
     see alpha bounded: standalone, ``forward`` clamps an out-of-range value (a host read); owner-managed
     (``bounded_by_owner()``), the owner calls ``bound_()`` after each write; ``load_state_dict`` clamps in both
     (patches/014)."""
+    name, label, color, options_config = "ffm", "FFM", "#d55e00", FFMConfig
+    # On CUDA, compiled updates of FFM were measured faster than eager ones (docs/benchmarks.md)
+    compile_pays = True
 
     def __init__(self, input_size: int, hidden_size: int, context_size: int | None = None,
                  memory_size: int | None = None, max_period: float = 128, min_period: float = 1, beta: float = 0.01,
@@ -141,8 +206,19 @@ class FFM(SeqModel):
             self._gamma_cache = (key, self.gamma())
         return self._gamma_cache[1]
 
-    def drop_gamma_cache(self) -> None:
+    def drop_caches(self) -> None:
         self._gamma_cache = None
+
+    drop_gamma_cache = drop_caches  # (tests/test_cuda.py's name)
+
+    def activation_floats(self) -> int:
+        return 4 * self.hidden_size + 6 * self.memory_size * self.context_size  # gates, state, output
+
+    def compile_failure(self) -> str | None:
+        if self.context_size == 1:
+            return ("an FFM of one context column (policy.rnn_hidden_size below 64) fails in inductor on CUDA "
+                    "(torch 2.11); use policy.rnn_hidden_size >= 64 or train.compile=false")
+        return None
 
     def bounded_by_owner(self, owner: bool = True) -> "FFM":
         self._owner_bounds = owner
@@ -192,18 +268,12 @@ class FFM(SeqModel):
 
     def trace_durability(self, beta: float = 0.01) -> torch.Tensor:
         """t_alpha: steps until a trace decays to `beta` of its value, per memory row (inf without decay)."""
-        return (-math.log(beta) / self.alpha.detach()).cpu()
+        return trace_durability(self.alpha.detach(), beta).cpu()
 
     def context_periods(self) -> torch.Tensor:
         """t_omega: the period in steps of each context column (inf without context)."""
-        return (2 * math.pi / self.omega.detach().abs()).cpu()
+        return context_period(self.omega.detach()).cpu()
 
     def extra_repr(self) -> str:
         return (f"input_size={self.input_size}, hidden_size={self.hidden_size}, memory_size={self.memory_size}, "
                 f"context_size={self.context_size}, aggregator={self.aggregator}")
-
-
-def drop_gamma_caches(*modules: nn.Module) -> None:
-    """Forget every contained FFM's acting gamma, e.g. before a CUDA-graph capture or after a weight copy."""
-    for m in {m for module in modules for m in module.modules() if isinstance(m, FFM)}:
-        m.drop_gamma_cache()

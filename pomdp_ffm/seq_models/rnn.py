@@ -9,6 +9,7 @@ from .base import SeqModel, State
 
 class _TorchRNN(SeqModel):
     rnn_cls: type[nn.RNNBase]
+    activations: int  # floats an update saves per unit of width and layer (activation_floats)
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1):
         super().__init__()
@@ -29,18 +30,24 @@ class _TorchRNN(SeqModel):
         self._check_input(x)
         return self.rnn(x, state)
 
+    def activation_floats(self) -> int:
+        return self.activations * self.hidden_size * self.num_layers
+
 
 class GRU(_TorchRNN):
-    rnn_cls = nn.GRU
+    name, label, color = "gru", "GRU", "#0072b2"
+    rnn_cls, activations = nn.GRU, 8
 
 
 class LSTM(_TorchRNN):
-    rnn_cls = nn.LSTM
+    name, label, color = "lstm", "LSTM", "#009e73"
+    rnn_cls, activations = nn.LSTM, 10
 
 
 class MLP(SeqModel):
     """A memoryless Linear + ReLU per step, inside the recurrent agent and sequence buffer: not the reference's
     Markovian baseline (patches/012-mlp-is-not-the-markovian-baseline.md)."""
+    name, label, color = "mlp", "MLP", "#7f7f7f"
 
     def __init__(self, input_size: int, hidden_size: int):
         super().__init__()
@@ -53,3 +60,6 @@ class MLP(SeqModel):
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         self._check_input(x)
         return self.net(x), None
+
+    def activation_floats(self) -> int:
+        return 2 * self.hidden_size

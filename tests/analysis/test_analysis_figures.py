@@ -306,3 +306,19 @@ def test_cli_folder_without_runs_is_a_clear_error(tmp_path):
     res = _run_cli("lines", str(tmp_path / "empty"), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert res.returncode != 0
     assert "no usable runs" in res.stderr and "empty" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("product", ["outer", "hadamard"])
+def test_decay_tables_use_the_models_own_timescales(product):
+    # One formula, the model's (pomdp_ffm.seq_models.ffm): in float64 the analysis's numbers are the module's but for
+    # rounding (torch divides by multiplying with a reciprocal, numpy divides).
+    from pomdp_ffm.seq_models import build
+
+    ffm = build("ffm", input_size=4, hidden_size=128, decay_context_product=product).double()
+    with torch.no_grad():
+        ffm.omega[..., 0] = -ffm.omega[..., 1]  # (a negative frequency: its period is that of |omega|)
+    for beta in (0.01, 0.1, 0.9):
+        np.testing.assert_allclose(decay.timescales("alpha", ffm.alpha.detach().numpy().reshape(-1), beta),
+                                   ffm.trace_durability(beta).numpy().reshape(-1), rtol=1e-15, atol=0)
+    np.testing.assert_allclose(decay.timescales("omega", ffm.omega.detach().numpy().reshape(-1)),
+                               ffm.context_periods().numpy().reshape(-1), rtol=1e-15, atol=0)
