@@ -1,5 +1,6 @@
 """The run directory: the one place that knows its file names, its status, its lock and its checkpoints.
-``python -m pomdp_ffm.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy."""
+``python -m pomdp_ffm.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy (exit codes
+as a run's: 2 refused, nothing written; 74 a file cannot be written)."""
 from __future__ import annotations
 
 import argparse
@@ -51,9 +52,26 @@ def replace_file(target: Path, write: Callable[[Path], Any]) -> None:
     try:
         with writing(target):
             write(tmp)
+            # Without the syncs a machine crash (not only a killed process) may leave the new name on the old
+            # file's place with data never written: an empty or half checkpoint where a whole one was.
+            _fsync(tmp)
             os.replace(tmp, target)
+            _fsync(target.parent, folder=True)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync(path: Path, folder: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if folder else 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        # Some FUSE and network file systems cannot sync a folder: the rename is then as durable as they make it,
+        # which is no reason to stop a run. A file that cannot be synced may not be on the disk: Unwritable.
+        if not (folder and e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF)):
+            raise
+    finally:
+        os.close(fd)
 
 
 def replace_text(target: Path, text: str) -> None:
@@ -299,6 +317,15 @@ def set_aside(path: Path, label: str) -> Path:
     return aside
 
 
+def other_format(path: Path, state: dict) -> str | None:
+    """Why ``state`` (from ``path``) is not a checkpoint this version resumes, else None; its config copy (a start
+    checks config.yaml against it, restore-config writes it) is then not used either."""
+    if (fmt := state.get("format")) == CHECKPOINT_FORMAT and isinstance(state.get("config"), dict):
+        return None
+    return (f"{path} was written by another version of pomdp-ffm (format {fmt!r}, this one reads "
+            f"{CHECKPOINT_FORMAT})")
+
+
 def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
     """A checkpoint, loaded tensors-only (a downloaded tree of runs cannot run code); else CheckpointError."""
     import torch
@@ -345,25 +372,30 @@ def _describe(lock: Path | str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
+
+    from .exits import EXIT_OK, EXIT_REFUSED, EXIT_UNWRITABLE
     ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.rundir", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("restore-config", help="rewrite config.yaml from the resume checkpoint's copy").add_argument("dir")
     run = RunDir(ap.parse_args(argv).dir)
     try:
         state = load_checkpoint(run.checkpoint)
-        if (fmt := state.get("format")) != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
-            raise RunDirError(f"{run.checkpoint} was written by another version of pomdp-ffm (format {fmt!r}, this "
-                              f"one reads {CHECKPOINT_FORMAT}): its config copy is not used")
+        if (why := other_format(run.checkpoint, state)) is not None:
+            raise RunDirError(f"{why}: its config copy is not used")
         run.acquire()
         try:
             run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(state["config"])))
         finally:
             run.release()
+    # As a run's (train.py): a lost lock is a write that could not be made, the rest a refusal.
+    except (Unwritable, LockLost) as e:
+        print(f"error: {e}; {e.fix}, then rerun", file=sys.stderr)
+        return EXIT_UNWRITABLE
     except RunDirError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     print(f"{run.config}: restored from {run.checkpoint}")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

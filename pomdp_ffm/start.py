@@ -7,7 +7,7 @@ import logging
 import re
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from .agent import DoesNotFit
 from .config import RunConfig, as_read_now, check_known_keys, flat_keys, learning_settings, yaml_problem
 from .envs import get_task
-from .rundir import CHECKPOINT_FORMAT, CheckpointError, LockLost, RunDir, RunDirError, load_checkpoint, set_aside
+from .rundir import CheckpointError, LockLost, RunDir, RunDirError, load_checkpoint, other_format, set_aside
 from .trainer import Outcome, Trainer, TrainingDiverged, env_step_budget, resolve_device
 from .unwritable import Unwritable, writing
 
@@ -94,9 +94,8 @@ def _load_resume_checkpoint(run: RunDir) -> dict:
     except CheckpointError as e:
         raise RunDirError(f"{e}: it cannot be resumed. Delete it to start this run again from scratch, or "
                           "choose another run directory") from None
-    if (fmt := state.get("format")) != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
-        raise RunDirError(f"{run.checkpoint} was written by another version of pomdp-ffm (format {fmt!r}, this one "
-                          f"reads {CHECKPOINT_FORMAT}); resume it with that version, or delete it to start again")
+    if (why := other_format(run.checkpoint, state)) is not None:
+        raise RunDirError(f"{why}; resume it with that version, or delete it to start again")
     return state
 
 
@@ -111,7 +110,7 @@ def _load_finished_checkpoint(run: RunDir) -> dict | None:
         raise RunDirError(f"{e}, so {run.done} cannot be checked against it; if the run finished as {RunDir.DONE} "
                           f"says, delete the checkpoint (the run is then checked against {RunDir.CONFIG} alone), else "
                           f"delete {RunDir.DONE} and the checkpoint to train it again") from None
-    if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
+    if other_format(run.checkpoint, state) is not None:
         return None
     return state
 
@@ -313,13 +312,15 @@ class Attempt:
         if outcome.stopped:
             saved = "checkpoint saved" if self.trainer.cfg.checkpoint.save_buffer else \
                 "checkpoint saved without its replay buffer: it cannot be resumed"
+            log.info("stopped by signal %d at %d env steps, %d updates; %s", outcome.signal, c.env_steps, c.rl_steps,
+                     saved)
             self.run.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps ({saved})")
         else:
             if self.trainer.metrics.num_eval_rows == 0:
                 raise RuntimeError("the budget was reached without a single evaluation logged")
             self.run.write_text(self.run.done, f"env_steps={c.env_steps}\n")
             self.run.record_attempt(f"finished at {c.env_steps} env steps")
-        return {"skipped": False, "stopped": outcome.stopped, "signal": outcome.signal, **vars(c)}
+        return {"skipped": False, "stopped": outcome.stopped, "signal": outcome.signal, **asdict(c)}
 
     def abandon(self) -> None:
         """Undo a start that will not begin (another seed's was refused): it leaves nothing, not even its lock file."""

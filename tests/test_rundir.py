@@ -55,8 +55,8 @@ def read(run_dir: Path) -> pd.DataFrame:
 
 
 class StopAt600(Trainer):
-    def _iteration(self):
-        yield from super()._iteration()
+    def end_burst(self):
+        super().end_burst()
         if self.counters.env_steps >= 600:
             self.stop.request(signal.SIGTERM)
 
@@ -840,3 +840,31 @@ def test_a_seed_axis_job_is_as_good_as_its_worst_seed(finished, tmp_path, capsys
         assert line.startswith(f"    damaged   seed-{k}  {job / f'seed-{k}'}"), line
     assert combined_status(["done", "damaged: x", "running: locked by y", "new"]) == "damaged: x"
     assert combined_status(["done", "new"]) == "resumable" and combined_status(["done"] * 5) == "done"
+
+
+def test_a_write_reaches_the_disk_and_a_folder_that_cannot_sync_does_not_stop_it(tmp_path, monkeypatch):
+    import errno
+    import stat as stat_mod
+
+    from pomdp_ffm.rundir import replace_text
+    from pomdp_ffm.unwritable import Unwritable
+
+    real, synced = os.fsync, []
+
+    def fsync(fd, fail_files=False):
+        folder = stat_mod.S_ISDIR(os.fstat(fd).st_mode)
+        synced.append("folder" if folder else "file")
+        if folder:  # (as some FUSE and network file systems answer)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        if fail_files:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    replace_text(tmp_path / "a.txt", "whole")
+    assert (tmp_path / "a.txt").read_text() == "whole" and synced == ["file", "folder"]
+    monkeypatch.setattr(os, "fsync", lambda fd: fsync(fd, fail_files=True))
+    with pytest.raises(Unwritable) as e:
+        replace_text(tmp_path / "a.txt", "half")
+    assert str(e.value) == f"{tmp_path / 'a.txt'} cannot be written (Input/output error)"
+    assert (tmp_path / "a.txt").read_text() == "whole" and not list(tmp_path.glob(".*.tmp"))

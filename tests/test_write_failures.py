@@ -38,8 +38,8 @@ def last_attempt(run_dir: Path) -> str:
 
 
 class StopAfterFirstCheckpoint(Trainer):
-    def _iteration(self):
-        yield from super()._iteration()
+    def end_burst(self):
+        super().end_burst()
         if self.counters.env_steps >= 600:
             self.stop.request(15)
 
@@ -182,3 +182,33 @@ def test_a_log_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(
     handler.close()
     assert capsys.readouterr().err.splitlines() == [
         f"warning: {tmp_path / 'experiment.log'} cannot be written (No space left on device): records left out"]
+
+
+def test_restore_config_says_an_unwritable_file_or_a_refusal_in_one_line_with_its_exit_code(tmp_path, capsys):
+    from pomdp_ffm.exits import EXIT_REFUSED
+    from pomdp_ffm.rundir import CHECKPOINT_FORMAT, RunDir
+    from pomdp_ffm.rundir import main as rundir_main
+
+    run = RunDir(tmp_path / "run")
+    run.checkpoint.parent.mkdir(parents=True)
+    torch.save({"format": CHECKPOINT_FORMAT, "config": {"seed": 0}}, run.checkpoint)
+    run.config.mkdir()  # (as an immutable config.yaml would refuse its replacement)
+    # A real process: the exit code and stderr are what `python -m pomdp_ffm.rundir` gives, no traceback.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.rundir", "restore-config", str(run.path)], env=env,
+                          capture_output=True, text=True, timeout=HANG_S, check=False)
+    assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [(f"error: {run.config} cannot be written (Is a directory); "
+                                         "move away what is in its way, then rerun")]
+    assert temporaries(run.path) == [] and proc.stdout == ""
+
+    run.config.rmdir()
+    torch.save({"format": CHECKPOINT_FORMAT + 1, "config": {"seed": 0}}, run.checkpoint)
+    assert rundir_main(["restore-config", str(run.path)]) == EXIT_REFUSED
+    assert capsys.readouterr().err.splitlines() == [
+        (f"error: {run.checkpoint} was written by another version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}, "
+         f"this one reads {CHECKPOINT_FORMAT}): its config copy is not used")]
+    assert not run.config.exists()
+    run.checkpoint.unlink()
+    assert rundir_main(["restore-config", str(run.path)]) == EXIT_REFUSED
+    assert capsys.readouterr().err.splitlines() == [f"error: {run.checkpoint} does not exist"]
