@@ -2,10 +2,13 @@
 env copies, copy k from the RNG state the training env would have after k resets: the reference's episodes (a
 stochastic one stays sequential: a batch would draw its noise in another order). ``eval.workers`` steps the copies
 in worker processes; ``eval.during_updates`` plays with an actor copy during the next burst (patches/017)."""
+
 from __future__ import annotations
 
 import logging
 from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -13,9 +16,69 @@ import torch
 from .agent import ActorSnapshot, OffStreamActing
 from .config import RunConfig
 from .envs import EnvInWorker, make_env, worker_start_method
-from .rollout import AgentPolicy, EnvsStepping, Work, play_episodes
+from .rollout import AgentPolicy, Rollout
 
 log = logging.getLogger("pomdp_ffm")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """An evaluation's means over its episodes."""
+
+    ret: float
+    length: float
+    success: float
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """Where the run stood when an evaluation was due: its row's clocks."""
+
+    env_steps: int
+    rollouts: int
+    rl_steps: int
+    time: float
+
+
+class Evaluation:
+    """One evaluation's rollouts, each made (its envs reset) once the one before has ended: the deterministic
+    episodes, then with ``stochastic`` the stochastic ones. ``play`` plays them in turn; a seed axis steps several
+    seeds' at once through ``next`` and ``ended``."""
+
+    def __init__(self, evaluator: Evaluator, acting=None, on_copies: bool = False, stochastic: bool = False):
+        self.evaluator = evaluator
+        kinds = [True, False] if stochastic else [True]
+        self.parts = [(d, evaluator.rollouts(AgentPolicy(acting or evaluator.acting, d), on_copies)) for d in kinds]
+        self.played: list[list] = [[] for _ in kinds]
+        self.timers = [Counter() for _ in kinds]
+        self.part, self.made = 0, 0
+
+    def next(self) -> Rollout | None:
+        """The next rollout, started; None once all have been."""
+        while self.part < len(self.parts) and self.made == len(self.parts[self.part][1]):
+            self.part, self.made = self.part + 1, 0
+        if self.part == len(self.parts):
+            return None
+        self.made += 1
+        return self.parts[self.part][1][self.made - 1](self.timers[self.part])
+
+    def ended(self, rollout: Rollout) -> None:
+        self.played[self.part] += rollout.episodes()
+
+    def play(self) -> tuple[EvalResult, EvalResult | None]:
+        while (rollout := self.next()) is not None:
+            rollout.play()
+            self.ended(rollout)
+        return self.results()
+
+    def results(self) -> tuple[EvalResult, EvalResult | None]:
+        """The deterministic result, and the stochastic one or None; their time charged to the evaluator's timers."""
+        out = []
+        for eps, timers in zip(self.played, self.timers):
+            self.evaluator.charge(timers, eps)
+            out.append(EvalResult(*(float(np.mean([getattr(e, k) for e in eps])) for k in ("ret", "length",
+                                                                                                 "success"))))
+        return out[0], (out[1] if len(out) > 1 else None)
 
 
 class Evaluator:
@@ -24,8 +87,9 @@ class Evaluator:
     def __init__(self, cfg: RunConfig, env, acting, agent, timers: Counter):
         self.cfg, self.env, self.acting, self.agent, self.timers = cfg, env, acting, agent, timers
         self.envs: list = []
-        self.deferred: Work | None = None
-        self.deferred_at: dict = {}  # the clocks when the deferred evaluation was due
+        self.deferred: Evaluation | None = None
+        self.deferred_rollout: Rollout | None = None  # the deferred evaluation's rollout in play
+        self.deferred_at: Clocks | None = None  # the clocks when the deferred evaluation was due
         self.error: Exception | None = None  # raised by the deferred evaluation in a seed axis's joint round
         self.actor_copy: ActorSnapshot | OffStreamActing | None = None
         self.queued: deque = deque(maxlen=2)  # CUDA events of the latest updates
@@ -35,30 +99,23 @@ class Evaluator:
         if cfg.eval_in_workers():
             worker_start_method()  # one the workers cannot use is refused before any starts
 
-    def evaluations(self):
-        """A row's evaluations (yielding their acting steps): deterministic, and stochastic or None."""
-        deterministic = yield from self.play(deterministic=True)
-        stochastic = (yield from self.play(deterministic=False)) if self.cfg.eval.eval_stochastic else None
-        return deterministic, stochastic
+    def evaluation(self) -> Evaluation:
+        """The evaluation of a row: deterministic, and stochastic with eval.eval_stochastic."""
+        return Evaluation(self, stochastic=self.cfg.eval.eval_stochastic)
 
-    def play(self, deterministic: bool, acting=None, on_copies: bool = False):
-        """One evaluation (yielding its acting steps): (mean return, mean length, success rate). ``on_copies``:
-        on env copies even for one episode (a deferred evaluation, while the training env collects)."""
-        n, timers = self.cfg.env.num_eval_tasks, Counter()
-        policy = AgentPolicy(self.acting if acting is None else acting, deterministic)
-        if deterministic and self.cfg.eval.episodes_together and (n > 1 or on_copies):
-            eps = yield from self._together(policy, n, timers)
-        else:
-            eps = []
-            for _ in range(n):
-                eps += yield from play_episodes([self.env], policy, record=False, timers=timers)
-        # Its parts, not its wall time: in a seed axis an evaluation waits while the other seeds act and step.
-        self.timers["eval"] += timers["act"] + timers["env"]
-        self.timers.update({f"eval_{k}": v for k, v in timers.items()})
-        self.timers.update(n_eval_steps=sum(e.length for e in eps), n_evals=1)
-        return tuple(float(np.mean([getattr(e, k) for e in eps])) for k in ("ret", "length", "success"))
+    def play(self, deterministic: bool) -> EvalResult:
+        """One evaluation of one kind, played now."""
+        return Evaluation(self, stochastic=not deterministic).play()[0 if deterministic else 1]
 
-    def _together(self, policy: AgentPolicy, n: int, timers: Counter):
+    def rollouts(self, policy: AgentPolicy, on_copies: bool) -> list[Callable[[Counter], Rollout]]:
+        """The rollouts of one evaluation, each to be made when due. ``on_copies``: on env copies even for one
+        episode (a deferred evaluation, while the training env collects)."""
+        n = self.cfg.env.num_eval_tasks
+        if policy.deterministic and self.cfg.eval.episodes_together and (n > 1 or on_copies):
+            return [lambda timers: self._together(policy, n, timers)]
+        return [lambda timers: Rollout([self.env], policy, record=False, timers=timers)] * n
+
+    def _together(self, policy: AgentPolicy, n: int, timers: Counter) -> Rollout:
         while len(self.envs) < n:
             env = (EnvInWorker if self.cfg.eval.workers else make_env)(self.cfg.env.env_name)
             self.envs.append(env)  # closed with the evaluator, even if its first reset fails
@@ -74,64 +131,75 @@ class Evaluator:
                 self.env.set_rng_state(rng)
             return obs
 
-        return (yield from play_episodes(envs, policy, record=False, reset=reset, timers=timers))
+        return Rollout(envs, policy, record=False, reset=reset, timers=timers)
 
-    def defer(self, at: dict) -> None:
+    def charge(self, timers: Counter, episodes: list) -> None:
+        # Its parts, not its wall time: in a seed axis an evaluation waits while the other seeds act and step.
+        self.timers["eval"] += timers["act"] + timers["env"]
+        self.timers.update({f"eval_{k}": v for k, v in timers.items()})
+        self.timers.update(n_eval_steps=sum(e.length for e in episodes), n_evals=1)
+
+    def defer(self, at: Clocks) -> None:
         """Start the evaluation due now with a copy of the actor, its envs reset now (so the training env's RNG moves
         on before the next episode), and leave the rest to the next burst. ``at``: its row's clocks."""
         if self.actor_copy is None:
             copy = ActorSnapshot(self.agent)
             self.actor_copy = OffStreamActing(copy) if self.agent.device.type == "cuda" else copy
         self.actor_copy.take()
-        self.deferred, self.deferred_at = Work(self.play(True, self.actor_copy, on_copies=True)), at
+        self.deferred, self.deferred_at = Evaluation(self, self.actor_copy, on_copies=True), at
+        self.deferred_rollout = self.deferred.next()
 
     def between_updates(self, hold_errors: bool = False) -> None:
         """The deferred evaluation advanced as far as it costs the updates nothing. ``hold_errors`` (a seed axis's
         joint rounds) keeps its error for ``rest`` to raise in this seed's own turn."""
-        work = self.deferred
-        if work is None:
+        rollout = self.deferred_rollout
+        if rollout is None:
             return
         if self.agent.device.type == "cuda":
             self.queued.append(torch.cuda.Event())
             self.queued[-1].record(torch.cuda.current_stream(self.agent.device))
         try:
-            while work.item is not None and self._costs_nothing(work.item):
-                work.send(work.item.answer)
+            while not rollout.done and self.costs_nothing(rollout):
+                if rollout.sent is None:
+                    rollout.send(rollout.act())
+                else:
+                    rollout.receive()
         except Exception as e:
-            self.deferred = None  # its generator is dead
+            self.deferred = self.deferred_rollout = None  # its rollout is in no known state
             if not hold_errors:
                 raise
             self.error = e
 
-    def _costs_nothing(self, item) -> bool:
-        """Whether answering ``item`` now costs the updates nothing: its worker envs' steps are in, or the device is
-        busy anyway, or its envs would otherwise idle in their workers."""
-        if isinstance(item, EnvsStepping):
-            return item.ready()
+    def costs_nothing(self, rollout: Rollout) -> bool:
+        """Whether the rollout's next phase costs the updates nothing now: its worker envs' steps are in, or the
+        device is busy anyway, or its envs would otherwise idle in their workers."""
+        if rollout.sent is not None:
+            return rollout.ready()
         return self.device_busy() or self.cfg.eval.workers
 
     def device_busy(self) -> bool:
         """Whether the device still runs updates queued before the latest (not waited for; never on a CPU)."""
         return len(self.queued) == 2 and not self.queued[0].query()
 
-    def rest(self):
-        """The rest of the deferred evaluation (yielding its acting steps): (result, clocks when due), or None."""
+    def rest(self) -> tuple[EvalResult, Clocks] | None:
+        """The rest of the deferred evaluation, played now: its result and the clocks when it was due, or None."""
         if self.error is not None:
             e, self.error = self.error, None
             raise e
-        work, self.deferred = self.deferred, None
-        if work is None:
+        evaluation, rollout, self.deferred, self.deferred_rollout = self.deferred, self.deferred_rollout, None, None
+        if evaluation is None:
             return None
-        while work.item is not None:
-            answer = yield work.item
-            work.send(lambda: answer)
-        return work.result, self.deferred_at
+        while rollout is not None:
+            rollout.play()
+            evaluation.ended(rollout)
+            rollout = evaluation.next()
+        return evaluation.results()[0], self.deferred_at
 
     def close(self) -> None:
         if self.deferred is not None:
             log.warning("the evaluation due at env step %d was not finished: progress.csv has no row for it",
-                        self.deferred_at["env_steps"])
-            self.deferred = None
+                        self.deferred_at.env_steps)
+            self.deferred = self.deferred_rollout = None
         for env in self.envs:  # (an env in a worker never raises on close)
             env.close()
         self.envs = []

@@ -12,7 +12,7 @@ import torch
 from .acting_graph import ActingRunner
 from .graph import UpdateRunner
 from .metrics import summed
-from .trainer import Burst, Trainer, host_rng_state
+from .trainer import Trainer, host_rng_state
 
 
 class SeedRNG:
@@ -74,13 +74,14 @@ class JointBursts:
         self.make_runner = make_runner  # default: joint_runner, looked up when needed
         self._runners: dict[tuple[int, ...], UpdateRunner | None] = {}
 
-    def run(self, seeds: list[int], trainers: list[Trainer], bursts: list[Burst]) -> bool:
-        """Rounds until a burst is over or a policy delay parts the seeds; False without a joint runner."""
+    def run(self, seeds: list[int], trainers: list[Trainer]) -> bool:
+        """Rounds of the trainers' bursts in hand until one is over or a policy delay parts the seeds; False without
+        a joint runner."""
         if (key := tuple(seeds)) not in self._runners:  # their graphs are kept
             self._runners[key] = (self.make_runner or joint_runner)(trainers)
         if (runner := self._runners[key]) is None:
             return False
-        clock, S = time.perf_counter, len(trainers)
+        clock, S, bursts = time.perf_counter, len(trainers), [t.burst for t in trainers]
         for _ in range(min(b.n - b.done for b in bursts)):
             if len({t.agent.actor_step_due() for t in trainers}) > 1:
                 break  # a TD3 policy delay parts the seeds here: the caller realigns them
@@ -93,11 +94,11 @@ class JointBursts:
             grad_norms = any(last)
             stats = runner.update_all(batches, grad_norms=grad_norms)
             t_e = clock()
-            for t, b, st, at_last in zip(trainers, bursts, stats, last):
+            for t, st, at_last in zip(trainers, stats, last):
                 t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S, n_joint_updates=1)
                 if grad_norms and not at_last:
                     st = {k: v for k, v in st.items() if summed(k)}
-                t.record_update(b, st)
+                t.record_update(st)
             for t in trainers:  # a deferred evaluation's error is raised in its seed's own turn
                 t.evaluator.between_updates(hold_errors=True)
         return True

@@ -1,21 +1,24 @@
-"""The one rollout loop, collecting and evaluating: ``play_episodes`` plays one episode per env in lockstep, a generator
-handing each batched policy call (finished envs masked) to its caller as an ``ActRequest``: a seed axis gathers them."""
+"""The one rollout loop, collecting and evaluating. A ``Rollout`` plays one episode on each of its envs in lockstep:
+each step one batched policy call (finished envs masked), then one step of every env still running. ``play`` steps
+it to its end; a caller with other work steps it a phase at a time (``submit``/``send``/``receive``): a seed axis
+gathers its seeds' acting steps, a deferred evaluation plays between two updates."""
+
 from __future__ import annotations
 
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Generator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 
 @dataclass
 class Episode:
-    observs: np.ndarray       # [L, O]  o_t
-    actions: np.ndarray       # [L, A]  a_t as sent to the env (random ones in the native range)
-    rewards: np.ndarray       # [L]     r_t
-    terminals: np.ndarray     # [L]     1 where the env ended the episode itself (a time-out bootstraps)
+    observs: np.ndarray  # [L, O]  o_t
+    actions: np.ndarray  # [L, A]  a_t as sent to the env (random ones in the native range)
+    rewards: np.ndarray  # [L]     r_t
+    terminals: np.ndarray  # [L]     1 where the env ended the episode itself (a time-out bootstraps)
     next_observs: np.ndarray  # [L, O]  o_{t+1}
     ret: float
     length: int
@@ -59,145 +62,107 @@ class RandomPolicy:
         return actions, None
 
 
-@dataclass
-class ActRequest:
-    """One step's policy call of a rollout; whoever answers it charges the time to ``timers["act"]``."""
+class Rollout:
+    """One episode on each env, in lockstep. Its envs are reset on construction (``reset(i)``: env i's first
+    observation, called in order of i). ``record`` keeps the transitions; ``on_step(n)``: n env steps taken;
+    ``timers``: seconds acting (``act``) and in the envs (``env``)."""
 
-    policy: AgentPolicy | RandomPolicy
-    obs: np.ndarray
-    prev_action: np.ndarray
-    prev_reward: np.ndarray
-    state: object
-    active: np.ndarray
-    timers: Counter | None
+    def __init__(self, envs: Sequence, policy: AgentPolicy | RandomPolicy, record: bool,
+                 on_step: Callable[[int], None] | None = None, reset: Callable[[int], np.ndarray] | None = None,
+                 timers: Counter | None = None):
+        self.envs, self.policy, self.record, self.on_step = envs, policy, record, on_step
+        self.timers = timers if timers is not None else Counter()
+        n = len(envs)
+        t0 = time.perf_counter()
+        first = [reset(i) if reset is not None else envs[i].reset()[0] for i in range(n)]
+        self.obs = np.stack(first).astype(np.float32)
+        self.timers["env"] += time.perf_counter() - t0
+        self.prev_action = np.zeros((n, envs[0].action_space.shape[0]), np.float32)
+        self.prev_reward = np.zeros(n, np.float32)
+        self.state = policy.initial_state(n)
+        self.active = np.ones(n, bool)
+        self.transitions: list[list[tuple]] = [[] for _ in range(n)]
+        self.ret, self.length, self.success = np.zeros(n), np.zeros(n, int), np.zeros(n, bool)
+        self.sent: np.ndarray | None = None  # the actions the envs are stepping with, until received
 
-    def answer(self) -> tuple[np.ndarray, object]:
+    @property
+    def done(self) -> bool:
+        return not self.active.any()
+
+    def act(self) -> tuple[np.ndarray, object]:
+        """This step's policy call, computed now: (actions, the policy's next state)."""
         t0 = time.perf_counter()
         try:
             return self.policy(self.obs, self.prev_action, self.prev_reward, self.state, self.active)
         finally:
-            self._charge(t0)
-
-    @property
-    def by_agent(self) -> bool:  # not the initial pool's uniform draws: one a seed axis may gather
-        return isinstance(self.policy, AgentPolicy)
+            self.timers["act"] += time.perf_counter() - t0
 
     def submit(self) -> Callable[[], tuple[np.ndarray, object]]:
-        """The step started (``AgentPolicy.submit``); the function returned waits for it. Both are acting time."""
+        """This step's policy call started (``AgentPolicy.submit``); the function returned waits for it."""
         t0 = time.perf_counter()
         wait = self.policy.submit(self.obs, self.prev_action, self.prev_reward, self.state, self.active)
-        self._charge(t0)
+        self.timers["act"] += time.perf_counter() - t0
 
         def answer():
             t1 = time.perf_counter()
             try:
                 return wait()
             finally:
-                self._charge(t1)
+                self.timers["act"] += time.perf_counter() - t1
+
         return answer
 
-    def _charge(self, since: float) -> None:
-        if self.timers is not None:
-            self.timers["act"] += time.perf_counter() - since
+    def send(self, acted: tuple[np.ndarray, object]) -> None:
+        """The actions sent: envs in worker processes step from here, the others in ``receive``."""
+        t0 = time.perf_counter()
+        self.sent, self.state = acted
+        for i in np.flatnonzero(self.active):
+            self.envs[i].step_async(self.sent[i])
+        self.timers["env"] += time.perf_counter() - t0
 
+    def ready(self) -> bool:
+        """Whether ``receive`` would not wait on a worker."""
+        return all(self.envs[i].step_ready() for i in np.flatnonzero(self.active)
+                   if getattr(self.envs[i], "runs_elsewhere", False))
 
-class EnvsStepping:
-    """Yielded while envs in worker processes step, so that the caller may work meanwhile (other seeds', updates)."""
-
-    def __init__(self, envs: Sequence):
-        self.envs = envs
-
-    def answer(self) -> None:
-        return None
-
-    def submit(self) -> Callable[[], None]:  # nothing to start: the envs step in their workers
-        return self.answer
-
-    def ready(self) -> bool:  # whether resuming would not wait
-        return all(env.step_ready() for env in self.envs if getattr(env, "runs_elsewhere", False))
-
-
-class Work:
-    """Drives a generator of work items: each item's ``answer()`` sent back in, or the exception it raises thrown in
-    (a burst records how far it got). Suspended at ``item``; None once ended, with the return value in ``result``."""
-
-    def __init__(self, gen: Generator):
-        self.gen, self.item, self.result = gen, None, None
-        self.send(lambda: None)  # started: up to its first item
-
-    def send(self, answer: Callable[[], object]):
-        try:
-            try:
-                value = answer()
-            except BaseException as e:
-                self.item = self.gen.throw(e)
-            else:
-                self.item = self.gen.send(value)
-        except StopIteration as end:
-            self.item, self.result = None, end.value
-        return self.item
-
-    def throw(self, e: BaseException):
-        def answer():
-            raise e
-        return self.send(answer)
-
-    def run(self, until: Callable[[object], bool] | None = None):
-        """Answer each item up to the first for which ``until(item)`` (left unanswered); that item, or None."""
-        while self.item is not None and not (until is not None and until(self.item)):
-            self.send(self.item.answer)
-        return self.item
-
-
-def answered(gen: Generator):
-    work = Work(gen)
-    work.run()
-    return work.result
-
-
-def play_episodes(envs: Sequence, policy: AgentPolicy | RandomPolicy, record: bool,
-                  on_step: Callable[[int], None] | None = None, reset: Callable[[int], np.ndarray] | None = None,
-                  timers: Counter | None = None) -> Generator[ActRequest | EnvsStepping, tuple | None, list[Episode]]:
-    """One episode per env, each policy call yielded. ``record`` keeps the transitions; ``on_step(n)``: n env steps
-    taken; ``reset(i)``: env i's first observation, called in order of i; ``timers["env"]``: seconds in the envs."""
-    n = len(envs)
-    elsewhere = any(getattr(env, "runs_elsewhere", False) for env in envs)
-    clock = time.perf_counter
-    t0 = clock()
-    obs = np.stack([reset(i) if reset is not None else envs[i].reset()[0] for i in range(n)]).astype(np.float32)
-    t_env = clock() - t0
-    prev_action = np.zeros((n, envs[0].action_space.shape[0]), np.float32)
-    prev_reward = np.zeros(n, np.float32)
-    state = policy.initial_state(n)
-    active = np.ones(n, bool)
-    trans = [[] for _ in range(n)]
-    ret, length, success = np.zeros(n), np.zeros(n, int), np.zeros(n, bool)
-    while active.any():
-        actions, state = yield ActRequest(policy, obs, prev_action, prev_reward, state, active, timers)
-        t1 = clock()
-        stepping = np.flatnonzero(active)
-        for i in stepping:  # envs in workers step at once from here; the others in step_wait
-            envs[i].step_async(actions[i])
-        if elsewhere:
-            t_env += clock() - t1
-            yield EnvsStepping([envs[i] for i in stepping])
-            t1 = clock()
+    def receive(self) -> None:
+        """The envs' steps taken in."""
+        t0 = time.perf_counter()
+        actions, self.sent, stepping = self.sent, None, np.flatnonzero(self.active)
         for i in stepping:
-            next_obs, reward, terminated, truncated, info = envs[i].step_wait()
-            if record:
+            next_obs, reward, terminated, truncated, info = self.envs[i].step_wait()
+            if self.record:
                 # A time-out bootstraps, a fall does not (the reference's terminal flag for pomdp tasks).
-                trans[i].append((obs[i].copy(), actions[i].copy(), float(reward), terminated and not truncated,
-                                 next_obs))
-            ret[i] += float(reward)
-            length[i] += 1
-            success[i] |= bool(info.get("success", False))
-            obs[i], prev_action[i], prev_reward[i] = next_obs, actions[i], reward
+                self.transitions[i].append((self.obs[i].copy(), actions[i].copy(), float(reward),
+                                            terminated and not truncated, next_obs))
+            self.ret[i] += float(reward)
+            self.length[i] += 1
+            self.success[i] |= bool(info.get("success", False))
+            self.obs[i], self.prev_action[i], self.prev_reward[i] = next_obs, actions[i], reward
             if terminated or truncated:
-                active[i] = False
-        t_env += clock() - t1
-        if on_step is not None:
-            on_step(len(stepping))
-    if timers is not None:
-        timers["env"] += t_env
-    cols = [[np.asarray(x, np.float32) for x in (zip(*tr) if tr else ((),) * 5)] for tr in trans]  # observs, ...
-    return [Episode(*c, ret=float(r), length=int(k), success=bool(s)) for c, r, k, s in zip(cols, ret, length, success)]
+                self.active[i] = False
+        self.timers["env"] += time.perf_counter() - t0
+        if self.on_step is not None:
+            self.on_step(len(stepping))
+
+    def step(self) -> None:
+        """One step to its end, or the rest of the one sent."""
+        if self.sent is None:
+            self.send(self.act())
+        self.receive()
+
+    def episodes(self) -> list[Episode]:
+        """One per env (the transitions empty where not recorded)."""
+        cols = [[np.asarray(x, np.float32) for x in (zip(*tr) if tr else ((),) * 5)] for tr in self.transitions]
+        return [Episode(*c, ret=float(r), length=int(k), success=bool(s))
+                for c, r, k, s in zip(cols, self.ret, self.length, self.success)]
+
+    def play(self) -> list[Episode]:
+        while not self.done:
+            self.step()
+        return self.episodes()
+
+
+def play_episodes(envs: Sequence, policy: AgentPolicy | RandomPolicy, record: bool, **kw) -> list[Episode]:
+    """One episode per env, played to the end (``Rollout``'s keywords)."""
+    return Rollout(envs, policy, record, **kw).play()

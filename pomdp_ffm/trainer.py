@@ -1,6 +1,8 @@
 """The reference's training loop (its policies/learner.py; docs/reference.md#training-loop), owning env, buffer,
-agent and progress.csv: random pool -> [float ratio: a burst of updates] -> [collect an episode -> a burst of
-updates -> maybe evaluate, log, checkpoint]*."""
+agent and progress.csv. ``Trainer.train`` is the loop: units of work, each the initial pool's random episodes or an
+iteration's, then the burst of updates they call for, its row, and the evaluation when due (its row, a snapshot, a
+checkpoint). A seed axis (seeds.py) runs the same phases for several trainers at once."""
+
 from __future__ import annotations
 
 import logging
@@ -20,14 +22,15 @@ from tqdm import tqdm
 from .acting_graph import make_actor
 from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
+from .burst import Burst, BurstState
 from .config import DEVICE_PATTERN, RunConfig, TrainConfig
 from .envs import get_task, make_env
-from .evaluation import Evaluator
+from .evaluation import Clocks, EvalResult, Evaluation, Evaluator
 from .graph import make_updater
 from .logger import MetricsWriter
 from .metrics import (ENV_STEPS, EVAL_LENGTH, EVAL_RETURN, EVAL_SUCCESS, FPS, RL_STEPS, ROLLOUTS, STOCHASTIC,
-                      TIME_COST, burst_row, columns, summed)
-from .rollout import AgentPolicy, RandomPolicy, Work, answered, play_episodes
+                      TIME_COST, burst_row, columns)
+from .rollout import AgentPolicy, RandomPolicy, Rollout
 from .rundir import CHECKPOINT_FORMAT, RunDir
 from .signals import StopSignals
 
@@ -63,6 +66,7 @@ class StopRequested(Exception):
 @dataclass
 class Counters:
     """Where the run stands; saved whole in the checkpoint."""
+
     env_steps: int = 0
     rollouts: int = 0
     rl_steps: int = 0
@@ -71,7 +75,7 @@ class Counters:
     last_return: float = math.nan
     elapsed: float = 0.0  # wall seconds trained, over all attempts
     pool_done: bool = False
-    burst: dict | None = None  # the burst in hand (trainer.Burst's state): a checkpoint inside it resumes it
+    burst: BurstState | None = None
 
 
 @dataclass
@@ -81,57 +85,18 @@ class Outcome:
     counters: Counters = field(default_factory=Counters)
 
 
+@dataclass(frozen=True)
+class Due:
+    """An evaluation due after a burst, and what waits for it."""
+
+    snapshot: bool  # the reference's weights-only snapshot, named by the return
+    checkpoint: bool
+
+
 def env_step_budget(train: TrainConfig, max_len: int) -> tuple[int, int]:
     """(env steps per iteration of the eval clock, the run's env-step budget) (docs/reference.md#budgets)."""
     iter_len = train.num_rollouts_per_iter * max_len
     return iter_len, max_len * train.num_init_rollouts_pool + train.num_iters * iter_len
-
-
-class Burst:
-    """A burst of updates (counters.burst) summed on the device: ``add`` reads nothing on the host, ``close`` reads
-    the sums once into its state (for its row, or the checkpoint of a stop inside it)."""
-
-    def __init__(self, trainer, state: dict):
-        self.trainer, self.state = trainer, state
-        self.n, self.start = state["n"], state["done"]
-        dev = trainer.agent.device
-        # Float64 sums, as the reference's float sums; a count per key, as a TD3 policy delay skips actor steps.
-        self.sums = {k: torch.as_tensor(v, dtype=torch.float64, device=dev) for k, v in state["sums"].items()}
-        self.counts = state["counts"]
-        self.first_bad = torch.full((), -1, dtype=torch.int64, device=dev)
-        self.last: dict[str, torch.Tensor] = {}
-
-    @property
-    def done(self) -> int:
-        return self.state["done"]
-
-    def answer(self) -> None:
-        self.trainer.run_updates(self)
-
-    def add(self, stats: dict[str, torch.Tensor], update: int) -> None:
-        """Update number ``update``'s statistics summed and checked on the device, as one vector: each operation
-        here is a kernel launch outside the update's graph (53 for SAC's statistics one at a time, 13 so)."""
-        values = torch.stack(list(stats.values()))  # a copy: what the update returned may be overwritten
-        finite = torch.isfinite(values).all()
-        self.first_bad = torch.where((self.first_bad < 0) & ~finite, update, self.first_bad)
-        old, added = [], []
-        for k, v in zip(stats, values.double().unbind()):
-            if summed(k):
-                if k in self.sums:
-                    old.append(self.sums[k])
-                    added.append(v)
-                else:
-                    self.sums[k] = v
-                self.counts[k] = self.counts.get(k, 0) + 1
-        if old:
-            torch._foreach_add_(old, added)  # in place, the same float64 additions
-        self.last = dict(zip(stats, values.unbind()))
-        self.state["done"] += 1
-
-    def close(self) -> int:
-        """Read the sums into the burst's state; the update count at the first non-finite statistic, or -1."""
-        self.state["sums"] = {k: float(v) for k, v in self.sums.items()}
-        return int(self.first_bad)
 
 
 class Trainer:
@@ -164,7 +129,11 @@ class Trainer:
                              f"{pool_iters + 1}-{last_iters} that follow the initial pool on {cfg.env.env_name} "
                              f"(train.num_iters={t.num_iters}, train.num_init_rollouts_pool={t.num_init_rollouts_pool})"
                              ": no evaluation would ever be logged")
-        self.counters, self.metrics, self.bar, self._updates_per_s, self._closed = Counters(), None, None, 0.0, False
+        self.counters, self.metrics, self.bar, self._closed = Counters(), None, None, False
+        self.burst: Burst | None = None  # the burst in hand (counters.burst), unless it is empty
+        self.due: Due | None = None  # the evaluation due, between ``due_evaluation`` and ``evaluated``
+        self.unit_episodes = self.unit_steps = 0  # the episodes collected in the unit of work in hand
+        self._updates_per_s = 0.0
         # One env instance for training and evaluation, as in the reference.
         self.env = make_env(cfg.env.env_name, seed=cfg.seed)
         try:
@@ -184,9 +153,15 @@ class Trainer:
     def train(self, resume: dict | None = None) -> Outcome:
         """Train to the budget, or until a stop signal (then checkpoint). The run directory must be locked."""
         self.open(resume)
+        c = self.counters
         try:
-            while self.step():
-                pass
+            while c.burst is not None or c.env_steps < self.budget:
+                if c.burst is None:  # (else resumed inside a burst, its unit's episodes in the buffer)
+                    self.collect()  # the initial pool's random episodes, or an iteration's; its burst's size
+                self.run_updates()  # the burst, with no host read between its updates
+                self.end_burst()  # its row (after a deferred evaluation's)
+                if (evaluation := self.due_evaluation()) is not None:
+                    self.evaluated(*evaluation.play())  # its row; a snapshot, a checkpoint when due
         except StopRequested:
             return self.stopped()
         return self.finished()
@@ -202,71 +177,157 @@ class Trainer:
         self.bar = tqdm(total=self.budget, initial=self.counters.env_steps, unit="step", dynamic_ncols=True,
                         disable=not self.cfg.progress, mininterval=2.0, desc=self.cfg.env.env_name)
 
-    def step(self) -> bool:
-        """One unit of work, answered here; False once the budget is reached."""
-        Work(self.step_parts()).run()
-        return self.counters.env_steps < self.budget
+    # --- a unit of work: the initial pool, or an iteration ------------------------------------------------------
+    def collect(self) -> None:
+        """The next unit's episodes into the buffer, then the burst they call for."""
+        self.start_unit()
+        while (rollout := self.next_episode()) is not None:
+            rollout.play()
+            self.store(rollout)
+        self.start_burst()
 
-    def step_parts(self):
-        """One unit of work (the pool, a burst's rest after a stop, or an iteration): items for a caller to answer."""
-        c = self.counters
-        if not c.pool_done:
-            yield from self._initial_pool()
-        elif c.burst is not None:  # stopped inside an iteration's updates
-            yield from self._finish_iteration()
-        elif c.env_steps < self.budget:
+    def start_unit(self) -> None:
+        """A stop is taken before an iteration, never inside its episodes (a checkpoint holds no half episode)."""
+        if self.counters.pool_done:
             self.check_stop()
-            yield from self._iteration()
+        self.unit_episodes = self.unit_steps = 0
 
-    def _initial_pool(self):
-        t, c = self.cfg.train, self.counters
-        while c.env_steps < t.num_init_rollouts_pool * self.max_len:
-            yield from self._collect(random_actions=True)
-        # As the reference: a float ratio bursts int(steps x ratio) updates after the pool, an int count does not.
-        if isinstance(t.num_updates_per_iter, float):
-            if c.burst is None:
-                self._start_burst(int(c.env_steps * t.num_updates_per_iter))
-            yield from self._run_burst()
-        c.pool_done = True
+    def next_episode(self) -> Rollout | None:
+        """The unit's next episode, its env reset; None once the unit has them all: the reference's initial pool
+        of random actions up to its size in env steps, or an iteration's num_rollouts_per_iter by the agent."""
+        c, t = self.counters, self.cfg.train
+        if not c.pool_done:
+            if c.env_steps >= t.num_init_rollouts_pool * self.max_len:
+                return None
+            policy, timers = RandomPolicy([self.env]), Counter()  # the pool's apart: its acting is a uniform draw
+        elif self.unit_episodes < t.num_rollouts_per_iter:
+            policy, timers = AgentPolicy(self.acting, deterministic=False), self.timers
+        else:
+            return None
+        return Rollout([self.env], policy, record=True, on_step=self.bar.update if self.bar else None, timers=timers)
 
-    def _iteration(self):
-        steps = 0
-        for _ in range(self.cfg.train.num_rollouts_per_iter):
-            steps += yield from self._collect(random_actions=False)
+    def store(self, rollout: Rollout) -> None:
+        """An ended episode counted, and stored where the buffer can sample it."""
+        (ep,) = rollout.episodes()
+        pool = not self.counters.pool_done
+        if pool:
+            self.timers.update({f"pool_{k}": v for k, v in rollout.timers.items()})
+        self.timers["n_pool_steps" if pool else "n_steps"] += ep.length
+        if ep.length >= 2:
+            self.buffer.add_episode(ep)
+        else:
+            # Counted in env_steps like every step taken (patches/011-length-1-episodes.md).
+            log.warning("episode of length %d not stored (the sequence buffer needs >= 2 steps)", ep.length)
+        self.counters.env_steps += ep.length
+        self.counters.rollouts += 1
+        self.unit_episodes += 1
+        self.unit_steps += ep.length
+
+    def start_burst(self, n: int | None = None) -> None:
+        """The burst the unit's episodes call for (``n``: another size). As the reference: a float ratio bursts
+        int(steps x ratio) updates after the pool, an int count does not; an iteration's is ceil(its steps x ratio),
+        or the int count."""
         ratio = self.cfg.train.num_updates_per_iter
-        self._start_burst(ratio if isinstance(ratio, int) else math.ceil(steps * ratio))
-        yield from self._finish_iteration()
+        if n is None and not self.counters.pool_done:
+            n = int(self.counters.env_steps * ratio) if isinstance(ratio, float) else 0
+        elif n is None:
+            n = ratio if isinstance(ratio, int) else math.ceil(self.unit_steps * ratio)
+        self.counters.burst = BurstState(n)
+        self._hold_burst()
 
-    def _finish_iteration(self):
-        yield from self._run_burst()
+    def _hold_burst(self) -> None:
+        state = self.counters.burst
+        self.burst = Burst(state, self.agent.device) if state.n > 0 and len(self.buffer) > 0 else None
+
+    @property
+    def burst_over(self) -> bool:
+        return self.burst is None or self.burst.over
+
+    def run_updates(self, limit: int | None = None) -> None:
+        """The burst's remaining updates (at most ``limit``); gradient norms at its last. No host read between them:
+        a non-finite statistic is found once the burst ends or stops (patches/014-update-without-host-sync.md)."""
+        burst, clock, timers = self.burst, time.perf_counter, self.timers
+        if burst is None:
+            return
+        stop_at = burst.n if limit is None else min(burst.n, burst.done + limit)
+        while burst.done < stop_at:
+            self.check_stop()
+            t_s = clock()
+            batch = self.sample_batch()
+            t_u = clock()
+            stats = self.updater(batch, grad_norms=burst.done == burst.n - 1)
+            timers.update(sample=t_u - t_s, update=clock() - t_u)
+            self.record_update(stats)
+            self.evaluator.between_updates()
+
+    def record_update(self, stats: dict) -> None:
+        """An update run here or in a seed axis's joint round: counted, its statistics added to the burst."""
+        self.timers["n_updates"] += 1
+        self.counters.rl_steps += 1
+        self.burst.add(stats, self.counters.rl_steps)
+
+    def sample_batch(self):
+        return self.buffer.sample(self.cfg.train.batch_size)
+
+    def end_burst(self) -> None:
+        """The burst's row, after the row of an evaluation deferred into it (the order without the deferral)."""
+        burst, c = self.burst, self.counters
+        if burst is not None:
+            self._close_burst()
+        c.burst, self.burst = None, None
+        self.finish_deferred()
+        if burst is None:  # an empty burst writes no row
+            return
+        self.metrics.write(burst_row(burst.state.sums, burst.state.counts, burst.last), c.env_steps)
+        self._updates_per_s = (burst.done - burst.start) / max(time.time() - burst.t0, 1e-9)
+        self._show_status()
+
+    def _close_burst(self) -> None:
+        # The burst's one device read waits for the queued updates: update time too.
+        t_w = time.perf_counter()
+        first_bad = self.burst.close()
+        self.timers["update"] += time.perf_counter() - t_w
+        if first_bad >= 0:
+            self._diverged(first_bad, self.burst.last)
+
+    def due_evaluation(self) -> Evaluation | None:
+        """After a burst: the evaluation due now, to be played and handed to ``evaluated``; None at the end of the
+        pool, where none is due, or where it is deferred into the next burst (eval.during_updates)."""
         c, ev = self.counters, self.cfg.eval
+        if not c.pool_done:
+            c.pool_done = True
+            return None
         iters = c.env_steps // self.iter_len  # the reference's env-step clock
-        if iters != c.last_eval_iters and iters % ev.log_interval == 0:
-            c.last_eval_iters = iters
-            snapshot = ev.save_interval > 0 and c.env_steps > 0.75 * self.budget and iters % ev.save_interval == 0
-            checkpoint = iters % self.cfg.checkpoint.interval == 0
-            # Not deferred where something waits for it: a snapshot (named by the return), a checkpoint, the end.
-            if ev.during_updates and not (snapshot or checkpoint) and c.env_steps < self.budget:
-                self.evaluator.defer(self._clocks())
-                return
-            self.log_evaluation(*(yield from self.evaluator.evaluations()))
-            if snapshot:
-                self._snapshot(c.last_return)
-            if checkpoint:
-                self.save_checkpoint()
+        if iters == c.last_eval_iters or iters % ev.log_interval != 0:
+            return None
+        c.last_eval_iters = iters
+        snapshot = ev.save_interval > 0 and c.env_steps > 0.75 * self.budget and iters % ev.save_interval == 0
+        self.due = Due(snapshot, checkpoint=iters % self.cfg.checkpoint.interval == 0)
+        # Not deferred where something waits for it: a snapshot (named by the return), a checkpoint, the end.
+        if ev.during_updates and not (snapshot or self.due.checkpoint) and c.env_steps < self.budget:
+            self.evaluator.defer(self.clocks())
+            return None
+        return self.evaluator.evaluation()
+
+    def evaluated(self, deterministic: EvalResult, stochastic: EvalResult | None) -> None:
+        """The due evaluation's row, then the snapshot and checkpoint waiting for it."""
+        due, self.due = self.due, None
+        self.log_evaluation(deterministic, stochastic)
+        if due.snapshot:
+            self._snapshot(self.counters.last_return)
+        if due.checkpoint:
+            self.save_checkpoint()
 
     def stopped(self) -> Outcome:
         c = self.counters
-        self.save_checkpoint()
-        saved = "checkpoint saved" if self.cfg.checkpoint.save_buffer else \
-            "checkpoint saved without its replay buffer (checkpoint.save_buffer=false): the run cannot be resumed"
-        log.info("stopped by signal %d at %d env steps, %d updates; %s", self.stop.requested, c.env_steps,
-                 c.rl_steps, saved)
+        if self.burst is not None:
+            self._close_burst()  # its sums into the checkpoint; a non-finite one fails the run instead
+        self.save_checkpoint()  # (what the stop leaves is said once, by whoever started the run: start.Attempt.end)
         return Outcome(stopped=True, signal=self.stop.requested, counters=c)
 
     def finished(self) -> Outcome:
         c = self.counters
-        answered(self._finish_deferred())
+        self.finish_deferred()
         self._snapshot(c.last_return)
         self.save_checkpoint()
         log.info("finished: %d env steps, %d updates, last eval return %.2f", c.env_steps, c.rl_steps, c.last_return)
@@ -289,76 +350,6 @@ class Trainer:
         finally:
             self.env.close()
 
-    def _collect(self, random_actions: bool):
-        """One episode into the buffer; its length."""
-        policy = RandomPolicy([self.env]) if random_actions else AgentPolicy(self.acting, deterministic=False)
-        timers = Counter() if random_actions else self.timers  # the pool's apart: its acting is a uniform draw
-        (ep,) = yield from play_episodes([self.env], policy, record=True,
-                                         on_step=self.bar.update if self.bar else None, timers=timers)
-        if random_actions:
-            self.timers.update({f"pool_{k}": v for k, v in timers.items()})
-        self.timers["n_pool_steps" if random_actions else "n_steps"] += ep.length
-        if ep.length >= 2:
-            self.buffer.add_episode(ep)
-        else:
-            # Counted in env_steps like every step taken (patches/011-length-1-episodes.md).
-            log.warning("episode of length %d not stored (the sequence buffer needs >= 2 steps)", ep.length)
-        self.counters.env_steps += ep.length
-        self.counters.rollouts += 1
-        return ep.length
-
-    def _start_burst(self, n: int) -> None:
-        self.counters.burst = {"n": n, "done": 0, "sums": {}, "counts": {}}
-
-    def _run_burst(self):
-        """The burst in hand, yielded for its updates to be run, then logged. No host sync between its updates: a
-        non-finite statistic is found once the burst ends or stops (patches/014-update-without-host-sync.md)."""
-        c = self.counters
-        if c.burst["n"] <= 0 or len(self.buffer) == 0:
-            c.burst = None
-            yield from self._finish_deferred()
-            return
-        burst = Burst(self, c.burst)
-        t0 = time.time()
-        try:
-            yield burst
-        finally:
-            # The burst's one device read waits for the queued updates: update time too.
-            t_w = time.perf_counter()
-            first_bad = burst.close()
-            self.timers["update"] += time.perf_counter() - t_w
-            if first_bad >= 0:
-                self._diverged(first_bad, burst.last)
-        c.burst = None
-        # A deferred evaluation's row comes before this burst's, as it would have without the deferral.
-        yield from self._finish_deferred()
-        self.metrics.write(burst_row(burst.state["sums"], burst.counts, burst.last), c.env_steps)
-        self._updates_per_s = (burst.done - burst.start) / max(time.time() - t0, 1e-9)
-        self._show_status()
-
-    def run_updates(self, burst: Burst, limit: int | None = None) -> None:
-        """The burst's remaining updates (at most ``limit``); gradient norms at its last."""
-        clock, timers, n = time.perf_counter, self.timers, burst.n
-        stop_at = n if limit is None else min(n, burst.done + limit)
-        while burst.done < stop_at:
-            self.check_stop()
-            t_s = clock()
-            batch = self.sample_batch()
-            t_u = clock()
-            stats = self.updater(batch, grad_norms=burst.done == n - 1)
-            timers.update(sample=t_u - t_s, update=clock() - t_u)
-            self.record_update(burst, stats)
-            self.evaluator.between_updates()
-
-    def record_update(self, burst: Burst, stats: dict) -> None:
-        """An update run here or in a seed axis's joint round: counted, its statistics added to the burst."""
-        self.timers["n_updates"] += 1
-        self.counters.rl_steps += 1
-        burst.add(stats, self.counters.rl_steps)
-
-    def sample_batch(self):
-        return self.buffer.sample(self.cfg.train.batch_size)
-
     def _diverged(self, first_bad: int, last: dict) -> None:
         c = self.counters
         path = self.save_checkpoint(self.run / RunDir.DIVERGED)
@@ -368,32 +359,33 @@ class Trainer:
         log.error(msg)
         raise TrainingDiverged(msg)
 
-    def log_evaluation(self, deterministic: tuple[float, float, float],
-                       stochastic: tuple[float, float, float] | None = None, at: dict | None = None) -> float:
+    def log_evaluation(self, deterministic: EvalResult, stochastic: EvalResult | None = None,
+                       at: Clocks | None = None) -> float:
         """Log the evaluation row; the deterministic mean return. ``at``: the clocks when it was due (default now)."""
-        (ret, length, success), c, at = deterministic, self.counters, at or self._clocks()
-        now = at["time"]
-        row = {ENV_STEPS: at["env_steps"], ROLLOUTS: at["rollouts"], RL_STEPS: at["rl_steps"], EVAL_LENGTH: length,
-               EVAL_RETURN: ret, EVAL_SUCCESS: success}
+        c, at = self.counters, at or self.clocks()
+        row = {ENV_STEPS: at.env_steps, ROLLOUTS: at.rollouts, RL_STEPS: at.rl_steps, EVAL_LENGTH: deterministic.length,
+               EVAL_RETURN: deterministic.ret, EVAL_SUCCESS: deterministic.success}
         if stochastic is not None:
-            row.update(zip((STOCHASTIC[k] for k in (EVAL_RETURN, EVAL_LENGTH, EVAL_SUCCESS)), stochastic))
-        row[TIME_COST] = int(now - self._t0)
-        row[FPS] = (at["env_steps"] - c.last_eval_env_steps) / max(now - self._last_eval_time, 1e-9)
-        self._last_eval_time, c.last_eval_env_steps = now, at["env_steps"]
-        self.metrics.write(row, at["env_steps"])
-        c.last_return = ret
+            row[STOCHASTIC[EVAL_RETURN]] = stochastic.ret
+            row[STOCHASTIC[EVAL_LENGTH]] = stochastic.length
+            row[STOCHASTIC[EVAL_SUCCESS]] = stochastic.success
+        row[TIME_COST] = int(at.time - self._t0)
+        row[FPS] = (at.env_steps - c.last_eval_env_steps) / max(at.time - self._last_eval_time, 1e-9)
+        self._last_eval_time, c.last_eval_env_steps = at.time, at.env_steps
+        self.metrics.write(row, at.env_steps)
+        c.last_return = deterministic.ret
         self._show_status()
-        log.info("env steps %d  updates %d  eval return %.2f  length %.1f", at["env_steps"], at["rl_steps"], ret,
-                 length)
-        return ret
+        log.info("env steps %d  updates %d  eval return %.2f  length %.1f", at.env_steps, at.rl_steps,
+                 deterministic.ret, deterministic.length)
+        return deterministic.ret
 
-    def _clocks(self) -> dict:
+    def clocks(self) -> Clocks:
         c = self.counters
-        return {"env_steps": c.env_steps, "rollouts": c.rollouts, "rl_steps": c.rl_steps, "time": time.time()}
+        return Clocks(c.env_steps, c.rollouts, c.rl_steps, time.time())
 
-    def _finish_deferred(self):
-        """The rest of the deferred evaluation (its acting steps yielded), then its row."""
-        done = yield from self.evaluator.rest()
+    def finish_deferred(self) -> None:
+        """The rest of the deferred evaluation played, then its row."""
+        done = self.evaluator.rest()
         if done is not None:
             self.log_evaluation(done[0], None, done[1])
 
@@ -409,7 +401,7 @@ class Trainer:
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
         """Tensors and plain containers only, for ``rundir.load_checkpoint`` to read tensors-only."""
-        answered(self._finish_deferred())  # played and logged now: the checkpoint holds the rows
+        self.finish_deferred()  # played and logged now: the checkpoint holds the rows
         self.counters.elapsed = time.time() - self._t0
         (kind, keys, pos, has_gauss, cached), py_state = self.host_rng()
         np_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
@@ -427,7 +419,9 @@ class Trainer:
         """A checkpoint that start.plan() accepted."""
         self.agent.load_training_state(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
-        self.counters = Counters(**state["counters"])
+        self.counters = Counters(**{**state["counters"], "burst": BurstState.restored(state["counters"]["burst"])})
+        if self.counters.burst is not None:
+            self._hold_burst()
         self.config_copy = state["config"]
         rng, n = state["rng"], state["rng"]["numpy"]
         torch.set_rng_state(rng["torch"].cpu())

@@ -600,8 +600,8 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
     monkeypatch.setattr(joint_mod, "joint_runner", lambda ts: made.append(joint_runner(ts)) or made[-1])
 
     class StopOnSeed1(Trainer):
-        def _iteration(self):
-            yield from super()._iteration()
+        def end_burst(self):
+            super().end_burst()
             if self.cfg.seed == 1 and self.counters.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
 
@@ -623,13 +623,13 @@ def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tm
     # The seeds act through graph replays, so their acting steps are gathered; each still draws from its own
     # stream, so the logs are those of the same axis with each seed acting in its own turn.
     from pomdp_ffm import seeds as seeds_mod
-    from pomdp_ffm.rollout import ActRequest
+    from pomdp_ffm.rollout import Rollout
 
     overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=gru", "device=cuda", "train.num_iters=4",
                  "env.num_eval_tasks=3", "seeds=[0,1,2]")
     submitted = []
-    submit = ActRequest.submit
-    monkeypatch.setattr(ActRequest, "submit", lambda self: submitted.append(1) or submit(self))
+    submit = Rollout.submit
+    monkeypatch.setattr(Rollout, "submit", lambda self: submitted.append(1) or submit(self))
     train(composed(*overrides), tmp_path / "gathered" / "seed-0")
     assert submitted
     monkeypatch.setattr(seeds_mod.JointActs, "applies", lambda self, trainers: False)

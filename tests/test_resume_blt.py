@@ -37,12 +37,12 @@ def stopping_trainer(plan: Plan):
     class Stopping(Trainer):
         def check_stop(self):
             c = self.counters
-            if c.pool_done and c.burst is None and self.plan_at("iteration start"):  # step_parts' check
+            if c.pool_done and c.burst is None and self.plan_at("iteration start"):  # start_unit's check
                 self.stop.request(15)
             super().check_stop()
 
-        def record_update(self, burst, stats):
-            super().record_update(burst, stats)
+        def record_update(self, stats):
+            super().record_update(stats)
             if self.plan_at("update"):
                 self.stop.request(10)  # taken before the burst's next update
 
@@ -76,8 +76,8 @@ def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupt
     want = read(full)
     in_pool_burst = ("update", lambda t: not t.counters.pool_done and t.counters.rl_steps == 10)
     # an iteration's burst of several updates, after its first
-    mid_burst = ("update", lambda t: t.counters.pool_done and t.counters.burst["n"] >= 2
-                 and t.counters.burst["done"] == 1 and t.counters.rl_steps > 60)
+    mid_burst = ("update", lambda t: t.counters.pool_done and t.counters.burst.n >= 2
+                 and t.counters.burst.done == 1 and t.counters.rl_steps > 60)
     at_start = ("iteration start", lambda t: t.counters.env_steps >= 1500)  # some iterations after the resume
     after_evaluation = ("evaluation", lambda t: t.counters.env_steps >= 2000)
     kill = ("kill after evaluation", lambda t: t.counters.env_steps >= 3000)

@@ -11,7 +11,6 @@ import torch
 from pomdp_ffm.algos import SAC
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS, columns
 from pomdp_ffm import evaluation as evaluation_module
-from pomdp_ffm.rollout import answered
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer, TrainingDiverged
 from hang import HANG_S
@@ -22,9 +21,12 @@ def train(cfg, run_dir, trainer_cls=Trainer):
     return run(cfg, run_dir, trainer_cls=trainer_cls)
 
 
-def collect(trainer, random_actions=True):
-    """One episode into the trainer's buffer (its loop's own collection, its acting steps answered at once)."""
-    return answered(trainer._collect(random_actions))
+def collect(trainer):
+    """One episode of the trainer's next unit (the initial pool's) into its buffer, as its loop collects; its length."""
+    rollout = trainer.next_episode()
+    rollout.play()
+    trainer.store(rollout)
+    return rollout.episodes()[0].length
 
 
 def read(run_dir):
@@ -77,8 +79,8 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     train(composed(*overrides), tmp_path / "full")
 
     class Interrupt(Trainer):
-        def _iteration(self):
-            yield from super()._iteration()
+        def end_burst(self):
+            super().end_burst()
             if self.counters.env_steps >= 600:
                 self.stop.request(15)  # what SIGTERM does
 
@@ -106,10 +108,10 @@ def test_envs_in_workers_train_and_resume_as_envs_here(composed, tmp_path, task)
     class Interrupt(Trainer):
         iterations = 0
 
-        def _iteration(self):
-            yield from super()._iteration()
+        def end_burst(self):
+            super().end_burst()
             Interrupt.iterations += 1
-            if Interrupt.iterations == 2:
+            if Interrupt.iterations == 3:  # the pool's burst, then two iterations'
                 self.stop.request(15)
 
     assert train(composed(*overrides, *workers), tmp_path / "there", Interrupt)["stopped"]
@@ -169,10 +171,10 @@ def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg
     # and summed as one vector (13 operators for SAC's nine statistics where one at a time took 53), to the same
     # float64 sums as one at a time, and a non-finite one is still found at its update.
     from pomdp_ffm.bench.common import DispatchedOps
-    from pomdp_ffm.trainer import Burst
     from pomdp_ffm.metrics import GRAD_NORMS, UPDATE
 
     t = Trainer(run_cfg(), tmp_path / "t")
+    collect(t)  # (a burst needs something to sample)
     ops = {}
     summed = [name for name in UPDATE if name not in GRAD_NORMS]
     for n_stats in (2, 5):
@@ -181,18 +183,18 @@ def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg
         stats[2]["q_grad_norm"] = torch.tensor(5.0)  # logged as the last value, not summed
         if bad_at is not None:
             stats[bad_at]["qf2_loss"] = torch.tensor(math.inf)
-        burst = Burst(t, {"n": 3, "done": 0, "sums": {}, "counts": {}})
-        start = t.counters.rl_steps
+        t.start_burst(3)
+        burst, start = t.burst, t.counters.rl_steps
         for j, st in enumerate(stats):
             with DispatchedOps() as counted:
-                t.record_update(burst, st)
+                t.record_update(st)
             ops[n_stats, j] = counted.total
         assert t.counters.rl_steps == start + 3
         assert burst.close() == (-1 if bad_at is None else start + bad_at + 1)
         as64 = lambda x: float(x.double())
         want = {k: (as64(stats[0][k]) + as64(stats[1][k])) + as64(stats[2][k]) for k in stats[0]}
-        assert burst.state["sums"] == pytest.approx(want, rel=0, abs=0, nan_ok=True)
-        assert burst.counts == {k: 3 for k in stats[0]} and float(burst.last["q_grad_norm"]) == 5.0
+        assert burst.state.sums == pytest.approx(want, rel=0, abs=0, nan_ok=True)
+        assert burst.state.counts == {k: 3 for k in stats[0]} and float(burst.last["q_grad_norm"]) == 5.0
     assert ops[2, 1] == ops[5, 1] <= 13
     t.close()
 
@@ -289,8 +291,8 @@ def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path,
         trainer = Trainer(run_cfg(f"env={task}", f"seq_model={seq_model}", "env.num_eval_tasks=4", *settings),
                           tmp_path / way)
         collect(trainer)  # the training env mid-stream, as at a real evaluation
-        ret, length, _ = answered(trainer.evaluator.play(deterministic=True))
-        results[way] = (ret, length, trainer.env.rng_state(), trainer.timers["n_eval_steps"])
+        result = trainer.evaluator.play(deterministic=True)
+        results[way] = (result.ret, result.length, trainer.env.rng_state(), trainer.timers["n_eval_steps"])
         if way == "workers":
             assert {type(e).__name__ for e in trainer.evaluator.envs} == {"EnvInWorker"}
         trainer.close()
@@ -342,19 +344,19 @@ class Spread:
 
     def __init__(self, monkeypatch):
         self.calls, self.between = 0, 0
-        spread, costs_nothing = self, evaluation_module.Evaluator._costs_nothing
+        spread, costs_nothing = self, evaluation_module.Evaluator.costs_nothing
 
         def busy(evaluator):
             spread.calls += 1
             return spread.calls % 2 == 1
 
-        def counted(evaluator, item):
-            played = costs_nothing(evaluator, item)  # then answered at once
+        def counted(evaluator, rollout):
+            played = costs_nothing(evaluator, rollout)  # then played at once
             spread.between += played
             return played
 
         monkeypatch.setattr(evaluation_module.Evaluator, "device_busy", busy)
-        monkeypatch.setattr(evaluation_module.Evaluator, "_costs_nothing", counted)
+        monkeypatch.setattr(evaluation_module.Evaluator, "costs_nothing", counted)
 
 
 def after_defer(trainer, then) -> None:
@@ -415,9 +417,9 @@ def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(
     calls = [0]
 
     class StopMidBurst(Trainer):
-        def run_updates(self, burst):
+        def run_updates(self, limit=None):
             if self.evaluator.deferred is None:
-                return super().run_updates(burst)
+                return super().run_updates(limit)
             update = self.updater  # the burst that plays a deferred evaluation: stopped after its third update
 
             def counted(*a, **kw):
@@ -428,7 +430,7 @@ def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(
 
             self.updater = counted
             try:
-                super().run_updates(burst)
+                super().run_updates(limit)
             finally:
                 self.updater = update
 

@@ -9,9 +9,9 @@ import gymnasium
 import numpy as np
 
 from ..envs import EnvInWorker, make_env
-from ..rollout import AgentPolicy, RandomPolicy, answered, play_episodes
+from ..rollout import AgentPolicy, RandomPolicy, play_episodes
 from ..rundir import RunDir
-from ..trainer import Burst, Trainer
+from ..trainer import Trainer
 from .common import Row, interleaved_medians
 from .loop import compose_run
 
@@ -38,9 +38,9 @@ def run(overrides: list[str], repeats: int, device: str, threads: int | None) ->
     workers = [EnvInWorker(task, seed=i) for i in range(n)]
     sync, asyn = (v([lambda: make_env(task) for _ in range(n)]) for v in (gymnasium.vector.SyncVectorEnv,
                                                                          gymnasium.vector.AsyncVectorEnv))
-    fns = {"one-after-another": lambda: [answered(play_episodes([single], policy, record=False)) for _ in range(n)],
-           "together": lambda: answered(play_episodes(envs, policy, record=False)),
-           "workers": lambda: answered(play_episodes(workers, policy, record=False)),
+    fns = {"one-after-another": lambda: [play_episodes([single], policy, record=False) for _ in range(n)],
+           "together": lambda: play_episodes(envs, policy, record=False),
+           "workers": lambda: play_episodes(workers, policy, record=False),
            "sync-vector": lambda: _vector_episodes(sync, policy, n),
            "async-vector": lambda: _vector_episodes(asyn, policy, n)}
     try:
@@ -57,20 +57,20 @@ def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, t
     trainer = Trainer(cfg, RunDir(tempfile.gettempdir()))
     env, evaluator, steps = trainer.env, trainer.evaluator, 0
     while steps < trainer.max_len:  # at least one full episode's worth of windows, from random actions
-        (ep,) = answered(play_episodes([env], RandomPolicy([env]), record=True))
+        (ep,) = play_episodes([env], RandomPolicy([env]), record=True)
         if ep.length >= 2:
             trainer.buffer.add_episode(ep)
         steps += ep.length
 
     def burst() -> None:
-        b = Burst(trainer, {"n": updates, "done": 0, "sums": {}, "counts": {}})
-        trainer.run_updates(b)
-        b.close()
+        trainer.start_burst(updates)
+        trainer.run_updates()
+        trainer.burst.close()
 
     def evaluation(meanwhile=lambda: None) -> None:  # as "during" plays it: the actor's copy, taken now
-        evaluator.defer({"env_steps": 0})
+        evaluator.defer(trainer.clocks())
         meanwhile()
-        answered(evaluator.rest())
+        evaluator.rest()
 
     evaluation()  # builds the actor's copy and its acting
     fns = {"updates": burst, "evaluation": evaluation, "after": lambda: (burst(), evaluation()),
