@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pomdp_ffm.exits import EXIT_UNWRITABLE
+from pomdp_ffm.launch.exits import EXIT_UNWRITABLE
 
 from . import aggregate, columns, curves, figures, load, published, rundirs, stats
 from . import constants as C

@@ -7,7 +7,7 @@
     python launch/paper_grid.py --seed-axis --dry-run           # 32 jobs, each training seeds 0-4 in one process
 
 Anything after the options is passed to Hydra unchanged (overrides, e.g. seed=0,1 or
-hydra.launcher.timeout_min=720). Each job's status comes from the checks its start makes (pomdp_ffm.start.status);
+hydra.launcher.timeout_min=720). Each job's status comes from the checks its start makes (pomdp_ffm.launch.start.status);
 a damaged one is listed with its reason before the launch, and the sweep refuses it, writing nothing there, while
 the others run. Rerunning the same command skips finished runs and resumes interrupted ones. The sweep names each
 refused or failed job and ends with "N finished, M refused, K failed"; exit codes: launch/README.md.
@@ -20,11 +20,11 @@ import subprocess
 import sys
 from collections import Counter
 
-from pomdp_ffm.exits import EXIT_OK, EXIT_REFUSED
-from pomdp_ffm.grid import kind, show_job, sweep_jobs
-from pomdp_ffm.signals import STOP_SIGNALS
-from pomdp_ffm.start import STATUSES, Refused
-from pomdp_ffm.train import precheck
+from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED
+from pomdp_ffm.launch.grid import kind, show_job, sweep_jobs
+from pomdp_ffm.launch.signals import STOP_SIGNALS
+from pomdp_ffm.launch.start import STATUSES, Refused
+from pomdp_ffm.launch.precheck import precheck
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
 # The seed sweep becomes a seed axis: the job named by seed 0 trains seeds 0-4 and writes their sibling directories.

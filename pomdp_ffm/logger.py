@@ -17,8 +17,8 @@ import math
 from pathlib import Path
 
 from .metrics import ENV_STEPS
-from .rundir import replace_text, set_aside
-from .unwritable import writing
+from .launch.rundir import replace_text, set_aside
+from .launch.unwritable import writing
 
 log = logging.getLogger("pomdp_ffm")
 

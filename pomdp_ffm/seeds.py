@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from .joint import JointActs, JointBursts, SeedRNG, same_host_rng
 from .rollout import Rollout
-from .rundir import RunDir, RunDirError
-from .signals import StopSignals
-from .start import (CURRENT_RUN, Attempt, Refused, check_and_lock, check_untouched, seed_config, seed_dirs,
+from .launch.rundir import RunDir, RunDirError
+from .launch.signals import StopSignals
+from .launch.start import (CURRENT_RUN, Attempt, Refused, check_and_lock, check_untouched, seed_config, seed_dirs,
                     validate)
 from .trainer import StopRequested, Trainer, host_rng_state
 

@@ -31,8 +31,8 @@ from .logger import MetricsWriter
 from .metrics import (ENV_STEPS, EVAL_LENGTH, EVAL_RETURN, EVAL_SUCCESS, FPS, RL_STEPS, ROLLOUTS, STOCHASTIC,
                       TIME_COST, burst_row, columns)
 from .rollout import AgentPolicy, RandomPolicy, Rollout
-from .rundir import CHECKPOINT_FORMAT, RunDir
-from .signals import StopSignals
+from .launch.rundir import CHECKPOINT_FORMAT, RunDir
+from .launch.signals import StopSignals
 
 log = logging.getLogger("pomdp_ffm")
 

@@ -1,12 +1,13 @@
 """The package's shape (docs/architecture.md): no import cycle between its modules, counting imports inside
-functions, which hide a cycle from the interpreter but not from a reader; no module too long to read, and a package
-small enough for one engineer to know whole."""
+functions, which hide a cycle from the interpreter but not from a reader; no module too long to read; the launch
+side apart from the RL core, which uses only the three parts of it a run needs."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pomdp_ffm"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "pomdp_ffm"
 MAX_LINES = 450
 
 
@@ -82,6 +83,21 @@ def test_no_import_cycle_in_the_package():
 
 
 def test_no_module_is_longer_than_a_reader_can_hold():
-    long = {module_name(p): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {}
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "analysis").rglob("*.py")]:
+        n = len(path.read_text().splitlines())
+        if n > MAX_LINES:
+            long[str(path.relative_to(ROOT))] = n
     assert long == {}
+
+
+def test_the_core_uses_only_what_a_run_needs_of_the_launch_side():
+    # A trainer saves its checkpoints (rundir), is told to stop (signals) and reports a file it cannot write
+    # (unwritable); a seed axis starts its seeds' attempts (start), as train.run starts one. Checking a command,
+    # sweeping and exit codes are the commands' own (train.py, bench/).
+    commands = ("pomdp_ffm.launch", "pomdp_ffm.train", "pomdp_ffm.bench")
+    used = {dep for module, deps in import_graph().items() if not module.startswith(commands)
+            for dep in deps if dep.startswith("pomdp_ffm.launch.")}
+    assert used == {"pomdp_ffm.launch.rundir", "pomdp_ffm.launch.signals", "pomdp_ffm.launch.unwritable",
+                    "pomdp_ffm.launch.start"}
 

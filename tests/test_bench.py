@@ -241,7 +241,7 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
     from pomdp_ffm.trainer import Trainer
-    from pomdp_ffm.exits import EXIT_STOPPED
+    from pomdp_ffm.launch.exits import EXIT_STOPPED
 
     _stop_at_call(monkeypatch, Trainer, "sample_batch", 15)
     r = loop.run(SMALL, steps=3000, device="cpu", threads=1)
@@ -284,8 +284,8 @@ def test_a_single_loop_benchmark_stopped_while_it_starts_stops(monkeypatch, caps
 
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
-    from pomdp_ffm.signals import sweep_stopped
-    from pomdp_ffm.exits import EXIT_STOPPED
+    from pomdp_ffm.launch.signals import sweep_stopped
+    from pomdp_ffm.launch.exits import EXIT_STOPPED
 
     got = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # in case nothing else holds it

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pomdp_ffm.exits import EXIT_FAILED, EXIT_REFUSED
-from pomdp_ffm.grid import sweep_jobs
-from pomdp_ffm.rundir import RunDir, load_checkpoint
-from pomdp_ffm.start import Refused, config_differences
-from pomdp_ffm.train import precheck
+from pomdp_ffm.launch.exits import EXIT_FAILED, EXIT_REFUSED
+from pomdp_ffm.launch.grid import sweep_jobs
+from pomdp_ffm.launch.rundir import RunDir, load_checkpoint
+from pomdp_ffm.launch.start import Refused, config_differences
+from pomdp_ffm.launch.precheck import precheck
 from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
 
 
 def test_dry_run_reports_run_status(tmp_path, capsys):
-    # Each job's status is what its start would do under the job's own config (pomdp_ffm.start.status): marker files
+    # Each job's status is what its start would do under the job's own config (pomdp_ffm.launch.start.status): marker files
     # alone, another task's finished run, or a file where the run belongs are damaged, each with its reason.
     from pomdp_ffm.train import run
 
@@ -333,7 +333,7 @@ def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
 
 
 @pytest.mark.parametrize("target,after", [("pomdp_ffm.trainer:Trainer.__init__", False),
-                                          ("pomdp_ffm.rundir:RunDir.acquire", True)])
+                                          ("pomdp_ffm.launch.rundir:RunDir.acquire", True)])
 def test_a_stop_signal_while_a_single_run_starts_stops_it_with_a_checkpoint(tmp_path, target, after):
     # Before the trainer's own handler is in (the trainer being built; the lock just taken), a stop signal is
     # remembered and taken by that handler: exit 75 and a checkpoint to resume from, not death by the signal
@@ -443,7 +443,7 @@ def test_slurm_preset_overrides_reach_sbatch(tmp_path, monkeypatch):
 
 
 def test_scheduler_warning_defers_submitit_until_checkpoint():
-    from pomdp_ffm.signals import StopSignals
+    from pomdp_ffm.launch.signals import StopSignals
 
     calls = []
     old2 = signal.signal(signal.SIGUSR2, lambda s, f: calls.append("requeue"))  # stands in for submitit
@@ -486,7 +486,7 @@ def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
 
 def test_a_stop_while_the_command_is_checked_starts_nothing(tmp_path):
     root = tmp_path / "sweep"
-    proc = _train_signalled(tmp_path, "pomdp_ffm.grid:job_overrides", signal.SIGTERM, False,
+    proc = _train_signalled(tmp_path, "pomdp_ffm.launch.grid:job_overrides", signal.SIGTERM, False,
                             "experiment=smoke", f"hydra.sweep.dir={root}")
     assert proc.returncode == 75 and "before anything started" in proc.stderr, proc.stderr[-3000:]
     assert not root.exists()
@@ -512,7 +512,7 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
     # signal forwarded before its first job installed a handler pending instead of dying of it; the worker's
     # handler then receives it (signals.unblock_in_worker). The launcher's own thread takes the signals sent to it.
     child = ("import os, signal, sys, time\n"
-             "from pomdp_ffm import signals\n"
+             "from pomdp_ffm.launch import signals\n"
              "print('up', flush=True)\n"
              "while signal.SIGUSR1 not in signal.sigpending(): time.sleep(0.01)\n"
              "got = []\n"
@@ -521,7 +521,7 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
              "print('handled', got, flush=True)\n")
     parent = ("import os, signal, subprocess, sys, time\n"
               "from joblib import Parallel, delayed\n"
-              "from pomdp_ffm import signals\n"
+              "from pomdp_ffm.launch import signals\n"
               "def blocked():\n"
               "    return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))\n"
               "with signals.SweepSignals(workers=True):\n"
@@ -562,7 +562,7 @@ def test_the_paper_grid_exits_as_its_sweep_did(tmp_path, monkeypatch, capsys):
 def test_a_stop_just_before_a_runs_handler_is_in_is_not_lost(monkeypatch):
     # The signal lands while StopSignals installs its handlers, after the last look at what came before: it is
     # remembered by the handler still in place (SweepSignals) and must still be taken.
-    from pomdp_ffm import signals
+    from pomdp_ffm.launch import signals
 
     real, sent = signal.signal, []
 

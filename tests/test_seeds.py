@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pomdp_ffm.grid import combined_status, sweep_jobs
+from pomdp_ffm.launch.grid import combined_status, sweep_jobs
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
-from pomdp_ffm.rundir import RunDir
-from pomdp_ffm.start import seed_dirs
+from pomdp_ffm.launch.rundir import RunDir
+from pomdp_ffm.launch.start import seed_dirs
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
 from test_trainer import collect
@@ -257,7 +257,7 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
     # its next episode while the others wait mid-burst. A stop there checkpoints them mid-burst; on resume the
     # rounds go on as they would have, and every log is the uninterrupted one's.
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.rundir import load_checkpoint
+    from pomdp_ffm.launch.rundir import load_checkpoint
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     overrides = ("env=HopperMJ-V-v0", "algo=sac", "seq_model=gru", "train.num_updates_per_iter=0.1",
@@ -443,7 +443,7 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
     out = run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopMidway)
     assert out["stopped"] and all(r["stopped"] for r in out["seeds"].values())
     # Every seed played its episode, or its evaluation, to the end: the stop is taken at the next burst or unit.
-    from pomdp_ffm.rundir import load_checkpoint
+    from pomdp_ffm.launch.rundir import load_checkpoint
 
     at = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["env_steps"]
           for k in range(3)]
@@ -494,7 +494,7 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
 
 
 def _host_rng(run_dir: Path) -> tuple:
-    from pomdp_ffm.rundir import load_checkpoint
+    from pomdp_ffm.launch.rundir import load_checkpoint
 
     rng = load_checkpoint(RunDir(run_dir).checkpoint)["rng"]
     return rng["numpy"]["keys"].tolist(), rng["numpy"]["pos"], rng["python"]
@@ -577,7 +577,7 @@ def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(comp
     # The joint rounds advance every seed's deferred evaluation; one that fails there is its own seed's failure,
     # raised in that seed's turn, and the other seeds finish.
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.rundir import RunDir
+    from pomdp_ffm.launch.rundir import RunDir
     from test_trainer import DURING, Spread, after_defer
 
     class FailingCopy(Trainer):

@@ -17,9 +17,9 @@ from omegaconf import OmegaConf
 
 from conftest import TINY
 from pomdp_ffm import agent as agent_module
-from pomdp_ffm.exits import EXIT_UNWRITABLE
-from pomdp_ffm.start import Refused
-from pomdp_ffm.unwritable import Unwritable
+from pomdp_ffm.launch.exits import EXIT_UNWRITABLE
+from pomdp_ffm.launch.start import Refused
+from pomdp_ffm.launch.unwritable import Unwritable
 from pomdp_ffm.train import run
 from pomdp_ffm.trainer import Trainer
 from hang import HANG_S
@@ -168,7 +168,7 @@ def test_an_update_that_cannot_fit_in_memory_is_refused_at_the_start(composed, t
 def test_a_log_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(tmp_path, capsys):
     import logging
 
-    from pomdp_ffm.start import RunLog
+    from pomdp_ffm.launch.start import RunLog
 
     handler = RunLog(tmp_path / "experiment.log")
     record = logging.LogRecord("pomdp_ffm", logging.INFO, __file__, 1, "a record", None, None)
@@ -185,17 +185,17 @@ def test_a_log_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(
 
 
 def test_restore_config_says_an_unwritable_file_or_a_refusal_in_one_line_with_its_exit_code(tmp_path, capsys):
-    from pomdp_ffm.exits import EXIT_REFUSED
-    from pomdp_ffm.rundir import CHECKPOINT_FORMAT, RunDir
-    from pomdp_ffm.rundir import main as rundir_main
+    from pomdp_ffm.launch.exits import EXIT_REFUSED
+    from pomdp_ffm.launch.rundir import CHECKPOINT_FORMAT, RunDir
+    from pomdp_ffm.launch.rundir import main as rundir_main
 
     run = RunDir(tmp_path / "run")
     run.checkpoint.parent.mkdir(parents=True)
     torch.save({"format": CHECKPOINT_FORMAT, "config": {"seed": 0}}, run.checkpoint)
     run.config.mkdir()  # (as an immutable config.yaml would refuse its replacement)
-    # A real process: the exit code and stderr are what `python -m pomdp_ffm.rundir` gives, no traceback.
+    # A real process: the exit code and stderr are what `python -m pomdp_ffm.launch.rundir` gives, no traceback.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.rundir", "restore-config", str(run.path)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.launch.rundir", "restore-config", str(run.path)], env=env,
                           capture_output=True, text=True, timeout=HANG_S, check=False)
     assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
     assert proc.stderr.splitlines() == [(f"error: {run.config} cannot be written (Is a directory); "

@@ -79,8 +79,8 @@ def main(argv=None) -> None:
     if args.which == "loop" and (args.project is None) != (args.env_step_ms is None):
         p.error("--project and --env-step-ms go together")
     from ..envs import get_task  # (here: after the re-exec, as every import of the training stack)
-    from ..start import Refused
-    from ..train import precheck
+    from ..launch.start import Refused
+    from ..launch.precheck import precheck
     from ..trainer import resolve_device
     from .memory import variants
 
@@ -118,7 +118,7 @@ def _run(args, overrides: list[str], device: torch.device) -> list:
     from . import acting, evaluation, loop, memory, update
 
     if args.which == "loop":
-        from ..exits import EXIT_STOPPED
+        from ..launch.exits import EXIT_STOPPED
 
         try:
             result = loop.run(overrides, args.steps, device, args.threads)

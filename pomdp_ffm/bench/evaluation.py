@@ -10,7 +10,7 @@ import numpy as np
 
 from ..envs import EnvInWorker, make_env
 from ..rollout import AgentPolicy, RandomPolicy, play_episodes
-from ..rundir import RunDir
+from ..launch.rundir import RunDir
 from ..trainer import Trainer
 from .common import Row, interleaved_medians
 from .loop import compose_run

@@ -27,8 +27,8 @@ from omegaconf import OmegaConf
 
 from ..config import RunConfig, register_configs
 from ..envs import get_task
-from ..grid import CONF_DIR
-from ..signals import SweepSignals, stop_sweep, sweep_stopped
+from ..launch.grid import CONF_DIR
+from ..launch.signals import SweepSignals, stop_sweep, sweep_stopped
 from ..train import run as train_run
 from ..trainer import Trainer, env_step_budget
 

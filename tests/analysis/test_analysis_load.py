@@ -235,7 +235,7 @@ def test_a_failed_and_a_diverged_run_are_named_with_their_status(tmp_path):
     status = table.drop_duplicates("run_id").set_index("seed")["status"].to_dict()
     assert status == {0: "done", 1: "failed", 2: "diverged", 3: "unfinished"}
     # A failed run being continued by a process that holds its lock is running, whatever its last attempt left.
-    from pomdp_ffm.rundir import RunDir
+    from pomdp_ffm.launch.rundir import RunDir
     import subprocess, sys
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
                                "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
@@ -299,7 +299,7 @@ def test_a_cached_status_follows_the_runs_lock(tmp_path):
     import subprocess
     import sys
 
-    from pomdp_ffm.rundir import RunDir
+    from pomdp_ffm.launch.rundir import RunDir
 
     run = write_our_run(tmp_path / "runs", "HopperBLT-P-v0", "sac", "ffm", 0, steps_grid(3), [1.0, 2.0, 3.0],
                         done=False)

@@ -5,7 +5,7 @@ The job list is expanded by Hydra's own override parser and BasicSweeper from th
 would expand them, so a dry run cannot disagree with the real launch about which jobs exist. A run directory's
 status is ``start.status``, the checks a start makes (reading only), so a status cannot disagree with a start either.
 
-Also here: how a sweep ended (``SweepOutcomes``), and ``python -m pomdp_ffm.grid status <dir>...``.
+Also here: how a sweep ended (``SweepOutcomes``), and ``python -m pomdp_ffm.launch.grid status <dir>...``.
 """
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .config import register_configs
+from ..config import register_configs
 from .exits import EXIT_OK, EXIT_REFUSED
 from .rundir import RunDir, replace_text
 from .start import seed_config, seed_dirs, status
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 # Config-group choices and the config keys they set (each conf/<group>/<choice>.yaml sets its key to the
 # choice's name; tests/test_config.py checks that).
@@ -218,7 +218,7 @@ class SweepOutcomes(Callback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.grid", description="Where run directories stand, by the "
+    ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.launch.grid", description="Where run directories stand, by the "
                                  "checks a start makes (launch/README.md, Statuses).")
     sub = ap.add_subparsers(dest="command", required=True)
     st = sub.add_parser("status", help="print each run directory's status; exit 2 where one is missing or damaged")

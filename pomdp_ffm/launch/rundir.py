@@ -1,5 +1,5 @@
 """The run directory: the one place that knows its file names, its status, its lock and its checkpoints.
-``python -m pomdp_ffm.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy (exit codes
+``python -m pomdp_ffm.launch.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy (exit codes
 as a run's: 2 refused, nothing written; 74 a file cannot be written)."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class LockLost(RunDirError):
     def __init__(self, run: "RunDir", what: str):
         super().__init__(f"refusing to write {what} in {run.path}: its lock file was removed or replaced while this "
                          "process held it, so another process may be training here too")
-        self.fix = f"check that no other process trains there (`python -m pomdp_ffm.grid status {run.path}`)"
+        self.fix = f"check that no other process trains there (`python -m pomdp_ffm.launch.grid status {run.path}`)"
 
 
 def tmp_path(target: Path) -> Path:
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from .exits import EXIT_OK, EXIT_REFUSED, EXIT_UNWRITABLE
-    ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.rundir", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.launch.rundir", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("restore-config", help="rewrite config.yaml from the resume checkpoint's copy").add_argument("dir")
     run = RunDir(ap.parse_args(argv).dir)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .agent import DoesNotFit
-from .config import RunConfig, as_read_now, check_known_keys, flat_keys, learning_settings, yaml_problem
-from .envs import get_task
+from ..agent import DoesNotFit
+from ..config import RunConfig, as_read_now, check_known_keys, flat_keys, learning_settings, yaml_problem
+from ..envs import get_task
 from .rundir import CheckpointError, LockLost, RunDir, RunDirError, load_checkpoint, other_format, set_aside
-from .trainer import Outcome, Trainer, TrainingDiverged, env_step_budget, resolve_device
+from ..trainer import Outcome, Trainer, TrainingDiverged, env_step_budget, resolve_device
 from .unwritable import Unwritable, writing
 
 log = logging.getLogger("pomdp_ffm")
@@ -66,7 +66,7 @@ def validate(cfg: DictConfig) -> RunConfig:
 
 def _restore_hint(run: RunDir) -> str:
     if run.checkpoint.exists():
-        return f"restore it from the checkpoint's copy with `python -m pomdp_ffm.rundir restore-config {run.path}`"
+        return f"restore it from the checkpoint's copy with `python -m pomdp_ffm.launch.rundir restore-config {run.path}`"
     return "there is no checkpoint to restore it from: put it back from a backup, or choose another run directory"
 
 
@@ -128,7 +128,7 @@ def _check_config_file(run: RunDir, state: dict) -> None:
                 f"{', ...' if len(missing) > 4 else ''})"] if missing else []
         raise RunDirError(f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(what + diffs)}): one "
                           "of them was damaged, edited or replaced. If config.yaml was, restore it with "
-                          f"`python -m pomdp_ffm.rundir restore-config {run.path}`; if the checkpoint was (another "
+                          f"`python -m pomdp_ffm.launch.rundir restore-config {run.path}`; if the checkpoint was (another "
                           "run's), put this run's back, or delete it to start this run again")
 
 

@@ -1,0 +1,171 @@
+"""The command line checked before Hydra starts anything (``precheck``): a misspelt key, an unknown task or model,
+a bad value, or a run directory that cannot be made is one line and exit code 2, with nothing written or launched."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
+
+from ..config import yaml_problem
+from ..envs import check_worker_start_method
+from .grid import job_configs, job_overrides, sweep_jobs
+from .start import Refused, validate
+
+
+def launcher_name(hydra_cfg) -> str:
+    """The class name of a composed Hydra config's launcher ("BasicLauncher", "JoblibLauncher", ...)."""
+    return str(hydra_cfg.launcher.get("_target_", "")).rsplit(".", 1)[-1]
+
+
+def _one_line(e: Exception) -> str:
+    """Hydra's composition errors in one line: what was refused, why, and what is allowed."""
+    text = str(e)
+    problem = yaml_problem(e)
+    if problem is not None:  # a config file Hydra read
+        return problem + ("; remove one of them" if "duplicate key" in problem else "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if "Available options in" in text:  # an unknown config-group choice: name the choices
+        head = lines[0].replace("In 'config': ", "")
+        options = [ln.strip() for ln in text.split("Available options in", 1)[1].splitlines()[1:]
+                   if ln.startswith("\t") and "provider=" not in ln]
+        return f"{head}; the choices are {', '.join(options)}"
+    cause = e.__cause__
+    why = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
+    if lines and lines[0].startswith("Could not override"):
+        return f"{lines[0].rstrip('.')}: {why}; `--cfg job` prints every key" if why else lines[0]
+    return "; ".join([*lines[:1], *([why] if why else [])])
+
+
+def why_not_makeable(path: Path) -> str | None:
+    """Why ``path`` cannot be made a directory (or written in), found without writing anything: a file in its way,
+    no permission (a read-only file system included), a name too long. None where nothing tells so."""
+    path = Path(path) if Path(path).is_absolute() else Path.cwd() / path  # ".." left to the kernel, as mkdir does
+    found, missing = path, []
+    while True:
+        try:
+            st = found.stat()  # through symlinks, as mkdir goes
+            break
+        except FileNotFoundError:
+            missing.append(found.name)
+            found = found.parent
+        except OSError as e:  # ENOTDIR (a file on the way), ENAMETOOLONG, ELOOP, EACCES
+            return f"{e.strerror}: {e.filename}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{found} is not a directory"
+    if not os.access(found, os.W_OK | os.X_OK):
+        return f"no permission to write in {found}"
+    limit = os.pathconf(found, "PC_NAME_MAX")
+    long = [n for n in missing if len(os.fsencode(n)) > limit]
+    return f"a name is longer than {limit} bytes: {long[0][:40]}..." if long else None
+
+
+def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
+    """Compose and validate what the command line asks for before Hydra starts anything, so that a misspelt
+    key, an unknown task or model, or a bad value is one line and exit code 2, with nothing written or
+    launched. Every job of a sweep (the command line's, and a preset's ``hydra.sweeper.params`` in a multirun)
+    is checked, with its own overrides as the sweep will start it; jobs that differ only in their seed are composed
+    once (``grid.job_configs``). Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left
+    to Hydra. Returns the config composed from the fixed overrides, with Hydra's (None where the command is left
+    to Hydra). With ``check_dirs``, the run (or sweep) directory must be one that can be made, and no file may sit
+    where one of a sweep's run directories, or a folder above one, belongs."""
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return None
+    flag = any(a in ("-m", "--multirun") for a in argv)
+    try:
+        every, composed = job_overrides([a for a in argv if not a.startswith("-")], multirun=flag)
+        multirun = flag or composed.hydra.mode == RunMode.MULTIRUN
+        # The multiprocessing start method a sweep's jobs run under: joblib's launcher runs them in loky's workers
+        # (unless it runs one job at a time, in this process, or in threads); the others run them in processes of
+        # Python's own.
+        launcher = composed.hydra.launcher
+        loky = (multirun and launcher_name(composed.hydra) == "JoblibLauncher" and launcher.get("n_jobs") != 1
+                and launcher.get("backend") in (None, "loky"))
+        for job, job_cfg in job_configs(every):
+            try:
+                if validate(job_cfg).eval_in_workers():
+                    check_worker_start_method("loky" if loky else None, "this sweep's jobs use")
+            except (Refused, ValueError) as e:
+                raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
+    except Refused:
+        raise
+    except Exception as e:  # Hydra's and OmegaConf's composition errors
+        raise Refused(_one_line(e) + _quoting_hint(argv)) from None
+    # A run or sweep directory that cannot be made (a file in its way, no permission, a read-only file system, a
+    # name too long) is refused in one line, instead of Hydra's traceback once it tries.
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
+    except Exception:  # named by Hydra's runtime values (${hydra:...}), it cannot be resolved yet: left to Hydra
+        return composed
+    if check_dirs:
+        why = why_not_makeable(path)
+        if why is not None:
+            raise Refused(f"{key}={path} cannot be made a directory ({why})")
+    if not (check_dirs and multirun):
+        return composed
+    # Hydra makes each job's directory before the job runs: a file there would end the sweep with a traceback.
+    with contextlib.suppress(InterpolationResolutionError):  # a subdir named by Hydra's runtime values
+        for job in sweep_jobs([a for a in argv if a not in ("-m", "--multirun")], statuses=False):
+            for d in (job.run_dir, *job.run_dirs):
+                file = next((p for p in (d, *d.parents) if p.exists()), d)  # the deepest existing path
+                if not file.is_dir():
+                    where = "a job's run directory" if file == d else f"a folder of the job's run directory {d}"
+                    raise Refused(f"{file} is a file where {where} belongs; move it away")
+    return composed
+
+
+def _quoting_hint(argv: list[str]) -> str:
+    """A word that is no override right after a key=value one is most likely the rest of a value with spaces,
+    which the shell split: say how to quote it."""
+    for prev, word in zip(argv, argv[1:]):
+        if "=" not in word and not word.startswith("-") and "=" in prev and not prev.startswith("-"):
+            key, value = prev.split("=", 1)
+            return f"; if '{value} {word}' is one value, quote it for the shell and Hydra: '{key}=\"{value} {word}\"'"
+    return ""
+
+
+def printed_config_overrides(argv: list[str]) -> list[str] | None:
+    """The overrides of a command that prints the composed config (``--cfg job|hydra|all``, with ``--resolve`` or
+    ``--package``) or its help (``--help``, which composes it too), or None for any other command."""
+    if not any(a in ("--cfg", "-c", "--help", "-h") for a in argv):
+        return None
+    rest = []
+    args = iter(argv)
+    for a in args:
+        if a in ("--cfg", "-c", "--package", "-p"):
+            next(args, None)  # (its value)
+        elif a not in ("--resolve", "--help", "-h"):
+            rest.append(a)
+    return None if any(a.startswith("-") and a not in ("-m", "--multirun") for a in rest) else rest
+
+
+def config_dir_as_searchpath(argv: list[str]) -> list[str]:
+    """``--config-dir DIR`` (``-cd``) as a search path, for the checks to read what Hydra will (given argv as is)."""
+    out = []
+    rest = iter(argv)
+    for a in rest:
+        if a in ("--config-dir", "-cd") or a.startswith("--config-dir="):
+            d = a.split("=", 1)[1] if "=" in a else next(rest, "")
+            if not d or "'" in d or any(x.startswith("hydra.searchpath=") for x in argv):
+                return argv  # (left to Hydra)
+            if not Path(d).is_dir():
+                raise ValueError(f"--config-dir {d} is not a directory")
+            a = f"hydra.searchpath=['file://{Path(d).resolve()}']"
+        out.append(a)
+    return out
+
+
+def checked_command(argv: list[str]) -> DictConfig | None:
+    """``precheck`` of the command line as Hydra will read it (``--config-dir`` as a search path); a command that
+    prints the config is checked too (an invalid config is refused, not printed as if it were fine)."""
+    checked = config_dir_as_searchpath(argv)
+    printed = printed_config_overrides(checked)
+    if printed is not None:
+        precheck(printed, check_dirs=False)
+    return precheck(checked)
