@@ -21,7 +21,7 @@ from .joint import JointActs, JointBursts, SeedRNG, same_host_rng
 from .rollout import Rollout
 from .launch.rundir import RunDir, RunDirError
 from .launch.signals import StopSignals
-from .launch.start import (CURRENT_RUN, Attempt, Refused, check_and_lock, check_untouched, seed_config, seed_dirs,
+from .launch.start import (CURRENT_RUN, Action, Attempt, Refused, check_and_lock, check_untouched, seed_config, seed_dirs,
                     validate)
 from .trainer import StopRequested, Trainer, host_rng_state
 
@@ -99,9 +99,9 @@ class SeedAxis:
 
     def __init__(self, seeds: list[Seed], stop: StopSignals):
         self.stop = stop
-        self.results: dict[int, dict] = {s.k: s.attempt.skip() for s in seeds if s.attempt.action == "skip"}
+        self.results: dict[int, dict] = {s.k: s.attempt.skip() for s in seeds if s.attempt.action == Action.SKIP}
         self.errors: list[BaseException] = []
-        self.running = [s for s in seeds if s.attempt.action != "skip"]
+        self.running = [s for s in seeds if s.attempt.action != Action.SKIP]
         self.joint = JointBursts()
         self.gather = JointActs().applies([s.trainer for s in self.running])
 

@@ -42,7 +42,7 @@ from .launch.grid import sweep_outcome
 from .launch.precheck import checked_command, launcher_name
 from .launch.rundir import LockLost, RunDir
 from .launch.signals import STOP_SIGNALS, StopSignals, SweepSignals
-from .launch.start import Refused, check_and_lock
+from .launch.start import Action, Refused, check_and_lock
 from .launch.unwritable import Unwritable
 from .seeds import run_seeds
 from .trainer import Trainer, TrainingDiverged
@@ -61,7 +61,7 @@ def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Train
     stop = StopSignals()
     attempt = check_and_lock(cfg, run_dir, trainer_cls, stop=stop)
     try:
-        if attempt.action == "skip":
+        if attempt.action == Action.SKIP:
             return attempt.skip()
         attempt.begin()
         with stop:

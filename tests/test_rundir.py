@@ -528,7 +528,16 @@ def test_finished_run_is_skipped_and_a_refusal_leaves_no_error_file(composed, fu
     with pytest.raises(Refused, match="was finished with a different config"):
         run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "seed=1"), full_run)
     assert not (full_run / "ERROR.txt").exists() and (full_run / "attempts.log").read_text() == attempts
-    assert run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true"), full_run)["skipped"]
+    built = []
+
+    class Counted(Trainer):
+        def __init__(self, *a, **kw):
+            built.append(1)
+            super().__init__(*a, **kw)
+
+    cfg = composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true")
+    assert run(cfg, full_run, trainer_cls=Counted)["skipped"]
+    assert built == []  # a finished run builds no trainer: no env, no buffer, no agent
     assert (full_run / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
 
 

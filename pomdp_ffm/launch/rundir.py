@@ -15,12 +15,26 @@ import socket
 import sys
 import warnings
 import zipfile
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
 from .unwritable import Unwritable, writing
 
 CHECKPOINT_FORMAT = 3  # the layout of checkpoints/last.pt that this version writes and resumes
+
+
+class Status(str, Enum):
+    """A run directory's status, as ``start.status`` and ``python -m pomdp_ffm.launch.grid status`` name it."""
+
+    DONE = "done"
+    RUNNING = "running"
+    DAMAGED = "damaged"
+    FAILED = "failed"
+    RESUMABLE = "resumable"
+    NEW = "new"
+
+    __str__ = str.__str__  # the value in messages and tables, on every Python (3.12 would print "Status.DONE")
 
 
 class RunDirError(RuntimeError):
@@ -130,13 +144,15 @@ class RunDir:
                     p.unlink()
         return removed
 
-    def status(self) -> str:
+    def status(self) -> Status:
         """What the files say, first match first (``start.status`` checks them as a start would)."""
         if self.done.exists():
-            return "done"
+            return Status.DONE
         if self.holder() is not None and not self.holds_lock:
-            return "running"
-        return "failed" if self.error.exists() else "resumable" if self.checkpoint.exists() else "new"
+            return Status.RUNNING
+        if self.error.exists():
+            return Status.FAILED
+        return Status.RESUMABLE if self.checkpoint.exists() else Status.NEW
 
     def holder(self) -> str | None:
         """'pid P on host H' of the process holding the lock, or None when nobody holds it."""

@@ -8,6 +8,7 @@ import re
 import sys
 import traceback
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,15 +16,26 @@ from omegaconf import DictConfig, OmegaConf
 from ..agent import DoesNotFit
 from ..config import RunConfig, as_read_now, check_known_keys, flat_keys, learning_settings, yaml_problem
 from ..envs import get_task
-from .rundir import CheckpointError, LockLost, RunDir, RunDirError, load_checkpoint, other_format, set_aside
+from .rundir import CheckpointError, LockLost, RunDir, RunDirError, Status, load_checkpoint, other_format, set_aside
 from ..trainer import Outcome, Trainer, TrainingDiverged, env_step_budget, resolve_device
 from .unwritable import Unwritable, writing
+
+class Action(str, Enum):
+    """What a start does with a run directory (``plan``): train from scratch, continue from its checkpoint, or skip
+    a finished run."""
+
+    FRESH = "fresh"
+    RESUME = "resume"
+    SKIP = "skip"
+
+    __str__ = str.__str__  # the value in messages, on every Python (3.12 would print "Action.SKIP")
+
 
 log = logging.getLogger("pomdp_ffm")
 # The run directory whose trainer is working now, where several train in one process (pomdp_ffm/seeds.py).
 CURRENT_RUN: contextvars.ContextVar[Path | None] = contextvars.ContextVar("current_run", default=None)
 # What status() says of a run directory, worst first after done; "damaged" and "running" carry ": <why>".
-STATUSES = ("done", "running", "damaged", "failed", "resumable", "new")
+STATUSES = tuple(s.value for s in Status)
 
 
 class Refused(Exception):
@@ -132,14 +144,14 @@ def _check_config_file(run: RunDir, state: dict) -> None:
                           "run's), put this run's back, or delete it to start this run again")
 
 
-def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | None]:
+def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[Action, dict | None]:
     """('skip', None), ('resume', checkpoint) or ('fresh', None), reading only, else RunDirError; all starts use it."""
     budget = env_step_budget(run_cfg.train, get_task(run_cfg.env.env_name).max_episode_steps)[1]
     if not run_cfg.resume:
         if any(p.exists() for p in (run.done, run.checkpoint, run.progress, run.config)):
             raise RunDirError(f"{run.path} already holds a run; pass resume=true to continue it or choose "
                               "another run directory")
-        return "fresh", None
+        return Action.FRESH, None
     if run.done.exists():
         if not run.config.exists():
             raise RunDirError(f"{run.path} is finished but {RunDir.CONFIG} is missing, so it cannot be checked "
@@ -159,7 +171,7 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | N
         if at != steps or steps < budget:
             wrong = f"but {run.checkpoint} is at {at}" if at != steps else f"short of its budget of {budget}"
             raise RunDirError(f"{run.done} says the run finished at {steps} env steps, {wrong}; {fix}")
-        return "skip", None
+        return Action.SKIP, None
     if run.checkpoint.exists():
         state = _load_resume_checkpoint(run)
         if state.get("buffer") is None:
@@ -181,10 +193,10 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[str, dict | N
         if bad:
             raise RunDirError(f"{run.checkpoint} holds counters no run reaches ({', '.join(bad)}), so it was damaged "
                               "or crafted; delete it to start this run again, or choose another run directory")
-        return "resume", state
+        return Action.RESUME, state
     if run.config.exists():
         _refuse_other_experiment(run, _stored_config(run), composed, "was started with")
-    return "fresh", None
+    return Action.FRESH, None
 
 
 def status(path: str | Path, cfg: DictConfig | None = None) -> str:
@@ -192,7 +204,7 @@ def status(path: str | Path, cfg: DictConfig | None = None) -> str:
     run = RunDir(path)
     try:
         if (holder := run.holder()) is not None:  # (a file where the directory belongs: RunDirError, as a start)
-            return f"running: locked by {holder}"
+            return f"{Status.RUNNING}: locked by {holder}"
         marker = run.status()
         if not any(p.exists() for p in (run.done, run.checkpoint, run.config)):
             return marker  # (progress.csv alone: a start sets it aside and starts again)
@@ -204,10 +216,10 @@ def status(path: str | Path, cfg: DictConfig | None = None) -> str:
         cfg.resume, cfg.device = True, "cpu"  # (keys a start may change: how it runs, not what it learns)
         action, _ = plan(run, validate(cfg), OmegaConf.to_container(cfg, resolve=True))
     except RunDirError as e:
-        return f"damaged: {e}"
+        return f"{Status.DAMAGED}: {e}"
     except (Refused, ValueError) as e:  # the run's own config (a slot's was checked before)
-        return f"damaged: {run.config} is not a config this version runs ({' '.join(str(e).split())})"
-    return "done" if action == "skip" else marker
+        return f"{Status.DAMAGED}: {run.config} is not a config this version runs ({' '.join(str(e).split())})"
+    return Status.DONE if action == Action.SKIP else marker
 
 
 class RunLog(logging.FileHandler):
@@ -229,8 +241,21 @@ def check_untouched(run: RunDir, run_cfg: RunConfig, composed: dict) -> None:
 
 
 def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer, **needs) -> "Attempt":
-    """Validate, build the trainer, check, lock and plan again; else Refused, nothing written, the lock released."""
+    """Validate, build the trainer, check, lock and plan again; else Refused, nothing written, the lock released. A
+    finished run is skipped without building a trainer (its env, buffer and agent would be built for nothing)."""
     run_cfg, composed, run = validate(cfg), OmegaConf.to_container(cfg, resolve=True), RunDir(run_dir)
+    if _finished(run, run_cfg, composed):
+        try:
+            stale = run.acquire()
+            action, state = plan(run, run_cfg, composed)  # (under the lock: unchanged since, as a start trusts it)
+        except BaseException as e:
+            run.release(untouched=True)
+            if isinstance(e, RunDirError):
+                raise Refused(str(e)) from None
+            raise
+        if action == Action.SKIP:
+            return Attempt(None, run, action, state, composed, stale)
+        run.release(untouched=True)  # (changed between the two looks: started as any other)
     try:  # (also checks what only the task can tell, e.g. the eval clock)
         trainer = trainer_cls(run_cfg, run, composed=composed, **needs)
     except ValueError as e:
@@ -256,6 +281,14 @@ def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Train
     return Attempt(trainer, run, action, state, composed, stale)
 
 
+def _finished(run: RunDir, run_cfg: RunConfig, composed: dict) -> bool:
+    """Whether a start would skip the run, read without the lock; any doubt is left to the full start."""
+    try:
+        return run.done.exists() and plan(run, run_cfg, composed)[0] == Action.SKIP
+    except (RunDirError, Refused, ValueError):
+        return False
+
+
 def _first_line(e: BaseException) -> str:
     return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)[:200]
 
@@ -264,9 +297,9 @@ def _first_line(e: BaseException) -> str:
 class Attempt:
     """One start of a run directory that passed its checks and holds its lock: what it writes, in order."""
 
-    trainer: Trainer
+    trainer: Trainer | None  # (None for a run it skips)
     run: RunDir
-    action: str  # skip | resume | fresh
+    action: Action
     state: dict | None
     composed: dict
     stale: str | None
@@ -297,7 +330,7 @@ class Attempt:
                         "resumed after a stop or a crash", run.path, RunDir.CHECKPOINT)
         with writing(run.error):
             run.error.unlink(missing_ok=True)
-        if self.action == "fresh":
+        if self.action == Action.FRESH:
             if run.progress.exists():  # rows of a run killed before its first checkpoint: kept, not continued
                 with open(run.progress) as f:
                     n = max(sum(1 for _ in f) - 1, 0)
@@ -325,7 +358,8 @@ class Attempt:
     def abandon(self) -> None:
         """Undo a start that will not begin (another seed's was refused): it leaves nothing, not even its lock file."""
         try:
-            self.trainer.close()
+            if self.trainer is not None:
+                self.trainer.close()
         finally:
             self.run.release(untouched=True)
 
@@ -349,7 +383,8 @@ class Attempt:
 
     def close(self) -> None:
         try:
-            self.trainer.close()  # (what it says on closing still goes to the run's own log)
+            if self.trainer is not None:
+                self.trainer.close()  # (what it says on closing still goes to the run's own log)
         finally:
             if self.handler is not None:
                 log.removeHandler(self.handler)
