@@ -2,7 +2,7 @@
 PYTHON ?= python3
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test test-all bench
+.PHONY: install demo test test-all lint bench
 
 install:
 	$(PYTHON) -m pip install -q -e ".[test]"
@@ -14,13 +14,18 @@ demo: install
 	$(PYTHON) -m analysis lines $(DEMO_DIR)/run --out $(DEMO_DIR)/report --curves runmax
 	@echo "log: $(DEMO_DIR)/run/progress.csv   plot: $(DEMO_DIR)/report/figures/"
 
-# The default suite, on two cores at once (under 6 minutes on a 2-core machine); `make test-all` adds the slow tests
-# and runs them one at a time (CI runs it: .ci/run).
-test: install
+# The style first (ruff, configured in pyproject.toml; a second), then the default suite, on two cores at once (under
+# 6 minutes on a 2-core machine); `make test-all` adds the slow tests and runs them one at a time (CI runs it:
+# .ci/run).
+test: install lint
 	$(PYTHON) -m pytest -q -m "not slow" -n 2 --dist worksteal
 
-test-all: install
+test-all: install lint
 	$(PYTHON) -m pytest -q
+
+lint: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 
 bench: install
 	$(PYTHON) -m pomdp_ffm.bench memory

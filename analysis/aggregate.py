@@ -19,10 +19,31 @@ from .stats import group_seed, resampling_order
 AGGREGATE_METRICS = ("IQM", "Mean", "Optimality gap")
 # The optimality gap's target: the Oracle's return, 1 on the normalised scale (rliable's gamma).
 GAP_TARGET = 1.0
-AGGREGATE_COLUMNS = ["algo", "model", "model_label", "metric", "value", "ci_low", "ci_high", "n_tasks", "n_runs",
-                     "tasks", "single_run_tasks"]
-POI_COLUMNS = ["algo", "model_x", "model_y", "comparison", "value", "ci_low", "ci_high", "n_tasks", "tasks",
-               "single_run_tasks"]
+AGGREGATE_COLUMNS = [
+    "algo",
+    "model",
+    "model_label",
+    "metric",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n_tasks",
+    "n_runs",
+    "tasks",
+    "single_run_tasks",
+]
+POI_COLUMNS = [
+    "algo",
+    "model_x",
+    "model_y",
+    "comparison",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n_tasks",
+    "tasks",
+    "single_run_tasks",
+]
 
 
 def iqm(x, axis=-1):
@@ -86,9 +107,13 @@ def common_task_sets(df: pd.DataFrame) -> dict[str, set[str]]:
     return out
 
 
-def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
-                     n_resamples: int = C.DEFAULT_RESAMPLES, seed: int = C.DEFAULT_SEED,
-                     common_tasks: bool = True) -> tuple[pd.DataFrame, list[str]]:
+def aggregate_scores(
+    norm: pd.DataFrame,
+    confidence: float = C.DEFAULT_CONFIDENCE,
+    n_resamples: int = C.DEFAULT_RESAMPLES,
+    seed: int = C.DEFAULT_SEED,
+    common_tasks: bool = True,
+) -> tuple[pd.DataFrame, list[str]]:
     """IQM, mean and optimality gap of the normalised score per (algo, model), stratified-bootstrap percentile CIs.
 
     IQM pools every (task, run) score, as rliable does; the mean and the optimality gap weight tasks equally (a
@@ -113,8 +138,9 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
             compared = compared_groups(norm[norm["algo"] == algo])
             for (_, model), s in g.groupby(["algo", "model"])["task"].apply(set).items():
                 if s - shared:
-                    notes.append(f"{algo}/{model}: tasks {sorted(s - shared)} not shared by all compared {algo} "
-                                 "groups; left out")
+                    notes.append(
+                        f"{algo}/{model}: tasks {sorted(s - shared)} not shared by all compared {algo} groups; left out"
+                    )
                 if (algo, model) not in compared and not shared <= s:
                     notes.append(f"{algo}/{model}: covers only {len(s & shared)} of the {len(shared)} common tasks")
         df = df[np.array([t in common[a] for a, t in zip(df["algo"], df["task"])], dtype=bool)]
@@ -123,19 +149,33 @@ def aggregate_scores(norm: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENC
     for (algo, model), g in df.groupby(["algo", "model"], sort=True):
         per_task = _per_task_arrays(g, "norm_score")
         point = _aggregate(per_task)
-        boot = _aggregate(stratified_resample(per_task, n_resamples,
-                                              np.random.default_rng(group_seed(seed, algo, model))))
+        boot = _aggregate(
+            stratified_resample(per_task, n_resamples, np.random.default_rng(group_seed(seed, algo, model)))
+        )
         counts = g.groupby("task").size()
         single = sorted(counts[counts == 1].index)
         if single:
-            notes.append(f"{algo}/{model}: task(s) {', '.join(single)} have a single run: they enter the aggregate "
-                         "without bootstrap variance, so its CI understates the uncertainty")
+            notes.append(
+                f"{algo}/{model}: task(s) {', '.join(single)} have a single run: they enter the aggregate "
+                "without bootstrap variance, so its CI understates the uncertainty"
+            )
         for name in AGGREGATE_METRICS:
             lo, hi = np.quantile(boot[name], [alpha, 1 - alpha])
-            rows.append({"algo": algo, "model": model, "model_label": C.model_label(model), "metric": name,
-                         "value": float(point[name]), "ci_low": float(lo), "ci_high": float(hi),
-                         "n_tasks": len(per_task), "n_runs": int(sum(len(x) for x in per_task)),
-                         "tasks": " ".join(sorted(g["task"].unique())), "single_run_tasks": " ".join(single)})
+            rows.append(
+                {
+                    "algo": algo,
+                    "model": model,
+                    "model_label": C.model_label(model),
+                    "metric": name,
+                    "value": float(point[name]),
+                    "ci_low": float(lo),
+                    "ci_high": float(hi),
+                    "n_tasks": len(per_task),
+                    "n_runs": int(sum(len(x) for x in per_task)),
+                    "tasks": " ".join(sorted(g["task"].unique())),
+                    "single_run_tasks": " ".join(single),
+                }
+            )
     return pd.DataFrame(rows, columns=AGGREGATE_COLUMNS), notes
 
 
@@ -148,15 +188,25 @@ def aggregate_problems(norm: pd.DataFrame, agg: pd.DataFrame, metric: str) -> li
     for (algo, model), g in finite.groupby(["algo", "model"]):
         left = sorted(set(g["task"]) - covered.get((algo, model), set()))
         if left:
-            problems.append((f"{algo}_{model}", "warning",
-                             f"aggregate ({metric}): task(s) {', '.join(left)} left out, as not every compared "
-                             f"{algo} group has them; the aggregate is over {len(covered.get((algo, model), ()))} "
-                             "task(s)"))
+            problems.append(
+                (
+                    f"{algo}_{model}",
+                    "warning",
+                    f"aggregate ({metric}): task(s) {', '.join(left)} left out, as not every compared "
+                    f"{algo} group has them; the aggregate is over {len(covered.get((algo, model), ()))} "
+                    "task(s)",
+                )
+            )
     for r in agg.drop_duplicates(["algo", "model"]).itertuples(index=False):
         for task in r.single_run_tasks.split():
-            problems.append((f"{task}/{r.algo}_{r.model}", "warning",
-                             f"aggregate ({metric}): the task has a single {r.algo}/{r.model} run; it adds no "
-                             "bootstrap variance, so the aggregate's CI understates the uncertainty"))
+            problems.append(
+                (
+                    f"{task}/{r.algo}_{r.model}",
+                    "warning",
+                    f"aggregate ({metric}): the task has a single {r.algo}/{r.model} run; it adds no "
+                    "bootstrap variance, so the aggregate's CI understates the uncertainty",
+                )
+            )
     return problems
 
 
@@ -167,10 +217,16 @@ def _prob_greater(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return gt + 0.5 * eq
 
 
-def probability_of_improvement(scores: pd.DataFrame, model_x: str = "ffm", model_y: str = "gru",
-                               confidence: float = C.DEFAULT_CONFIDENCE, n_resamples: int = C.DEFAULT_RESAMPLES,
-                               seed: int = C.DEFAULT_SEED, value: str = "score",
-                               common_tasks: bool = True) -> pd.DataFrame:
+def probability_of_improvement(
+    scores: pd.DataFrame,
+    model_x: str = "ffm",
+    model_y: str = "gru",
+    confidence: float = C.DEFAULT_CONFIDENCE,
+    n_resamples: int = C.DEFAULT_RESAMPLES,
+    seed: int = C.DEFAULT_SEED,
+    value: str = "score",
+    common_tasks: bool = True,
+) -> pd.DataFrame:
     """P(model_x > model_y) per algorithm, averaged over the tasks both models ran; with ``common_tasks`` only
     over the algorithm's :func:`common_task_sets`: the tasks its aggregate is over, plus any without
     normalisation constants (the aggregate cannot score them; raw scores compare).
@@ -198,10 +254,20 @@ def probability_of_improvement(scores: pd.DataFrame, model_x: str = "ffm", model
         boot = np.mean([_prob_greater(x, y) for x, y in zip(bx, by)], axis=0)
         lo, hi = np.quantile(boot, [alpha, 1 - alpha])
         single = [t for t, x, y in zip(tasks, xs, ys) if min(len(x), len(y)) == 1]
-        rows.append({"algo": algo, "model_x": model_x, "model_y": model_y,
-                     "comparison": f"P({C.group_label(algo, model_x)} > {C.group_label(algo, model_y)})",
-                     "value": float(point), "ci_low": float(lo), "ci_high": float(hi),
-                     "n_tasks": len(tasks), "tasks": " ".join(tasks), "single_run_tasks": " ".join(single)})
+        rows.append(
+            {
+                "algo": algo,
+                "model_x": model_x,
+                "model_y": model_y,
+                "comparison": f"P({C.group_label(algo, model_x)} > {C.group_label(algo, model_y)})",
+                "value": float(point),
+                "ci_low": float(lo),
+                "ci_high": float(hi),
+                "n_tasks": len(tasks),
+                "tasks": " ".join(tasks),
+                "single_run_tasks": " ".join(single),
+            }
+        )
     return pd.DataFrame(rows, columns=POI_COLUMNS)
 
 
@@ -210,21 +276,26 @@ def improvement_pairs(models, baselines=("gru", "lstm"), challenger: str = "ffm"
     group of a baseline memory, within its source and across sources (ffm / gru, ffm@ref / gru@ref, ffm /
     gru@ref, ffm / a published GRU variant); other agents (C.is_model_group) are never compared."""
     models = sorted({m for m in models if C.is_model_group(m)})
-    return [(x, y) for x in models if C.memory_of(x) == challenger
-            for y in models if C.memory_of(y) in baselines]
+    return [(x, y) for x in models if C.memory_of(x) == challenger for y in models if C.memory_of(y) in baselines]
 
 
-def compare_models(scores: pd.DataFrame, baselines=("gru", "lstm"), challenger: str = "ffm",
-                   **boot) -> pd.DataFrame:
+def compare_models(scores: pd.DataFrame, baselines=("gru", "lstm"), challenger: str = "ffm", **boot) -> pd.DataFrame:
     """:func:`probability_of_improvement` for every pair of :func:`improvement_pairs`."""
-    frames = [probability_of_improvement(scores, x, y, **boot)
-              for x, y in improvement_pairs(scores["model"].unique(), baselines, challenger)]
+    frames = [
+        probability_of_improvement(scores, x, y, **boot)
+        for x, y in improvement_pairs(scores["model"].unique(), baselines, challenger)
+    ]
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=POI_COLUMNS)
 
 
-def performance_profile(norm: pd.DataFrame, taus: np.ndarray, confidence: float = C.DEFAULT_CONFIDENCE,
-                        n_resamples: int = C.DEFAULT_RESAMPLES, seed: int = C.DEFAULT_SEED) -> pd.DataFrame:
+def performance_profile(
+    norm: pd.DataFrame,
+    taus: np.ndarray,
+    confidence: float = C.DEFAULT_CONFIDENCE,
+    n_resamples: int = C.DEFAULT_RESAMPLES,
+    seed: int = C.DEFAULT_SEED,
+) -> pd.DataFrame:
     """Fraction of runs with normalised score > tau (tasks weighted equally), with stratified-bootstrap CI."""
     df = norm[np.isfinite(norm["norm_score"].to_numpy(float))]
     taus = np.asarray(taus, dtype=float)
@@ -239,8 +310,19 @@ def performance_profile(norm: pd.DataFrame, taus: np.ndarray, confidence: float 
         point = frac(per_task)
         boot = frac(stratified_resample(per_task, n_resamples, np.random.default_rng(group_seed(seed, algo, model))))
         lo, hi = np.quantile(boot, [alpha, 1 - alpha], axis=0)
-        frames.append(pd.DataFrame({"algo": algo, "model": model, "model_label": C.model_label(model),
-                                    "tau": taus, "fraction": point, "ci_low": lo, "ci_high": hi}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "algo": algo,
+                    "model": model,
+                    "model_label": C.model_label(model),
+                    "tau": taus,
+                    "fraction": point,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                }
+            )
+        )
     cols = ["algo", "model", "model_label", "tau", "fraction", "ci_low", "ci_high"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
@@ -248,8 +330,11 @@ def performance_profile(norm: pd.DataFrame, taus: np.ndarray, confidence: float 
 def profile_of_aggregate(norm: pd.DataFrame, agg: pd.DataFrame, n_taus: int = 101, **boot) -> pd.DataFrame:
     """:func:`performance_profile` of the groups and tasks the aggregate holds, on thresholds from 0 to the
     largest of 1 and their best score: a group left out of the aggregate does not stretch the axis."""
-    covered = {(r.algo, r.model, t) for r in agg.drop_duplicates(["algo", "model"]).itertuples(index=False)
-               for t in r.tasks.split()}
+    covered = {
+        (r.algo, r.model, t)
+        for r in agg.drop_duplicates(["algo", "model"]).itertuples(index=False)
+        for t in r.tasks.split()
+    }
     keys = list(zip(norm["algo"], norm["model"], norm["task"]))
     used = norm[np.array([k in covered for k in keys], dtype=bool)]
     finite = used["norm_score"].to_numpy(float)

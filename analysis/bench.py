@@ -63,8 +63,13 @@ def read_bench(files) -> tuple[pd.DataFrame, list[tuple[str, str, str]]]:
         values = pd.to_numeric(df["value"], errors="coerce")
         bad = values.isna()
         if bad.any():
-            problems.append((str(f), "warning",
-                             f"{int(bad.sum())} row(s) with non-numeric value dropped, e.g. {df.loc[bad, 'value'].iloc[0]!r}"))
+            problems.append(
+                (
+                    str(f),
+                    "warning",
+                    f"{int(bad.sum())} row(s) with non-numeric value dropped, e.g. {df.loc[bad, 'value'].iloc[0]!r}",
+                )
+            )
         df["value"] = values
         df["file"] = f.name
         frames.append(df[~bad])
@@ -73,8 +78,14 @@ def read_bench(files) -> tuple[pd.DataFrame, list[tuple[str, str, str]]]:
     out = pd.concat(frames, ignore_index=True)
     units = out.groupby("metric")["unit"].nunique()
     for metric in units[units > 1].index:
-        problems.append(("bench", "warning", f"metric {metric!r} appears with several units "
-                                             f"{sorted(out.loc[out.metric == metric, 'unit'].unique())}"))
+        problems.append(
+            (
+                "bench",
+                "warning",
+                f"metric {metric!r} appears with several units "
+                f"{sorted(out.loc[out.metric == metric, 'unit'].unique())}",
+            )
+        )
     return out, problems
 
 

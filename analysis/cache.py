@@ -69,13 +69,24 @@ def cache_text(table: pd.DataFrame, report: LoadReport) -> str | None:
         first = col.iloc[starts].reset_index(drop=True)
         if not col.equals(first.repeat(lengths).reset_index(drop=True)):
             return None
-        runs[c] = [None if pd.isna(v) else (bool(v) if c == "finished" else int(v) if c == "seed" else str(v))
-                   for v in first]
+        runs[c] = [
+            None if pd.isna(v) else (bool(v) if c == "finished" else int(v) if c == "seed" else str(v)) for v in first
+        ]
     rows = {c: table[c].to_numpy(float).tolist() for c in _ROW_COLUMNS}
-    return json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION, "run_lengths": lengths.tolist(),
-                       "runs": runs, "rows": rows,
-                       "report": {"found": report.n_runs_found, "loaded": report.n_runs_loaded,
-                                  "issues": [asdict(i) for i in report.issues]}})
+    return json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "version": CACHE_VERSION,
+            "run_lengths": lengths.tolist(),
+            "runs": runs,
+            "rows": rows,
+            "report": {
+                "found": report.n_runs_found,
+                "loaded": report.n_runs_loaded,
+                "issues": [asdict(i) for i in report.issues],
+            },
+        }
+    )
 
 
 def _check_list(value, n: int, types: tuple, what: str) -> list:
@@ -99,7 +110,7 @@ def table_from_cache(text: str) -> tuple[pd.DataFrame, LoadReport]:
         values = _check_list(data["runs"][c], len(lengths), types, c)
         expanded = np.repeat(np.array(values, dtype=object), lengths)
         dtype = "boolean" if c == "finished" else "Int64" if c == "seed" else object
-        cols[c] = pd.array(expanded, dtype=dtype) if dtype != object else expanded
+        cols[c] = pd.array(expanded, dtype=dtype) if dtype is not object else expanded
     for c in _ROW_COLUMNS:
         values = np.array(data["rows"][c], dtype=float)  # None -> NaN; anything but numbers raises
         if values.shape != (n_rows,):
@@ -111,4 +122,3 @@ def table_from_cache(text: str) -> tuple[pd.DataFrame, LoadReport]:
     for i in rep["issues"]:
         report.add(str(i["path"]), str(i["kind"]), str(i["reason"]))
     return table, report
-

@@ -42,46 +42,100 @@ BASELINES = tuple(m for m in C.MEMORY_MODELS if m != "ffm")
 
 def build_parser() -> argparse.ArgumentParser:
     epilog = "commands (optional first argument):\n" + "\n".join(f"  {c:<11} {h}" for c, h in _HELP.items())
-    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__, epilog=epilog,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m analysis",
+        description=__doc__,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runs", nargs="*", help="folders holding run directories (ours or the reference's logs/)")
-    p.add_argument("--published", action="append", default=[], metavar="DIR",
-                   help="POMDP-Baselines' published results (its data.zip's results/data/pomdp): every "
-                        "<Env>/<P|V>/final.csv below DIR joins the runs as groups of its own (repeatable)")
-    p.add_argument("--published-select", default=published.DEFAULT_SELECT, metavar="WHICH",
-                   help="published groups to show, comma separated: config (default: the task's tuned rnn.yml "
-                        "config, gru-64-oar-separate on BLT, for each algorithm), best (per task and algorithm, "
-                        "the variant with the best rundown score), all, or variant strings and method names as "
-                        "the files spell them (td3-gru-64-oa-separate, ppo_gru)")
+    p.add_argument(
+        "--published",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="POMDP-Baselines' published results (its data.zip's results/data/pomdp): every "
+        "<Env>/<P|V>/final.csv below DIR joins the runs as groups of its own (repeatable)",
+    )
+    p.add_argument(
+        "--published-select",
+        default=published.DEFAULT_SELECT,
+        metavar="WHICH",
+        help="published groups to show, comma separated: config (default: the task's tuned rnn.yml "
+        "config, gru-64-oar-separate on BLT, for each algorithm), best (per task and algorithm, "
+        "the variant with the best rundown score), all, or variant strings and method names as "
+        "the files spell them (td3-gru-64-oa-separate, ppo_gru)",
+    )
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--bench", action="append", default=[], metavar="FILE",
-                   help="benchmark CSV from `python -m pomdp_ffm.bench ... --csv FILE` (repeatable)")
+    p.add_argument(
+        "--bench",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="benchmark CSV from `python -m pomdp_ffm.bench ... --csv FILE` (repeatable)",
+    )
     p.add_argument("--seed", type=int, default=C.DEFAULT_SEED, help="seed of every bootstrap (default %(default)s)")
-    p.add_argument("--resamples", type=int, default=C.DEFAULT_RESAMPLES,
-                   help="bootstrap resamples (default %(default)s)")
+    p.add_argument(
+        "--resamples", type=int, default=C.DEFAULT_RESAMPLES, help="bootstrap resamples (default %(default)s)"
+    )
     p.add_argument("--confidence", type=float, default=C.DEFAULT_CONFIDENCE, help="CI level (default %(default)s)")
-    p.add_argument("--metric", choices=sorted(C.METRIC_DESCRIPTIONS), default=C.METRIC_RUNMAX,
-                   help="per-run score: runmax = final running max of eval return (FFM paper); "
-                        "last20 = mean of last 20%% of the smoothed curve (reference rundown)")
-    p.add_argument("--max-steps", type=float, default=None,
-                   help=f"ignore evaluations after this many env steps (BLT budget: {C.BLT_BUDGET})")
-    p.add_argument("--grid-start", type=float, default=None,
-                   help="first grid point in env steps (default: the reference's per task, 12000 or 2000 on Pendulum)")
-    p.add_argument("--grid-interval", type=float, default=None,
-                   help="grid spacing in env steps (default: the reference's per task, 4000 or 1000 on Pendulum)")
-    p.add_argument("--window", type=int, default=None,
-                   help="rolling-mean window in grid points (default: the reference's per task, 20 or 3 on Pendulum)")
-    p.add_argument("--last-frac", type=float, default=C.DEFAULT_LAST_FRACTION,
-                   help="fraction of the grid averaged by --metric last20")
-    p.add_argument("--curves", choices=["runmax", "smoothed"], default="runmax",
-                   help="line plots: running max (paper) or the reference's smoothed curve")
+    p.add_argument(
+        "--metric",
+        choices=sorted(C.METRIC_DESCRIPTIONS),
+        default=C.METRIC_RUNMAX,
+        help="per-run score: runmax = final running max of eval return (FFM paper); "
+        "last20 = mean of last 20%% of the smoothed curve (reference rundown)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=float,
+        default=None,
+        help=f"ignore evaluations after this many env steps (BLT budget: {C.BLT_BUDGET})",
+    )
+    p.add_argument(
+        "--grid-start",
+        type=float,
+        default=None,
+        help="first grid point in env steps (default: the reference's per task, 12000 or 2000 on Pendulum)",
+    )
+    p.add_argument(
+        "--grid-interval",
+        type=float,
+        default=None,
+        help="grid spacing in env steps (default: the reference's per task, 4000 or 1000 on Pendulum)",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="rolling-mean window in grid points (default: the reference's per task, 20 or 3 on Pendulum)",
+    )
+    p.add_argument(
+        "--last-frac",
+        type=float,
+        default=C.DEFAULT_LAST_FRACTION,
+        help="fraction of the grid averaged by --metric last20",
+    )
+    p.add_argument(
+        "--curves",
+        choices=["runmax", "smoothed"],
+        default="runmax",
+        help="line plots: running max (paper) or the reference's smoothed curve",
+    )
     p.add_argument("--beta", type=float, default=C.DEFAULT_BETA, help="forgetting threshold for t_alpha")
-    p.add_argument("--compare", default="gru,lstm", metavar="MODELS",
-                   help="baseline memories for P(FFM > baseline), comma separated (default gru,lstm): FFM is "
-                        "compared with each within its source and across sources")
+    p.add_argument(
+        "--compare",
+        default="gru,lstm",
+        metavar="MODELS",
+        help="baseline memories for P(FFM > baseline), comma separated (default gru,lstm): FFM is "
+        "compared with each within its source and across sources",
+    )
     p.add_argument("--formats", default="png,pdf", help="figure formats, comma separated (default png,pdf)")
-    p.add_argument("--pool-sources", action="store_true",
-                   help="pool reference-implementation runs with ours (default: separate groups, '(ref)')")
+    p.add_argument(
+        "--pool-sources",
+        action="store_true",
+        help="pool reference-implementation runs with ours (default: separate groups, '(ref)')",
+    )
     p.add_argument("--no-cache", action="store_true", help="re-read every run instead of using OUT/.cache")
     return p
 
@@ -126,8 +180,11 @@ class Context:
         return {"confidence": self.args.confidence, "n_resamples": self.args.resamples, "seed": self.args.seed}
 
     def metric_label(self) -> str:
-        return "Best eval return" if self.args.metric == C.METRIC_RUNMAX else \
-            f"Eval return (last {self.args.last_frac:.0%})"
+        return (
+            "Best eval return"
+            if self.args.metric == C.METRIC_RUNMAX
+            else f"Eval return (last {self.args.last_frac:.0%})"
+        )
 
     def metric_description(self) -> str:
         return C.metric_description(self.args.metric, self.args.last_frac)
@@ -139,8 +196,13 @@ class UsageError(Exception):
 
 def _score_settings(args: argparse.Namespace) -> dict:
     """stats.run_scores' settings from the options."""
-    return {"max_steps": args.max_steps, "grid_start": args.grid_start, "grid_interval": args.grid_interval,
-            "window": args.window, "last_fraction": args.last_frac}
+    return {
+        "max_steps": args.max_steps,
+        "grid_start": args.grid_start,
+        "grid_interval": args.grid_interval,
+        "window": args.window,
+        "last_fraction": args.last_frac,
+    }
 
 
 def _items(text: str) -> list[str]:
@@ -165,8 +227,10 @@ def _validate(args: argparse.Namespace, command: str) -> None:
         raise UsageError(f"--formats: unsupported format(s) {bad}; use png, pdf, svg")
     bad = [m for m in _items(args.compare) if m not in BASELINES]
     if bad or not _items(args.compare):
-        raise UsageError(f"--compare: unknown baseline {bad[0] if bad else args.compare!r}; choose from "
-                         f"{', '.join(BASELINES)}, comma separated")
+        raise UsageError(
+            f"--compare: unknown baseline {bad[0] if bad else args.compare!r}; choose from "
+            f"{', '.join(BASELINES)}, comma separated"
+        )
     try:
         published.parse_selection(args.published_select)
     except ValueError as exc:
@@ -188,8 +252,10 @@ def _read_published(args: argparse.Namespace):
     is made, so that an unknown name in --published-select leaves nothing behind."""
     table, problems, n_found, n_read = published.read_published(args.published)
     if not n_found:
-        raise UsageError(f"no {published.FILE_NAME} below --published {', '.join(args.published)} (expected "
-                         f"<Env>/<P|V>/{published.FILE_NAME}, as in POMDP-Baselines' results/data/pomdp)")
+        raise UsageError(
+            f"no {published.FILE_NAME} below --published {', '.join(args.published)} (expected "
+            f"<Env>/<P|V>/{published.FILE_NAME}, as in POMDP-Baselines' results/data/pomdp)"
+        )
     try:
         chosen, why = published.select(table, args.published_select, **_score_settings(args))
     except ValueError as exc:
@@ -209,8 +275,10 @@ def _load(ctx: Context, pub=None) -> None:
             raise UsageError(str(exc)) from exc
         if table.empty:
             skipped = "".join(f"\n  skipped {i.path}: {i.reason}" for i in report.skipped)
-            raise UsageError(f"no usable runs (folders with a {rundirs.PROGRESS} holding evaluations) under "
-                             f"{', '.join(map(str, a.runs))}{skipped}")
+            raise UsageError(
+                f"no usable runs (folders with a {rundirs.PROGRESS} holding evaluations) under "
+                f"{', '.join(map(str, a.runs))}{skipped}"
+            )
         if not a.pool_sources:
             table = load.separate_sources(table)
         print(f"loaded {report.n_runs_loaded} of {report.n_runs_found} run dir(s)")
@@ -219,8 +287,10 @@ def _load(ctx: Context, pub=None) -> None:
         report.extend(problems)
         # Published curves are never pooled (another engine, see published.STACK): their model keeps "@pub".
         table = pd.concat([table, chosen], ignore_index=True) if len(table) else chosen.reset_index(drop=True)
-        print(f"read {report.n_published_read} of {report.n_published_found} published file(s); showing "
-              f"{len(ctx.published)} published group(s) ({a.published_select})")
+        print(
+            f"read {report.n_published_read} of {report.n_published_found} published file(s); showing "
+            f"{len(ctx.published)} published group(s) ({a.published_select})"
+        )
     ctx.table, ctx.report = table, report
     # Scores and curves depend on how far each run got: say which horizon each group is scored on.
     ctx.horizons, problems = stats.horizons(table, a.max_steps)
@@ -235,12 +305,21 @@ def cmd_table(ctx: Context) -> None:
     except ImportError as exc:
         ctx.notes.append(f"Parquet export skipped: {exc}")
     scores = ctx.scores()
-    ctx.emit(write_table(scores.drop(columns=["source"]), ctx.tables(f"scores_{ctx.args.metric}"),
-                         title=f"Per-run score: {ctx.metric_description()}"))
+    ctx.emit(
+        write_table(
+            scores.drop(columns=["source"]),
+            ctx.tables(f"scores_{ctx.args.metric}"),
+            title=f"Per-run score: {ctx.metric_description()}",
+        )
+    )
     summary = stats.summarize(scores, **ctx.boot())
-    ctx.emit(write_table(summary, ctx.tables(f"summary_{ctx.args.metric}"),
-                         title=f"Mean over runs, {ctx.args.confidence:.0%} bootstrap CI "
-                               f"({ctx.metric_description()})"))
+    ctx.emit(
+        write_table(
+            summary,
+            ctx.tables(f"summary_{ctx.args.metric}"),
+            title=f"Mean over runs, {ctx.args.confidence:.0%} bootstrap CI ({ctx.metric_description()})",
+        )
+    )
 
 
 def cmd_bars(ctx: Context) -> None:
@@ -248,8 +327,9 @@ def cmd_bars(ctx: Context) -> None:
     summary = stats.summarize(scores, **ctx.boot())
     name = f"bars_{ctx.args.metric}"
     ctx.emit(write_table(summary, ctx.tables(name), title=ctx.metric_description()))
-    ctx.emit(figures.plot_task_bars(summary, scores, ctx.figs(name), ctx.metric_label(), ctx.formats,
-                                    ctx.args.confidence))
+    ctx.emit(
+        figures.plot_task_bars(summary, scores, ctx.figs(name), ctx.metric_label(), ctx.formats, ctx.args.confidence)
+    )
 
 
 def cmd_lines(ctx: Context) -> None:
@@ -260,8 +340,9 @@ def cmd_lines(ctx: Context) -> None:
     ctx.emit(write_table(band, ctx.tables(f"lines_{a.curves}"), title=f"Learning curves ({a.curves})"))
     y = "Best eval return so far" if a.curves == "runmax" else "Eval return (smoothed)"
     for algo in sorted(on_grid["algo"].unique()):
-        ctx.emit(figures.plot_curves(on_grid, band, ctx.figs(f"lines_{a.curves}_{algo}"), algo, y, ctx.formats,
-                                     a.confidence))
+        ctx.emit(
+            figures.plot_curves(on_grid, band, ctx.figs(f"lines_{a.curves}_{algo}"), algo, y, ctx.formats, a.confidence)
+        )
 
 
 def cmd_aggregate(ctx: Context) -> None:
@@ -276,25 +357,46 @@ def cmd_aggregate(ctx: Context) -> None:
     ctx.report.extend(aggregate.aggregate_problems(norm, agg, a.metric))
     poi = aggregate.compare_models(scores, _items(a.compare), **ctx.boot())
     if poi.empty:
-        ctx.report.add("probability of improvement", "warning",
-                       f"no task has an FFM group and a {'/'.join(_items(a.compare))} group of the same algorithm, "
-                       "so FFM is compared with nothing")
+        ctx.report.add(
+            "probability of improvement",
+            "warning",
+            f"no task has an FFM group and a {'/'.join(_items(a.compare))} group of the same algorithm, "
+            "so FFM is compared with nothing",
+        )
     else:
         for r in poi[poi["single_run_tasks"] != ""].itertuples(index=False):
-            ctx.report.add(f"{r.algo}: {r.model_x} vs {r.model_y}", "warning",
-                           f"probability of improvement ({a.metric}): task(s) {r.single_run_tasks} have a single run "
-                           "of one side; they add no bootstrap variance from it, so the CI understates the "
-                           "uncertainty")
-        ctx.emit(write_table(poi, ctx.tables("probability_of_improvement"),
-                             title=f"Probability that FFM beats the baseline on a task ({a.metric}, raw scores)"))
-    ctx.emit(write_table(norm.drop(columns=["source"]), ctx.tables(f"normalised_{a.metric}"),
-                         title="(score - Random) / (Oracle - Random)"))
+            ctx.report.add(
+                f"{r.algo}: {r.model_x} vs {r.model_y}",
+                "warning",
+                f"probability of improvement ({a.metric}): task(s) {r.single_run_tasks} have a single run "
+                "of one side; they add no bootstrap variance from it, so the CI understates the "
+                "uncertainty",
+            )
+        ctx.emit(
+            write_table(
+                poi,
+                ctx.tables("probability_of_improvement"),
+                title=f"Probability that FFM beats the baseline on a task ({a.metric}, raw scores)",
+            )
+        )
+    ctx.emit(
+        write_table(
+            norm.drop(columns=["source"]),
+            ctx.tables(f"normalised_{a.metric}"),
+            title="(score - Random) / (Oracle - Random)",
+        )
+    )
     if agg.empty:
         ctx.notes.append("aggregate: no normalisable task; aggregate figure and profile skipped")
         return
-    ctx.emit(write_table(agg, ctx.tables(f"aggregate_{a.metric}"),
-                         title=f"Normalised {a.metric} over tasks, {a.confidence:.0%} stratified-bootstrap CI "
-                               f"(optimality gap: 1 - mean of scores capped at 1, lower is better)"))
+    ctx.emit(
+        write_table(
+            agg,
+            ctx.tables(f"aggregate_{a.metric}"),
+            title=f"Normalised {a.metric} over tasks, {a.confidence:.0%} stratified-bootstrap CI "
+            f"(optimality gap: 1 - mean of scores capped at 1, lower is better)",
+        )
+    )
     ctx.emit(figures.plot_aggregate(agg, ctx.figs(f"aggregate_{a.metric}"), ctx.formats, a.confidence))
     profile = aggregate.profile_of_aggregate(norm, agg, **ctx.boot())
     ctx.emit(write_table(profile, ctx.tables(f"profile_{a.metric}"), title="Performance profile"))
@@ -314,8 +416,11 @@ def cmd_decay(ctx: Context) -> None:
     for (task, algo), d in values.groupby(["task", "algo"], sort=True):
         n_runs = d["run_id"].nunique()
         title = f"{figures.task_label(task)}, FFM + {C.algo_label(algo)} ({n_runs} run{'s' if n_runs > 1 else ''})"
-        ctx.emit(figures.plot_decay(d, ctx.figs(f"decay_{figures.task_label(task)}_{algo}"), title,
-                                    ctx.args.beta, ctx.formats))
+        ctx.emit(
+            figures.plot_decay(
+                d, ctx.figs(f"decay_{figures.task_label(task)}_{algo}"), title, ctx.args.beta, ctx.formats
+            )
+        )
 
 
 def cmd_efficiency(ctx: Context) -> None:
@@ -340,8 +445,10 @@ def cmd_efficiency(ctx: Context) -> None:
 def _check_max_steps(ctx: Context) -> None:
     first = None if ctx.table is None or ctx.table.empty else ctx.table["env_steps"].min()
     if ctx.args.max_steps is not None and first is not None and ctx.args.max_steps < first:
-        raise UsageError(f"--max-steps {ctx.args.max_steps:g} is below every run's first evaluation (the earliest is "
-                         f"at {int(first)} env steps): nothing would be left to analyse")
+        raise UsageError(
+            f"--max-steps {ctx.args.max_steps:g} is below every run's first evaluation (the earliest is "
+            f"at {int(first)} env steps): nothing would be left to analyse"
+        )
 
 
 def _swap_in(new: Path, out: Path) -> None:
@@ -370,8 +477,14 @@ def _prepare_out(out: str) -> Path | None:
     return path
 
 
-_RUNNERS = {"table": cmd_table, "bars": cmd_bars, "lines": cmd_lines, "aggregate": cmd_aggregate,
-            "decay": cmd_decay, "efficiency": cmd_efficiency}
+_RUNNERS = {
+    "table": cmd_table,
+    "bars": cmd_bars,
+    "lines": cmd_lines,
+    "aggregate": cmd_aggregate,
+    "decay": cmd_decay,
+    "efficiency": cmd_efficiency,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,8 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as e:  # met writing the report (reads are reported per run): a read-only --out, a full disk
         where = f" ({e.filename})" if e.filename else ""
-        print(f"error: the report cannot be written{where}: {e.strerror or e}; the previous report in --out is "
-              "unchanged: free some space or make --out writable, then rerun", file=sys.stderr)
+        print(
+            f"error: the report cannot be written{where}: {e.strerror or e}; the previous report in --out is "
+            "unchanged: free some space or make --out writable, then rerun",
+            file=sys.stderr,
+        )
         return EXIT_UNWRITABLE
 
 

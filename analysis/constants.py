@@ -67,6 +67,7 @@ def curve_defaults(task: str) -> tuple[float, float, int]:
     """(grid start, grid interval, smoothing window) the reference used for this task's family."""
     return PENDULUM_CURVE if str(task).startswith("Pendulum") else LOCOMOTION_CURVE
 
+
 METRIC_RUNMAX = "runmax"
 METRIC_LAST20 = "last20"
 METRIC_DESCRIPTIONS = {
@@ -131,12 +132,11 @@ PUB_SUFFIX = "@pub"
 SOURCE_SUFFIXES = {"reference": REF_SUFFIX, "published": PUB_SUFFIX}
 # A published variant of the reference's own method, by its tags but the algorithm (RL-Encoder-Len-Inputs[-Arch],
 # the reference's scripts/constants.py): "gru-64-oa-separate".
-PUBLISHED_VARIANT_RE = re.compile(
-    r"^(?P<encoder>[a-z0-9]+)-(?P<len>-?\d+)-(?P<inputs>[a-z]+)(?:-(?P<arch>[a-z]+))?$")
+PUBLISHED_VARIANT_RE = re.compile(r"^(?P<encoder>[a-z0-9]+)-(?P<len>-?\d+)-(?P<inputs>[a-z]+)(?:-(?P<arch>[a-z]+))?$")
 
 
 def model_source(model: str) -> str:
-    """"reference", "published" or "ours", read off the model's suffix (pooled reference runs read as ours)."""
+    """ "reference", "published" or "ours", read off the model's suffix (pooled reference runs read as ours)."""
     return next((src for src, suffix in SOURCE_SUFFIXES.items() if model.endswith(suffix)), "ours")
 
 
@@ -176,7 +176,7 @@ def is_model_group(model: str) -> bool:
 
 
 def model_label(model: str) -> str:
-    """"GRU", "GRU (ref)", "GRU (ref, oracle)", "GRU (2 layers)", "GRU len-64 oa (published)"."""
+    """ "GRU", "GRU (ref)", "GRU (ref, oracle)", "GRU (2 layers)", "GRU len-64 oa (published)"."""
     if model_source(model) == "published":
         m = PUBLISHED_VARIANT_RE.match(base_model(model))
         if m is None:
@@ -186,7 +186,8 @@ def model_label(model: str) -> str:
         return f"{encoder} len-{m.group('len')} {m.group('inputs')}{arch} (published)"
     memory, *tags = base_model(model).split(VARIANT_SEP)
     extras = (["ref"] if model.endswith(REF_SUFFIX) else []) + [
-        _VARIANT_LABELS.get(t, re.sub(r"^(\d+)layer$", r"\1 layers", t)) for t in tags]
+        _VARIANT_LABELS.get(t, re.sub(r"^(\d+)layer$", r"\1 layers", t)) for t in tags
+    ]
     label = MODEL_LABELS.get(memory, memory.upper())
     return f"{label} ({', '.join(extras)})" if extras else label
 

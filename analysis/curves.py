@@ -9,13 +9,17 @@ import pandas as pd
 from scipy import stats as sps
 
 from . import constants as C
-from .stats import (GROUP, curve_settings, each_run, fmt_steps, group_path, group_seed, reference_curve,
-                    resampling_order)
+from .stats import GROUP, curve_settings, each_run, fmt_steps, group_path, group_seed, reference_curve, resampling_order
 
 
-def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float | None = None,
-                   grid_interval: float | None = None, window: int | None = None,
-                   max_steps: float | None = None) -> pd.DataFrame:
+def curves_on_grid(
+    table: pd.DataFrame,
+    style: str = "runmax",
+    grid_start: float | None = None,
+    grid_interval: float | None = None,
+    window: int | None = None,
+    max_steps: float | None = None,
+) -> pd.DataFrame:
     """Per-run curves on a common env-step grid, for line plots with a CI band.
 
     ``style="runmax"`` is the running maximum of the eval return; ``"smoothed"``
@@ -39,16 +43,28 @@ def curves_on_grid(table: pd.DataFrame, style: str = "runmax", grid_start: float
         else:
             grid, y = reference_curve(steps, ret, start, interval, win, max_steps)
         first = run.iloc[0]
-        frames.append(pd.DataFrame({"run_id": run_id, "task": first["task"], "algo": first["algo"],
-                                    "model": first["model"], "trial": first["trial"],
-                                    "env_steps": grid, "value": y}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run_id": run_id,
+                    "task": first["task"],
+                    "algo": first["algo"],
+                    "model": first["model"],
+                    "trial": first["trial"],
+                    "env_steps": grid,
+                    "value": y,
+                }
+            )
+        )
     cols = ["run_id", "task", "algo", "model", "trial", "env_steps", "value"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
 
-CURVE_RULE = ("the mean and its band are computed only at grid points that every run of the group reaches, i.e. "
-              "up to the shortest run's last evaluation, so every point of the mean averages the same runs; "
-              "longer runs are still drawn as thin lines beyond it")
+CURVE_RULE = (
+    "the mean and its band are computed only at grid points that every run of the group reaches, i.e. "
+    "up to the shortest run's last evaluation, so every point of the mean averages the same runs; "
+    "longer runs are still drawn as thin lines beyond it"
+)
 
 
 def _common_points(wide: pd.DataFrame) -> pd.Index:
@@ -61,8 +77,12 @@ def _wide(g: pd.DataFrame) -> pd.DataFrame:
     return g.pivot_table(index="run_id", columns="env_steps", values="value", aggfunc="first", dropna=False)
 
 
-def curve_band(curves: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
-               n_resamples: int = C.DEFAULT_RESAMPLES, seed: int = C.DEFAULT_SEED) -> pd.DataFrame:
+def curve_band(
+    curves: pd.DataFrame,
+    confidence: float = C.DEFAULT_CONFIDENCE,
+    n_resamples: int = C.DEFAULT_RESAMPLES,
+    seed: int = C.DEFAULT_SEED,
+) -> pd.DataFrame:
     """Mean over runs and percentile-bootstrap CI along the grid of each (task, algo, model).
 
     The rule (``CURVE_RULE``): a grid point gets a mean (and a band) only if every
@@ -92,15 +112,32 @@ def curve_band(curves: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
         if len(data) >= 2:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                res = sps.bootstrap((data,), np.mean, axis=0, confidence_level=confidence,
-                                    n_resamples=n_resamples, method="percentile",
-                                    rng=np.random.default_rng(group_seed(seed, task, algo, model)))
+                res = sps.bootstrap(
+                    (data,),
+                    np.mean,
+                    axis=0,
+                    confidence_level=confidence,
+                    n_resamples=n_resamples,
+                    method="percentile",
+                    rng=np.random.default_rng(group_seed(seed, task, algo, model)),
+                )
             low, high = np.asarray(res.confidence_interval.low, float), np.asarray(res.confidence_interval.high, float)
             const = np.all(data == data[0], axis=0)
             low[const] = high[const] = data[0, const]
-        rows.append(pd.DataFrame({"task": task, "algo": algo, "model": model,
-                                  "env_steps": wide.columns.to_numpy(float), "mean": mean, "ci_low": low,
-                                  "ci_high": high, "n_runs": len(data)}))
+        rows.append(
+            pd.DataFrame(
+                {
+                    "task": task,
+                    "algo": algo,
+                    "model": model,
+                    "env_steps": wide.columns.to_numpy(float),
+                    "mean": mean,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "n_runs": len(data),
+                }
+            )
+        )
     cols = ["task", "algo", "model", "env_steps", "mean", "ci_low", "ci_high", "n_runs"]
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=cols)
 
@@ -119,9 +156,14 @@ def curve_cuts(curves: pd.DataFrame) -> list[tuple[str, str, str]]:
         ends = {rid: float(wide.columns[row.to_numpy()].max()) for rid, row in present.iterrows()}
         starts = {rid: float(wide.columns[row.to_numpy()].min()) for rid, row in present.iterrows()}
         if not len(common):
-            problems.append((group_path(task, algo, model), "warning",
-                             f"learning curves: the {len(wide)} runs share no grid point, so no mean line or band "
-                             "is drawn; only the runs are"))
+            problems.append(
+                (
+                    group_path(task, algo, model),
+                    "warning",
+                    f"learning curves: the {len(wide)} runs share no grid point, so no mean line or band "
+                    "is drawn; only the runs are",
+                )
+            )
             continue
         lo, hi = float(common.min()), float(common.max())
         shortest = min(ends, key=ends.get)
@@ -130,8 +172,10 @@ def curve_cuts(curves: pd.DataFrame) -> list[tuple[str, str, str]]:
         late = [f"{rid} (starts at {fmt_steps(s)})" for rid, s in sorted(starts.items()) if s > first]
         what = f"mean line and band drawn over all {len(wide)} runs from {fmt_steps(lo)} to {fmt_steps(hi)} env steps"
         if cut:
-            what += (f", where the shortest run ({shortest}) ends; {len(cut)} longer run(s) are left out of the "
-                     f"mean beyond it (drawn as thin lines): {', '.join(cut)}")
+            what += (
+                f", where the shortest run ({shortest}) ends; {len(cut)} longer run(s) are left out of the "
+                f"mean beyond it (drawn as thin lines): {', '.join(cut)}"
+            )
         if late:
             what += f"; run(s) starting later: {', '.join(late)}"
         problems.append((group_path(task, algo, model), "warning", f"learning curves: {what}"))

@@ -32,8 +32,9 @@ FFM_KEY_RE = re.compile(r"^(?P<module>actor|critic)\..*memory\.(?P<param>alpha|o
 REFERENCE_FFM_KEY_RE = re.compile(r"^(?P<module>actor|critic)\..*\.ff[am]\.(?P<param>a|b)$")
 _REFERENCE_PARAMS = {"a": ("alpha", -1.0), "b": ("omega", 1.0)}
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-NO_CHECKPOINT = (f"FFM run has no checkpoint (*.pt under {Path(RunDir.CHECKPOINT).parent.as_posix()}/ "
-                 f"or {RunDir.SNAPSHOTS}/)")
+NO_CHECKPOINT = (
+    f"FFM run has no checkpoint (*.pt under {Path(RunDir.CHECKPOINT).parent.as_posix()}/ or {RunDir.SNAPSHOTS}/)"
+)
 
 
 def _ffm_key(key) -> tuple[str, str, float] | None:
@@ -58,8 +59,11 @@ def checkpoint_candidates(run_dir: str | Path) -> list[Path]:
     files = [p for p in run.checkpoint_files() if p.is_file()]
     first = [p for p in files if p == run.checkpoint]
     diverged = [p for p in files if p == run / RunDir.DIVERGED]
-    rest = sorted((p for p in files if p not in first and p not in diverged),
-                  key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+    rest = sorted(
+        (p for p in files if p not in first and p not in diverged),
+        key=lambda p: (p.stat().st_mtime_ns, p.name),
+        reverse=True,
+    )
     return first + rest + diverged
 
 
@@ -164,11 +168,22 @@ def load_decay(runs: pd.DataFrame, beta: float = C.DEFAULT_BETA) -> tuple[pd.Dat
                 if n_inf:
                     what = "alpha <= 0 (no decay)" if param == "alpha" else "omega == 0 (no rotation)"
                     problems.append((str(ckpt), "note", f"{key}: {n_inf} entr(y/ies) with {what}; timescale infinite"))
-                frames.append(pd.DataFrame({
-                    "run_id": run.run_id, "task": run.task, "algo": run.algo, "module": module, "param": param,
-                    "key": key, "index": np.arange(len(values)), "value": values,
-                    "quantity": "t_alpha" if param == "alpha" else "t_omega", "steps": steps,
-                    "checkpoint": ckpt.name,
-                }))
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "run_id": run.run_id,
+                            "task": run.task,
+                            "algo": run.algo,
+                            "module": module,
+                            "param": param,
+                            "key": key,
+                            "index": np.arange(len(values)),
+                            "value": values,
+                            "quantity": "t_alpha" if param == "alpha" else "t_omega",
+                            "steps": steps,
+                            "checkpoint": ckpt.name,
+                        }
+                    )
+                )
     cols = ["run_id", "task", "algo", "module", "param", "key", "index", "value", "quantity", "steps", "checkpoint"]
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)), problems

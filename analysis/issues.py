@@ -9,9 +9,9 @@ tree cannot hide the one that matters.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 
@@ -61,8 +61,11 @@ class LoadReport:
 
     def summary(self) -> str:
         """The one count of skipped input and warnings: the console and report.md both print this line."""
-        published = (f", {self.n_published_found} published file(s) found, {self.n_published_read} read"
-                     if self.n_published_found else "")
+        published = (
+            f", {self.n_published_found} published file(s) found, {self.n_published_read} read"
+            if self.n_published_found
+            else ""
+        )
         return (
             f"{self.n_runs_found} run dir(s) found, {self.n_runs_loaded} loaded{published}; "
             f"{len(self.skipped)} skipped, {len(self.warnings)} warning(s)"

@@ -76,8 +76,11 @@ def _warn_duplicates(table: pd.DataFrame, report: LoadReport) -> None:
     runs = table.drop_duplicates("run_id")
     dup = runs[runs["seed"].notna()].groupby(["source", "task", "algo", "model", "seed"])["run_id"].nunique()
     for (source, task, algo, model, seed), n in dup[dup > 1].items():
-        report.add(f"{task}/{algo}_{model} ({source})", "warning",
-                   f"seed {seed} appears in {n} runs; each is kept as a separate trial")
+        report.add(
+            f"{task}/{algo}_{model} ({source})",
+            "warning",
+            f"seed {seed} appears in {n} runs; each is kept as a separate trial",
+        )
 
 
 def _warn_mixed_setups(table: pd.DataFrame, setups: dict[str, dict], report: LoadReport) -> None:
@@ -96,9 +99,12 @@ def _warn_mixed_setups(table: pd.DataFrame, setups: dict[str, dict], report: Loa
                 differ.append(f"{k}: " + ", ".join(f"{v} ({n} run{'s' if n > 1 else ''})" for v, n in counts.items()))
         if differ:
             more = f"; and {len(differ) - 3} more setting(s)" if len(differ) > 3 else ""
-            report.add(f"{task}/{algo}_{model} ({source})", "warning",
-                       f"its runs differ in more than the seed, yet are pooled as one group: {'; '.join(differ[:3])}"
-                       f"{more}. Analyse the experiments' folders apart to compare them")
+            report.add(
+                f"{task}/{algo}_{model} ({source})",
+                "warning",
+                f"its runs differ in more than the seed, yet are pooled as one group: {'; '.join(differ[:3])}"
+                f"{more}. Analyse the experiments' folders apart to compare them",
+            )
 
 
 def build_table(roots: Iterable[str | Path]) -> tuple[pd.DataFrame, LoadReport]:

@@ -140,10 +140,16 @@ def eval_rows(raw: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
     bad = has_x & ~np.isfinite(ret)
     if bad.any():
         steps_bad = raw.loc[bad, C.COL_ENV_STEPS].to_numpy(float)
-        kinds = [k for k, hit in (("NaN or empty", np.isnan(ret[bad]).any()), ("inf", np.isinf(ret[bad]).any()))
-                 if hit]
-        problems.append(("warning", (f"{int(bad.sum())} eval return(s) not finite ({', '.join(kinds)}) at env "
-                                     f"step(s) {_steps_text(steps_bad)}; left out of scores and curves")))
+        kinds = [k for k, hit in (("NaN or empty", np.isnan(ret[bad]).any()), ("inf", np.isinf(ret[bad]).any())) if hit]
+        problems.append(
+            (
+                "warning",
+                (
+                    f"{int(bad.sum())} eval return(s) not finite ({', '.join(kinds)}) at env "
+                    f"step(s) {_steps_text(steps_bad)}; left out of scores and curves"
+                ),
+            )
+        )
     keep = has_x & np.isfinite(ret)
     ev = raw.loc[keep].copy()
     if ev.empty:
@@ -154,7 +160,7 @@ def eval_rows(raw: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
     if np.any(np.diff(steps) < 0):
         problems.append(("warning", "env steps go backwards (restarted run appended?); rows sorted by env steps"))
         ev = ev.sort_values(C.COL_ENV_STEPS, kind="stable")
-    out = pd.DataFrame({tidy: ev[col].to_numpy() if col in ev.columns else np.nan
-                        for col, tidy in C.EVAL_COLUMNS.items()})
+    out = pd.DataFrame(
+        {tidy: ev[col].to_numpy() if col in ev.columns else np.nan for col, tidy in C.EVAL_COLUMNS.items()}
+    )
     return out, problems
-

@@ -50,15 +50,19 @@ TUNED_RNN = {"BLT": "gru-64-oar-separate", "Pendulum": "lstm-200-oar-separate"}
 SELECT_KEYWORDS = ("config", "best", "all")
 DEFAULT_SELECT = "config"
 
-STACK = ("The published runs used gym 0.21 with the pybullet_envs of pybullet 3.1.0; ours use Gymnasium with "
-         "pybullet-envs-gymnasium on pybullet 3.2.7, whose engine parts from 3.1.0's at the first contact "
-         "(patches/006-gymnasium-envs.md), so the two sides are compared as distributions of returns, never run "
-         "by run.")
-GRID = ("The published curves are the reference's merge of its runs: each run's evaluations linearly interpolated "
-        "to a grid (from 12000 env steps every 4000 on the BLT tasks) and rounded to 2 decimals; the first and last "
-        "values are held beyond the run's evaluations. Their scores are computed on that grid with the same rules as "
-        "ours, so a published run's best so far is the best grid value, which is below its best evaluation where "
-        "that fell between grid points.")
+STACK = (
+    "The published runs used gym 0.21 with the pybullet_envs of pybullet 3.1.0; ours use Gymnasium with "
+    "pybullet-envs-gymnasium on pybullet 3.2.7, whose engine parts from 3.1.0's at the first contact "
+    "(patches/006-gymnasium-envs.md), so the two sides are compared as distributions of returns, never run "
+    "by run."
+)
+GRID = (
+    "The published curves are the reference's merge of its runs: each run's evaluations linearly interpolated "
+    "to a grid (from 12000 env steps every 4000 on the BLT tasks) and rounded to 2 decimals; the first and last "
+    "values are held beyond the run's evaluations. Their scores are computed on that grid with the same rules as "
+    "ours, so a published run's best so far is the best grid value, which is below its best evaluation where "
+    "that fell between grid points."
+)
 
 
 def tuned_config(task: str) -> str | None:
@@ -81,7 +85,7 @@ def find_files(roots) -> list[Path]:
             found.append(root)
             continue
         below = []
-        for dirpath, dirnames, filenames in os.walk(root):
+        for dirpath, _, filenames in os.walk(root):
             below += [Path(dirpath) / FILE_NAME] if FILE_NAME in filenames else []
         found += sorted(below)
     return list(dict.fromkeys(found))
@@ -124,13 +128,22 @@ def _rows(text: str) -> tuple[pd.DataFrame | None, list[tuple[str, str]]]:
         return None, [("skipped", f"no header line, or repeated column names: {str(header)[:200]}")]
     missing = [c for c in REQUIRED if c not in header]
     if missing:
-        return None, [("skipped", f"missing column(s) {missing}: not a final.csv as the reference's merge_csv.py "
-                                  f"writes it (columns {', '.join(REQUIRED)}, and {', '.join(VARIANT_TAGS)})")]
+        return None, [
+            (
+                "skipped",
+                f"missing column(s) {missing}: not a final.csv as the reference's merge_csv.py "
+                f"writes it (columns {', '.join(REQUIRED)}, and {', '.join(VARIANT_TAGS)})",
+            )
+        ]
     good = [r for r in rows if len(r) == len(header)]
     problems = []
     if len(good) < len(rows):
-        problems.append(("warning", f"{len(rows) - len(good)} row(s) with another number of fields than the header "
-                                    f"({len(header)}) dropped"))
+        problems.append(
+            (
+                "warning",
+                f"{len(rows) - len(good)} row(s) with another number of fields than the header ({len(header)}) dropped",
+            )
+        )
     return pd.DataFrame(good, columns=header), problems
 
 
@@ -156,8 +169,13 @@ def read_final_csv(path: Path, max_bytes: int = MAX_BYTES) -> tuple[pd.DataFrame
     lacking = [t for t in VARIANT_TAGS[:4] if t not in df.columns]  # Arch may be absent: older merges
     keep = np.ones(len(df), dtype=bool)
     if own.any() and lacking:
-        problems.append(("warning", f"{int(own.sum())} row(s) of method {OWN_METHOD!r} dropped: no {lacking} "
-                                    "column(s) to name their variant"))
+        problems.append(
+            (
+                "warning",
+                f"{int(own.sum())} row(s) of method {OWN_METHOD!r} dropped: no {lacking} "
+                "column(s) to name their variant",
+            )
+        )
         keep &= ~own
     tags = [t for t in VARIANT_TAGS if t in df.columns] if not lacking else []
     ok = _valid_names(df, ["trial", "method"])
@@ -168,31 +186,54 @@ def read_final_csv(path: Path, max_bytes: int = MAX_BYTES) -> tuple[pd.DataFrame
     if (keep & ~ok).any():
         shown = ["trial", "method", *tags]
         example = df.loc[keep & ~ok, shown].iloc[0].tolist()
-        problems.append(("warning", f"{int((keep & ~ok).sum())} row(s) whose {'/'.join(shown)} are not plain names "
-                                    f"dropped, e.g. {str(example)[:100]}"))
+        problems.append(
+            (
+                "warning",
+                f"{int((keep & ~ok).sum())} row(s) whose {'/'.join(shown)} are not plain names "
+                f"dropped, e.g. {str(example)[:100]}",
+            )
+        )
         keep &= ok
     steps = pd.to_numeric(df["env_steps"], errors="coerce").to_numpy(float)
     ret = pd.to_numeric(df["return"], errors="coerce").to_numpy(float)
     finite = np.isfinite(steps) & np.isfinite(ret)
     if (keep & ~finite).any():
         example = df.loc[keep & ~finite, ["env_steps", "return"]].iloc[0].tolist()
-        problems.append(("warning", f"{int((keep & ~finite).sum())} row(s) whose env_steps or return is not a "
-                                    f"finite number dropped, e.g. {str(example)[:60]}"))
+        problems.append(
+            (
+                "warning",
+                f"{int((keep & ~finite).sum())} row(s) whose env_steps or return is not a "
+                f"finite number dropped, e.g. {str(example)[:60]}",
+            )
+        )
         keep &= finite
     df, steps, ret, own = df[keep], steps[keep], ret[keep], own[keep]
     rl = df["RL"].str.lower() if "RL" in df.columns else pd.Series("", index=df.index)
     # The reference's variant string less its algorithm (the group's algo): Encoder-Len-Inputs[-Arch].
-    variant = df[tags[1]].str.lower().str.cat([df[t].str.lower() for t in tags[2:]], sep="-") if tags \
+    variant = (
+        df[tags[1]].str.lower().str.cat([df[t].str.lower() for t in tags[2:]], sep="-")
+        if tags
         else pd.Series("", index=df.index)
-    out = pd.DataFrame({
-        "instance": np.where(own, rl + "-" + variant, df["method"]),
-        "algo": np.where(rl != "", rl, df["method"].str.lower()),
-        "model": np.where(own, variant, df["method"]) + C.PUB_SUFFIX,
-        "trial": df["trial"].to_numpy(), "env_steps": steps, "eval_return": ret})
+    )
+    out = pd.DataFrame(
+        {
+            "instance": np.where(own, rl + "-" + variant, df["method"]),
+            "algo": np.where(rl != "", rl, df["method"].str.lower()),
+            "model": np.where(own, variant, df["method"]) + C.PUB_SUFFIX,
+            "trial": df["trial"].to_numpy(),
+            "env_steps": steps,
+            "eval_return": ret,
+        }
+    )
     dup = out.duplicated(["instance", "trial", "env_steps"])
     if dup.any():
-        problems.append(("warning", f"{int(dup.sum())} repeated (variant, trial, env_steps) row(s) dropped (two runs "
-                                    "under one trial name?); the first of each kept"))
+        problems.append(
+            (
+                "warning",
+                f"{int(dup.sum())} repeated (variant, trial, env_steps) row(s) dropped (two runs "
+                "under one trial name?); the first of each kept",
+            )
+        )
         out = out[~dup]
     if out.empty:
         problems.append(("skipped", "no usable row"))
@@ -220,8 +261,16 @@ def read_published(roots, max_bytes: int = MAX_BYTES) -> tuple[pd.DataFrame, lis
             continue
         seen[task] = path
         family, obs = C.parse_task(task)
-        rows = rows.assign(task=task, family=family, obs=obs, source="published", finished=pd.NA, status="published",
-                           seed=pd.NA, run_dir=Path(os.path.abspath(path)).as_posix())
+        rows = rows.assign(
+            task=task,
+            family=family,
+            obs=obs,
+            source="published",
+            finished=pd.NA,
+            status="published",
+            seed=pd.NA,
+            run_dir=Path(os.path.abspath(path)).as_posix(),
+        )
         rows["run_id"] = "published/" + task + "/" + rows["instance"] + "/" + rows["trial"]
         rows["model_label"] = rows["model"].map({m: C.model_label(m) for m in rows["model"].unique()})
         frames.append(rows)
@@ -236,8 +285,10 @@ def parse_selection(spec: str) -> list[str]:
     """The items of ``--published-select``; ValueError naming an empty one."""
     items = [s.strip() for s in spec.split(",")]
     if not spec.strip() or any(not s for s in items):
-        raise ValueError(f"--published-select {spec!r} has an empty item; give {', '.join(SELECT_KEYWORDS)} or "
-                         "variant strings / method names, comma separated")
+        raise ValueError(
+            f"--published-select {spec!r} has an empty item; give {', '.join(SELECT_KEYWORDS)} or "
+            "variant strings / method names, comma separated"
+        )
     return items
 
 
@@ -252,8 +303,10 @@ def select(published: pd.DataFrame, spec: str = DEFAULT_SELECT, **score) -> tupl
     known = sorted(published["instance"].unique()) if len(published) else []
     unknown = [s for s in items if s not in SELECT_KEYWORDS and s not in known]
     if unknown:
-        raise ValueError(f"--published-select: no published variant or method {unknown[0]!r}; choose from "
-                         f"{', '.join(SELECT_KEYWORDS)} or one of {', '.join(known) or '(none read)'}")
+        raise ValueError(
+            f"--published-select: no published variant or method {unknown[0]!r}; choose from "
+            f"{', '.join(SELECT_KEYWORDS)} or one of {', '.join(known) or '(none read)'}"
+        )
     runs = published.drop_duplicates("run_id")[["task", "algo", "model", "instance", "run_id"]]
     chosen = []
     for item in items:
@@ -271,9 +324,11 @@ def select(published: pd.DataFrame, spec: str = DEFAULT_SELECT, **score) -> tupl
             hit = runs[runs["instance"] == item]
         chosen.append(hit.assign(chosen_by=item))
     picked = pd.concat(chosen, ignore_index=True)
-    why = (picked.groupby(["task", "algo", "model", "instance"], sort=True)
-           .agg(trials=("run_id", "nunique"), chosen_by=("chosen_by", lambda s: ", ".join(dict.fromkeys(s))))
-           .reset_index())
+    why = (
+        picked.groupby(["task", "algo", "model", "instance"], sort=True)
+        .agg(trials=("run_id", "nunique"), chosen_by=("chosen_by", lambda s: ", ".join(dict.fromkeys(s))))
+        .reset_index()
+    )
     return published[published["run_id"].isin(set(picked["run_id"]))].drop(columns="instance"), why
 
 
@@ -298,8 +353,10 @@ def missing(table: pd.DataFrame) -> list[str]:
         g = runs[(runs["task"] == task) & (runs["algo"] == algo)]
         trials = g.groupby("model", sort=True)["trial"].apply(lambda t: sorted(map(str, t)))
         if trials.map(len).nunique() > 1:
-            lines.append(f"{task} ({C.algo_label(algo)}) has unequal numbers of runs: " + "; ".join(
-                f"{C.group_label(algo, m)} {len(t)} ({', '.join(t)})" for m, t in trials.items()))
+            lines.append(
+                f"{task} ({C.algo_label(algo)}) has unequal numbers of runs: "
+                + "; ".join(f"{C.group_label(algo, m)} {len(t)} ({', '.join(t)})" for m, t in trials.items())
+            )
     return lines
 
 

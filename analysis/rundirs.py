@@ -17,8 +17,9 @@ PROGRESS = RunDir.PROGRESS
 CONFIG_CANDIDATES = (RunDir.CONFIG, ".hydra/config.yaml")
 DONE_MARKER = RunDir.DONE
 # Folders of a run directory that never hold runs: not walked, which keeps big trees fast.
-_NOT_RUNS = frozenset({Path(RunDir.CHECKPOINT).parts[0], RunDir.SNAPSHOTS, RunDir.TENSORBOARD, "policies",
-                       "__pycache__"})
+_NOT_RUNS = frozenset(
+    {Path(RunDir.CHECKPOINT).parts[0], RunDir.SNAPSHOTS, RunDir.TENSORBOARD, "policies", "__pycache__"}
+)
 
 
 def find_run_dirs(roots: Iterable[str | Path]) -> list[tuple[Path, Path]]:
@@ -51,4 +52,3 @@ def find_run_dirs(roots: Iterable[str | Path]) -> list[tuple[Path, Path]]:
                     seen.add(key)
                     out.append((root, run))
     return out
-

@@ -52,15 +52,23 @@ def parse_run_path(parts: list[str]) -> dict:
     for i, comp in enumerate(parts):
         if "task" not in meta and C.parse_task(comp):
             meta["task"] = comp
-        if (comp in ("P", "V", "F") and i > 0 and "task" not in meta and re.fullmatch(r"[A-Za-z0-9]+", parts[i - 1])
-                and i + 1 < len(parts) and (_ALGO_MODEL_RE.match(parts[i + 1]) or _MARKOVIAN_RE.match(parts[i + 1]))):
+        if (
+            comp in ("P", "V", "F")
+            and i > 0
+            and "task" not in meta
+            and re.fullmatch(r"[A-Za-z0-9]+", parts[i - 1])
+            and i + 1 < len(parts)
+            and (_ALGO_MODEL_RE.match(parts[i + 1]) or _MARKOVIAN_RE.match(parts[i + 1]))
+        ):
             meta["task"] = f"{parts[i - 1]}-{comp}-v0"
             meta["layout"] = "reference"
         m = _ALGO_MODEL_RE.match(comp)
         if m and "algo" not in meta:
-            tags = (["oracle"] if m.group("oracle") else []) + \
-                ([f"{m.group('layers')}layer"] if m.group("layers") not in ("", "1") else []) + \
-                (["shared"] if m.group("shared") else [])
+            tags = (
+                (["oracle"] if m.group("oracle") else [])
+                + ([f"{m.group('layers')}layer"] if m.group("layers") not in ("", "1") else [])
+                + (["shared"] if m.group("shared") else [])
+            )
             meta["algo"], meta["model"] = m.group("algo"), C.model_variant(m.group("model"), tags)
         m = _MARKOVIAN_RE.match(comp)
         if m and "algo" not in meta:
@@ -95,12 +103,17 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
     rel = run_abs.relative_to(root_abs) if run_abs != root_abs else Path()
     parts = [root_abs.name, *rel.parts]
     from_path = parse_run_path(parts)
-    is_reference = ((cfg_file is not None and cfg_file.name.startswith("variant_"))
-                    or from_path.get("layout") == "reference")
+    is_reference = (cfg_file is not None and cfg_file.name.startswith("variant_")) or from_path.get(
+        "layout"
+    ) == "reference"
     meta: dict = {}
     if cfg is not None:
-        meta = {"task": _get(cfg, "env.env_name"), "algo": _get(cfg, "policy.algo_name"),
-                "model": _get(cfg, "policy.seq_model"), "seed": _get(cfg, "seed")}
+        meta = {
+            "task": _get(cfg, "env.env_name"),
+            "algo": _get(cfg, "policy.algo_name"),
+            "model": _get(cfg, "policy.seq_model"),
+            "seed": _get(cfg, "seed"),
+        }
         missing = [k for k in ("task", "algo", "model") if meta[k] is None]
         if missing:
             problems.append(("warning", f"config {cfg_file.name} lacks {', '.join(missing)}; taken from the path"))
@@ -109,15 +122,26 @@ def read_run_metadata(root: Path, run_dir: Path) -> tuple[dict | None, list[tupl
             # config's seq_model names only the memory (mlp for the Markovian agent).
             said, named = meta["model"], from_path["model"]
             if said is not None and str(said).lower().removesuffix("-mlp") not in (C.memory_of(named), "mlp"):
-                problems.append(("warning", (f"config {cfg_file.name} says seq_model {said!r} but the run's folder "
-                                             f"says {named!r}; the folder's is used")))
+                problems.append(
+                    (
+                        "warning",
+                        (
+                            f"config {cfg_file.name} says seq_model {said!r} but the run's folder "
+                            f"says {named!r}; the folder's is used"
+                        ),
+                    )
+                )
             meta["model"] = named
         for k, v in from_path.items():
             if meta.get(k) is None:
                 meta[k] = v
     else:
-        problems.append(("warning", (f"no config file ({', '.join(CONFIG_CANDIDATES)}, variant_*.yml); "
-                                     "metadata parsed from the path")))
+        problems.append(
+            (
+                "warning",
+                (f"no config file ({', '.join(CONFIG_CANDIDATES)}, variant_*.yml); metadata parsed from the path"),
+            )
+        )
         meta = dict(from_path)
     meta["source"] = "reference" if is_reference else "ours"
 
@@ -171,11 +195,15 @@ def _status(run_dir: Path) -> tuple[str, str | None]:
         lines = [ln.strip() for ln in error.read_text(errors="replace").splitlines() if ln.strip()]
         last = f" ({lines[-1][:120]})" if lines else ""
     if (run_dir / RunDir.DIVERGED).exists():
-        return "diverged", (f"diverged{last}: its evaluations before the divergence are analysed as its result "
-                            f"(its last state is {RunDir.DIVERGED})")
+        return "diverged", (
+            f"diverged{last}: its evaluations before the divergence are analysed as its result "
+            f"(its last state is {RunDir.DIVERGED})"
+        )
     if error.is_file():
-        return "failed", (f"failed{last}: analysed as far as it got; {RunDir.ERROR} has the traceback, and a "
-                          "rerun with resume=true continues it")
+        return "failed", (
+            f"failed{last}: analysed as far as it got; {RunDir.ERROR} has the traceback, and a "
+            "rerun with resume=true continues it"
+        )
     return "unfinished", None
 
 
@@ -186,10 +214,9 @@ def _setup(cfg: dict | None, parts: list[str], is_reference: bool) -> dict:
     ratio and inputs)."""
     if is_reference:
         at = next((i for i, p in enumerate(parts) if _ALGO_MODEL_RE.match(p) or _MARKOVIAN_RE.match(p)), None)
-        return {"run name": "/".join(parts[at + 1:-1])} if at is not None and len(parts) > at + 2 else {}
+        return {"run name": "/".join(parts[at + 1 : -1])} if at is not None and len(parts) > at + 2 else {}
     if cfg is None:
         return {}
     settings = learning_settings(cfg)
     settings.pop("seed", None)
     return settings
-

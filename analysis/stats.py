@@ -35,8 +35,15 @@ def group_seed(seed: int, *name) -> list[int]:
 
 # --------------------------------------------------------------------------- per-run scores
 
-def reference_curve(steps: np.ndarray, returns: np.ndarray, grid_start: float, grid_interval: float,
-                    window: int, max_steps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+
+def reference_curve(
+    steps: np.ndarray,
+    returns: np.ndarray,
+    grid_start: float,
+    grid_interval: float,
+    window: int,
+    max_steps: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """The reference's smoothed curve: interpolate onto a grid, then a trailing rolling mean.
 
     Grid points run from ``grid_start`` to the run's last eval step (or
@@ -66,8 +73,11 @@ def _last_fraction_score(steps, returns, grid_start, grid_interval, window, last
 def curve_settings(run: pd.DataFrame, grid_start, grid_interval, window) -> tuple[float, float, int]:
     """Explicit settings win; otherwise the reference's for the run's task family (constants.curve_defaults)."""
     start, interval, win = C.curve_defaults(run["task"].iloc[0])
-    return (start if grid_start is None else grid_start, interval if grid_interval is None else grid_interval,
-            win if window is None else window)
+    return (
+        start if grid_start is None else grid_start,
+        interval if grid_interval is None else grid_interval,
+        win if window is None else window,
+    )
 
 
 def each_run(table: pd.DataFrame, max_steps: float | None):
@@ -80,9 +90,15 @@ def each_run(table: pd.DataFrame, max_steps: float | None):
             yield run, run["env_steps"].to_numpy(float), run["eval_return"].to_numpy(float)
 
 
-def run_scores(table: pd.DataFrame, metric: str = C.METRIC_RUNMAX, max_steps: float | None = None,
-               grid_start: float | None = None, grid_interval: float | None = None,
-               window: int | None = None, last_fraction: float = C.DEFAULT_LAST_FRACTION) -> pd.DataFrame:
+def run_scores(
+    table: pd.DataFrame,
+    metric: str = C.METRIC_RUNMAX,
+    max_steps: float | None = None,
+    grid_start: float | None = None,
+    grid_interval: float | None = None,
+    window: int | None = None,
+    last_fraction: float = C.DEFAULT_LAST_FRACTION,
+) -> pd.DataFrame:
     """One final score per run.
 
     ``metric="runmax"``: the final value of the running maximum of the eval
@@ -100,11 +116,13 @@ def run_scores(table: pd.DataFrame, metric: str = C.METRIC_RUNMAX, max_steps: fl
         if metric == C.METRIC_RUNMAX:
             score = float(np.max(ret))  # == final value of the running max
         else:
-            score = _last_fraction_score(steps, ret, *curve_settings(run, grid_start, grid_interval, window),
-                                         last_fraction, max_steps)
+            score = _last_fraction_score(
+                steps, ret, *curve_settings(run, grid_start, grid_interval, window), last_fraction, max_steps
+            )
         first = run.iloc[0]
-        rows.append({**{k: first[k] for k in keys}, "score": score,
-                     "final_env_steps": float(steps[-1]), "n_evals": len(run)})
+        rows.append(
+            {**{k: first[k] for k in keys}, "score": score, "final_env_steps": float(steps[-1]), "n_evals": len(run)}
+        )
     out = pd.DataFrame(rows, columns=[*keys, "score", "final_env_steps", "n_evals"])
     out["seed"] = out["seed"].astype("Int64")
     return out
@@ -152,15 +170,20 @@ def bca_interval(x: np.ndarray, boot: np.ndarray, confidence: float) -> tuple[fl
     n = float(len(x))
     jack = np.array([np.mean(np.delete(x, i)) for i in range(len(x))])
     u = (n - 1) * (np.mean(jack) - jack)
-    accel = 1 / 6 * (np.sum(u ** 3) / n ** 3) / (np.sum(u ** 2) / n ** 2) ** (3 / 2)
+    accel = 1 / 6 * (np.sum(u**3) / n**3) / (np.sum(u**2) / n**2) ** (3 / 2)
     z = float(ndtri((1 - confidence) / 2))
     levels = [ndtr(z0 + (z0 + zq) / (1 - accel * (z0 + zq))) for zq in (z, -z)]
     low, high = sps.quantile(boot, np.asarray(levels, float))
     return float(low), float(high)
 
 
-def bootstrap_ci(values, confidence: float = C.DEFAULT_CONFIDENCE, n_resamples: int = C.DEFAULT_RESAMPLES,
-                 seed: int | list[int] = C.DEFAULT_SEED, method: str = "BCa") -> tuple[float, float, float, str]:
+def bootstrap_ci(
+    values,
+    confidence: float = C.DEFAULT_CONFIDENCE,
+    n_resamples: int = C.DEFAULT_RESAMPLES,
+    seed: int | list[int] = C.DEFAULT_SEED,
+    method: str = "BCa",
+) -> tuple[float, float, float, str]:
     """Mean and bootstrapped CI of the mean: ``scipy.stats.bootstrap``'s resamples of the runs (in
     :func:`resampling_order`), and its percentile interval or :func:`bca_interval` on them.
 
@@ -186,8 +209,14 @@ def bootstrap_ci(values, confidence: float = C.DEFAULT_CONFIDENCE, n_resamples: 
         return mean, mean, mean, "degenerate (identical runs)"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = sps.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
-                            method="percentile", rng=np.random.default_rng(seed))
+        res = sps.bootstrap(
+            (x,),
+            np.mean,
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
         if method == "BCa":
             low, high = bca_interval(x, res.bootstrap_distribution, confidence)
             if np.isfinite(low) and np.isfinite(high):
@@ -198,9 +227,13 @@ def bootstrap_ci(values, confidence: float = C.DEFAULT_CONFIDENCE, n_resamples: 
     return mean, math.nan, math.nan, "failed"
 
 
-def summarize(scores: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
-              n_resamples: int = C.DEFAULT_RESAMPLES, seed: int = C.DEFAULT_SEED,
-              value: str = "score") -> pd.DataFrame:
+def summarize(
+    scores: pd.DataFrame,
+    confidence: float = C.DEFAULT_CONFIDENCE,
+    n_resamples: int = C.DEFAULT_RESAMPLES,
+    seed: int = C.DEFAULT_SEED,
+    value: str = "score",
+) -> pd.DataFrame:
     """Mean over runs with a bootstrapped CI per (task, algo, model), each seeded from its name.
 
     When ``scores`` has ``final_env_steps`` (as :func:`run_scores` makes it), the
@@ -211,19 +244,41 @@ def summarize(scores: pd.DataFrame, confidence: float = C.DEFAULT_CONFIDENCE,
     for (task, algo, model), g in scores.groupby(GROUP, sort=True):
         v = g[value].to_numpy(float)
         mean, low, high, used = bootstrap_ci(v, confidence, n_resamples, group_seed(seed, task, algo, model))
-        row = {"task": task, "algo": algo, "model": model, "model_label": C.model_label(model),
-               "n_runs": len(v), "mean": mean, "ci_low": low, "ci_high": high,
-               "std": float(np.std(v, ddof=1)) if len(v) > 1 else math.nan,
-               "median": float(np.median(v)), "ci_method": used}
+        row = {
+            "task": task,
+            "algo": algo,
+            "model": model,
+            "model_label": C.model_label(model),
+            "n_runs": len(v),
+            "mean": mean,
+            "ci_low": low,
+            "ci_high": high,
+            "std": float(np.std(v, ddof=1)) if len(v) > 1 else math.nan,
+            "median": float(np.median(v)),
+            "ci_method": used,
+        }
         if horizon:
             row.update(env_steps_min=float(g["final_env_steps"].min()), env_steps_max=float(g["final_env_steps"].max()))
         rows.append(row)
-    cols = ["task", "algo", "model", "model_label", "n_runs", "mean", "ci_low", "ci_high", "std", "median",
-            "ci_method", *(["env_steps_min", "env_steps_max"] if horizon else [])]
+    cols = [
+        "task",
+        "algo",
+        "model",
+        "model_label",
+        "n_runs",
+        "mean",
+        "ci_low",
+        "ci_high",
+        "std",
+        "median",
+        "ci_method",
+        *(["env_steps_min", "env_steps_max"] if horizon else []),
+    ]
     return pd.DataFrame(rows, columns=cols)
 
 
 # --------------------------------------------------------------------------- horizons
+
 
 def fmt_steps(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
@@ -255,20 +310,41 @@ def horizons(table: pd.DataFrame, max_steps: float | None = None) -> tuple[pd.Da
     if max_steps is not None:
         first = table.groupby("run_id", sort=True)["env_steps"].min()
         for run_id, at in first[first > max_steps].items():
-            problems.append((run_id, "warning", f"no evaluation up to --max-steps {fmt_steps(max_steps)} (its first is "
-                                                f"at {fmt_steps(at)}): left out of scores and curves"))
+            problems.append(
+                (
+                    run_id,
+                    "warning",
+                    f"no evaluation up to --max-steps {fmt_steps(max_steps)} (its first is "
+                    f"at {fmt_steps(at)}): left out of scores and curves",
+                )
+            )
     for run, steps, _ in each_run(table, max_steps):
         first = run.iloc[0]
-        per_run.append({"task": first["task"], "algo": first["algo"], "model": first["model"],
-                        "run_id": first["run_id"], "end": float(steps[-1]),
-                        "spacing": float(np.median(np.diff(steps))) if len(steps) > 1 else 0.0})
+        per_run.append(
+            {
+                "task": first["task"],
+                "algo": first["algo"],
+                "model": first["model"],
+                "run_id": first["run_id"],
+                "end": float(steps[-1]),
+                "spacing": float(np.median(np.diff(steps))) if len(steps) > 1 else 0.0,
+            }
+        )
     runs = pd.DataFrame(per_run, columns=["task", "algo", "model", "run_id", "end", "spacing"])
     cols = ["task", "algo", "model", "n_runs", "env_steps_min", "env_steps_max", "shortest_run"]
     rows = []
     for (task, algo, model), g in runs.groupby(GROUP, sort=True):
-        rows.append({"task": task, "algo": algo, "model": model, "n_runs": len(g),
-                     "env_steps_min": g["end"].min(), "env_steps_max": g["end"].max(),
-                     "shortest_run": g.loc[g["end"].idxmin(), "run_id"]})
+        rows.append(
+            {
+                "task": task,
+                "algo": algo,
+                "model": model,
+                "n_runs": len(g),
+                "env_steps_min": g["end"].min(),
+                "env_steps_max": g["end"].max(),
+                "shortest_run": g.loc[g["end"].idxmin(), "run_id"],
+            }
+        )
     groups = pd.DataFrame(rows, columns=cols)
     for task, g in runs.groupby("task", sort=True):
         lo, hi = g["end"].min(), g["end"].max()
@@ -276,18 +352,27 @@ def horizons(table: pd.DataFrame, max_steps: float | None = None) -> tuple[pd.Da
             continue
         parts = []
         for r in groups[groups.task == task].itertuples(index=False):
-            span = fmt_steps(r.env_steps_min) if r.env_steps_min == r.env_steps_max else \
-                f"{fmt_steps(r.env_steps_min)}-{fmt_steps(r.env_steps_max)}"
+            span = (
+                fmt_steps(r.env_steps_min)
+                if r.env_steps_min == r.env_steps_max
+                else f"{fmt_steps(r.env_steps_min)}-{fmt_steps(r.env_steps_max)}"
+            )
             parts.append(f"{r.algo}/{r.model} {span} ({r.n_runs} run{'s' if r.n_runs > 1 else ''})")
         shortest = g.loc[g["end"].idxmin(), "run_id"]
-        problems.append((task, "warning",
-                         f"runs end at different env steps ({fmt_steps(lo)} to {fmt_steps(hi)}), so their scores cover "
-                         f"different horizons: {'; '.join(parts)}. Shortest: {shortest}. "
-                         f"Compare on a common horizon with --max-steps {fmt_steps(lo)} (it cuts every task)"))
+        problems.append(
+            (
+                task,
+                "warning",
+                f"runs end at different env steps ({fmt_steps(lo)} to {fmt_steps(hi)}), so their scores cover "
+                f"different horizons: {'; '.join(parts)}. Shortest: {shortest}. "
+                f"Compare on a common horizon with --max-steps {fmt_steps(lo)} (it cuts every task)",
+            )
+        )
     return groups, problems
 
 
 # --------------------------------------------------------------------------- normalisation
+
 
 def normalize(scores: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Add ``norm_score`` = (score - Random) / (Oracle - Random); NaN where no constants exist.
@@ -302,6 +387,9 @@ def normalize(scores: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     mark = out["task"].map(lambda t: refs[t].markovian if refs[t] else math.nan)
     out["norm_score"] = (out["score"] - rnd) / (orc - rnd)
     out["markovian_norm"] = (mark - rnd) / (orc - rnd)
-    notes = [f"task {t!r} has no Oracle/Random constants; excluded from normalised aggregates"
-             for t, r in sorted(refs.items()) if r is None]
+    notes = [
+        f"task {t!r} has no Oracle/Random constants; excluded from normalised aggregates"
+        for t, r in sorted(refs.items())
+        if r is None
+    ]
     return out, notes

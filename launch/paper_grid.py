@@ -7,11 +7,13 @@
     python launch/paper_grid.py --seed-axis --dry-run           # 32 jobs, each training seeds 0-4 in one process
 
 Anything after the options is passed to Hydra unchanged (overrides, e.g. seed=0,1 or
-hydra.launcher.timeout_min=720). Each job's status comes from the checks its start makes (pomdp_ffm.launch.start.status);
+hydra.launcher.timeout_min=720). Each job's status comes from the checks its start makes
+(pomdp_ffm.launch.start.status);
 a damaged one is listed with its reason before the launch, and the sweep refuses it, writing nothing there, while
 the others run. Rerunning the same command skips finished runs and resumes interrupted ones. The sweep names each
 refused or failed job and ends with "N finished, M refused, K failed"; exit codes: launch/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +24,9 @@ from collections import Counter
 
 from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED
 from pomdp_ffm.launch.grid import kind, show_job, sweep_jobs
+from pomdp_ffm.launch.precheck import precheck
 from pomdp_ffm.launch.signals import STOP_SIGNALS
 from pomdp_ffm.launch.start import STATUSES, Refused
-from pomdp_ffm.launch.precheck import precheck
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
 # The seed sweep becomes a seed axis: the job named by seed 0 trains seeds 0-4 and writes their sibling directories.
@@ -33,21 +35,37 @@ SEED_AXIS = ["seed=0", "seeds=[0,1,2,3,4]"]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--algo", default="both", choices=["sac", "td3", "both"],
-                    help="algorithm(s) to run (default: both, 160 jobs; one algorithm: 80)")
-    ap.add_argument("--launcher", default="local", choices=LAUNCHERS,
-                    help="hydra/launcher preset (default: local, joblib on this machine)")
+    ap.add_argument(
+        "--algo",
+        default="both",
+        choices=["sac", "td3", "both"],
+        help="algorithm(s) to run (default: both, 160 jobs; one algorithm: 80)",
+    )
+    ap.add_argument(
+        "--launcher",
+        default="local",
+        choices=LAUNCHERS,
+        help="hydra/launcher preset (default: local, joblib on this machine)",
+    )
     ap.add_argument("--root", default="runs/paper", help="grid root: runs go to <root>/<task>/<algo>_<model>/seed-<k>")
     ap.add_argument("--dry-run", action="store_true", help="list the jobs and their status, start nothing")
-    ap.add_argument("--seed-axis", action="store_true",
-                    help="one job per (task, algo, model) training seeds 0-4 in one process (pomdp_ffm/seeds.py), "
-                         "each seed in its usual run directory")
+    ap.add_argument(
+        "--seed-axis",
+        action="store_true",
+        help="one job per (task, algo, model) training seeds 0-4 in one process (pomdp_ffm/seeds.py), "
+        "each seed in its usual run directory",
+    )
     ap.add_argument("overrides", nargs="*", help="further Hydra overrides")
     args = ap.parse_args(argv)
 
     preset = "experiment=paper" if args.algo == "both" else f"experiment=paper_{args.algo}"
-    overrides = [preset, f"hydra/launcher={args.launcher}", f"hydra.sweep.dir={args.root}",
-                 *(SEED_AXIS if args.seed_axis else []), *args.overrides]
+    overrides = [
+        preset,
+        f"hydra/launcher={args.launcher}",
+        f"hydra.sweep.dir={args.root}",
+        *(SEED_AXIS if args.seed_axis else []),
+        *args.overrides,
+    ]
     try:
         # Every job's settings checked, as `python -m pomdp_ffm.train` checks them, before any is listed or started
         # (with the launcher's, so that its options, e.g. hydra.launcher.partition=gpu, are known keys).
@@ -61,8 +79,12 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(show_job(job, f"{job.run_dir}  [{' '.join(job.overrides)}]")))
     counts = Counter(kind(job.status) for job in jobs)
     runs = sum(len(job.run_dirs) for job in jobs)
-    print(f"{len(jobs)} jobs" + (f" ({runs} runs)" if runs != len(jobs) else "") + ": "
-          + ", ".join(f"{counts[s]} {s}" for s in STATUSES))
+    print(
+        f"{len(jobs)} jobs"
+        + (f" ({runs} runs)" if runs != len(jobs) else "")
+        + ": "
+        + ", ".join(f"{counts[s]} {s}" for s in STATUSES)
+    )
     if args.dry_run:
         return EXIT_REFUSED if counts["damaged"] else EXIT_OK
 

@@ -1,9 +1,10 @@
 """The acting step as the replay of a captured CUDA graph (``train.cuda_graph``, patches/015-cuda-graph-update.md),
 on pomdp_ffm/graph.py's capture machinery."""
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ from .seq_models import drop_caches
 
 class _Carried:
     """The memory state of a batch of envs: eager tensors for its first steps, then its graph's static state."""
+
     key: tuple[int, bool] | None = None  # (batch size, deterministic) of its first step
     eager = None  # the state while steps run eagerly
     graphed = False  # its steps are replays of its key's graph, whose static state it holds
@@ -24,14 +26,15 @@ class _ActingGraph:
     """One captured acting step of n envs: its inputs are views of one device buffer filled from one pinned host
     buffer, its action comes back through another: two copies and one wait per step."""
 
-    def __init__(self, runner: "ActingRunner", key: tuple[int, bool], state):
+    def __init__(self, runner: ActingRunner, key: tuple[int, bool], state):
         agent, (n, deterministic), self.acting_stream = runner.agent, key, runner.backend.acting_stream
         cuda, dims = agent.device.type == "cuda", (agent.obs_dim, agent.act_dim, 1)  # obs, previous action, reward
         self.host = torch.zeros(n * sum(dims), pin_memory=cuda)
         self.flat = torch.zeros(n * sum(dims), device=agent.device)
         self.host_in = [v.view(n, d).numpy() for v, d in zip(self.host.split([n * d for d in dims]), dims)]
         self.obs, self.prev_action, self.prev_reward = (
-            v.view(1, n, d) for v, d in zip(self.flat.split([n * d for d in dims]), dims))
+            v.view(1, n, d) for v, d in zip(self.flat.split([n * d for d in dims]), dims)
+        )
         self.action_host = torch.zeros(n, agent.act_dim, pin_memory=cuda)
         self.done = torch.cuda.Event() if cuda else None
         self.in_flight = False
@@ -45,6 +48,7 @@ class _ActingGraph:
             for old, new in zip(memory.state_tensors(self.state), memory.state_tensors(new_state)):
                 old.copy_(new)
             return [{"action": agent.algo.act(out, deterministic).view(n, agent.act_dim)}]
+
         self.captured = runner.backend.capture(step)
 
     def submit(self, obs, prev_action, prev_reward) -> Callable[[], np.ndarray]:
@@ -67,6 +71,7 @@ class _ActingGraph:
                 self.done.synchronize()  # acting needs the action on the host
             self.in_flight = False
             return self.action_host.numpy().copy()
+
         return wait
 
 
@@ -96,8 +101,10 @@ class ActingRunner:
         if state.key is None:
             state.key, state.eager = key, self.agent.initial_state(key[0])
         elif state.key != key:
-            raise ValueError(f"a memory state started as (batch size, deterministic)={state.key} is now used as "
-                             f"{key}: start a new one with initial_state()")
+            raise ValueError(
+                f"a memory state started as (batch size, deterministic)={state.key} is now used as "
+                f"{key}: start a new one with initial_state()"
+            )
         graph = self._graphs.get(key)
         if graph is None and not state.graphed and self._eager_steps[key] >= self.warmup:
             graph = self._capture(key, state.eager)
@@ -112,15 +119,18 @@ class ActingRunner:
                 dst.copy_(src)
             graph.owner, state.graphed, state.eager = state, True, None
         elif graph.owner is not state:
-            raise ValueError(f"this memory state's graph {key} has been taken by a newer episode: one episode at a "
-                             "time per (batch size, deterministic)")
+            raise ValueError(
+                f"this memory state's graph {key} has been taken by a newer episode: one episode at a "
+                "time per (batch size, deterministic)"
+            )
         wait = graph.submit(o, prev_action, prev_reward)
         self.replays += 1
         return lambda: (wait()[0] if single else wait(), state)
 
     def _capture(self, key: tuple[int, bool], state) -> _ActingGraph:
-        graph = self._graphs[key] = guarded_capture(f"the acting step {key}", "act eagerly", [self.agent.actor],
-                                                    lambda: _ActingGraph(self, key, state))
+        graph = self._graphs[key] = guarded_capture(
+            f"the acting step {key}", "act eagerly", [self.agent.actor], lambda: _ActingGraph(self, key, state)
+        )
         drop_caches(self.agent.actor)  # it holds the graph's gamma now: an eager call computes its own
         self.captures += 1
         return graph

@@ -1,5 +1,6 @@
 """The recurrent actor and critic with separate memories (docs/reference.md#architecture), and the agent that owns
 them with their targets and optimisers; the update itself is pomdp_ffm/update.py."""
+
 from __future__ import annotations
 
 import copy
@@ -40,12 +41,14 @@ class HistoryEncoder(nn.Module):
         self.observ_embedder = FeatureExtractor(obs_dim, cfg.observ_embedding_size)
         self.input_size = cfg.action_embedding_size + cfg.reward_embedding_size + cfg.observ_embedding_size
         # Bounded by the update after each write (update.bound_memories_), not per call: no host read.
-        self.memory = build_seq_model(cfg.seq_model, input_size=self.input_size, hidden_size=cfg.rnn_hidden_size,
-                                      **cfg.seq_model_options()).bounded_by_owner()
+        self.memory = build_seq_model(
+            cfg.seq_model, input_size=self.input_size, hidden_size=cfg.rnn_hidden_size, **cfg.seq_model_options()
+        ).bounded_by_owner()
 
     def forward(self, prev_actions, rewards, observs, state=None):
-        x = torch.cat([self.action_embedder(prev_actions), self.reward_embedder(rewards),
-                       self.observ_embedder(observs)], dim=-1)
+        x = torch.cat(
+            [self.action_embedder(prev_actions), self.reward_embedder(rewards), self.observ_embedder(observs)], dim=-1
+        )
         return self.memory(x, state)
 
     def initial_state(self, batch_size: int, device=None):
@@ -112,8 +115,13 @@ class RecurrentAgent(nn.Module):
         return (self.num_updates + 1) % self.algo.policy_delay == 0
 
     def update(self, batch: Batch, grad_norms: bool = False, compiled: bool = False) -> dict[str, torch.Tensor]:
-        stats = update(self, Aligned.from_batch(batch, self.device), actor_step_due=self.actor_step_due(),
-                       grad_norms=grad_norms, compiled=compiled)
+        stats = update(
+            self,
+            Aligned.from_batch(batch, self.device),
+            actor_step_due=self.actor_step_due(),
+            grad_norms=grad_norms,
+            compiled=compiled,
+        )
         self.count_update()
         return stats
 
@@ -145,12 +153,17 @@ class RecurrentAgent(nn.Module):
         rows = max(free - fixed, 0) // per_row
         fits = [f"train.sampled_seq_len <= {rows // train.batch_size - 1}"] if rows // train.batch_size > 2 else []
         fits += [f"train.batch_size <= {rows // (seq_len + 1)}"] if rows // (seq_len + 1) >= 1 else []
-        fix = " or ".join(fits) + " fits" if fits else \
-            "smaller networks (policy.rnn_hidden_size, policy.dqn_layers, policy.policy_layers) are needed"
+        fix = (
+            " or ".join(fits) + " fits"
+            if fits
+            else "smaller networks (policy.rnn_hidden_size, policy.dqn_layers, policy.policy_layers) are needed"
+        )
         window = f" ({seq_len} steps)" if train.sampled_seq_len == -1 else ""
-        raise DoesNotFit(f"train.sampled_seq_len={train.sampled_seq_len}{window} with train.batch_size="
-                         f"{train.batch_size} needs about {need / 2**30:.1f} GiB for an update, more than the "
-                         f"{free / 2**30:.1f} GiB {where}; {fix}")
+        raise DoesNotFit(
+            f"train.sampled_seq_len={train.sampled_seq_len}{window} with train.batch_size="
+            f"{train.batch_size} needs about {need / 2**30:.1f} GiB for an update, more than the "
+            f"{free / 2**30:.1f} GiB {where}; {fix}"
+        )
 
     @property
     def device(self) -> torch.device:
@@ -170,8 +183,11 @@ class RecurrentAgent(nn.Module):
 
     def training_state(self) -> dict:
         """Everything an update depends on: weights, optimisers, the update count (TD3's policy delay)."""
-        return {"modules": self.state_dict(), "optim": {k: o.state_dict() for k, o in self.optimizers().items()},
-                "num_updates": self.num_updates}
+        return {
+            "modules": self.state_dict(),
+            "optim": {k: o.state_dict() for k, o in self.optimizers().items()},
+            "num_updates": self.num_updates,
+        }
 
     def load_training_state(self, state: dict) -> None:
         self.load_state_dict(state["modules"])

@@ -2,6 +2,7 @@
 quirks are config fields (``policy.sac.*``, ``policy.td3.*``, each algorithm's options_config). The registry: the
 only code that knows their names; each class declares its name, the label analysis draws and its option section.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ class SAC(nn.Module):
             self.log_alpha, self.alpha_optim = None, None
             # float64: a float32 tensor times it rounds it as it rounds the reference's Python float. Not
             # persistent: the value always comes from the config.
-            self.register_buffer("fixed_alpha", torch.tensor(float(cfg.entropy_alpha), dtype=torch.float64),
-                                 persistent=False)
+            self.register_buffer(
+                "fixed_alpha", torch.tensor(float(cfg.entropy_alpha), dtype=torch.float64), persistent=False
+            )
 
     @property
     def alpha(self) -> torch.Tensor:

@@ -20,12 +20,12 @@ class Batch(NamedTuple):
     ``masks``) through the buffer to the update (``update.Aligned``). Time-major float32 arrays ``[T, B, dim]``
     (or tensors); ``rewards``, ``terminals`` and ``masks`` have dim 1."""
 
-    observs: Any       # o_t
-    actions: Any       # a_t
-    rewards: Any       # r_t
-    terminals: Any     # 1 where the env ended the episode itself (a time-out bootstraps)
+    observs: Any  # o_t
+    actions: Any  # a_t
+    rewards: Any  # r_t
+    terminals: Any  # 1 where the env ended the episode itself (a time-out bootstraps)
     next_observs: Any  # o_{t+1}
-    masks: Any         # 1 on the steps of the window's own episode, 0 on the padding after it
+    masks: Any  # 1 on the steps of the window's own episode, 0 on the padding after it
 
 
 TRANSITIONS = Batch._fields[:-1]  # what an episode stores, per step
@@ -40,8 +40,15 @@ def _positive_int(name: str, value: Any) -> int:
 class SeqReplayBuffer:
     _CONFIG_KEYS = ("capacity", "obs_dim", "act_dim", "sampled_seq_len", "sample_weight_baseline")
 
-    def __init__(self, capacity: int, obs_dim: int, act_dim: int, sampled_seq_len: int,
-                 sample_weight_baseline: float = 0.0, seed: int | None = None):
+    def __init__(
+        self,
+        capacity: int,
+        obs_dim: int,
+        act_dim: int,
+        sampled_seq_len: int,
+        sample_weight_baseline: float = 0.0,
+        seed: int | None = None,
+    ):
         self.capacity = _positive_int("capacity", capacity)
         self.obs_dim = _positive_int("obs_dim", obs_dim)
         self.act_dim = _positive_int("act_dim", act_dim)
@@ -49,18 +56,27 @@ class SeqReplayBuffer:
         # episode length, so only concrete lengths are accepted here.
         self.sampled_seq_len = _positive_int("sampled_seq_len", sampled_seq_len)
         if self.sampled_seq_len > self.capacity:
-            raise ValueError(f"sampled_seq_len={self.sampled_seq_len} exceeds capacity={self.capacity}; "
-                             "a window would overlap itself")
+            raise ValueError(
+                f"sampled_seq_len={self.sampled_seq_len} exceeds capacity={self.capacity}; "
+                "a window would overlap itself"
+            )
         beta = float(sample_weight_baseline)
         if not np.isfinite(beta) or beta < 0:
             raise ValueError(f"sample_weight_baseline must be finite and >= 0, got {sample_weight_baseline!r}")
         self.sample_weight_baseline = beta
         self._rng = np.random.default_rng(seed)
         # np.zeros maps untouched pages lazily, so a 1e6 buffer costs memory only as it fills.
-        dims = {"observs": self.obs_dim, "actions": self.act_dim, "rewards": 1, "terminals": 1,
-                "next_observs": self.obs_dim}
-        self._data = {k: np.zeros((self.capacity, dims[k]), dtype=np.uint8 if k == "terminals" else np.float32)
-                      for k in TRANSITIONS}
+        dims = {
+            "observs": self.obs_dim,
+            "actions": self.act_dim,
+            "rewards": 1,
+            "terminals": 1,
+            "next_observs": self.obs_dim,
+        }
+        self._data = {
+            k: np.zeros((self.capacity, dims[k]), dtype=np.uint8 if k == "terminals" else np.float32)
+            for k in TRANSITIONS
+        }
         self._weights = np.zeros((self.capacity,), dtype=np.float32)
         self._top = 0
         self._size = 0
@@ -89,8 +105,10 @@ class SeqReplayBuffer:
         if arr.ndim == 1 and dim == 1:
             arr = arr.reshape(-1, 1)
         if arr.shape != (length, dim):
-            raise ValueError(f"{name} has shape {np.shape(value)}, expected ({length}, {dim})"
-                             + (f" or ({length},)" if dim == 1 else ""))
+            raise ValueError(
+                f"{name} has shape {np.shape(value)}, expected ({length}, {dim})"
+                + (f" or ({length},)" if dim == 1 else "")
+            )
         return arr
 
     def add_episode(self, episode) -> None:
@@ -113,8 +131,10 @@ class SeqReplayBuffer:
         w[:n] = (self.sample_weight_baseline + n) / n
         # Slice writes (split in two at the wrap) instead of fancy indexing keep this cheap.
         first = min(length, self.capacity - self._top)
-        for src, dst in ((slice(0, first), slice(self._top, self._top + first)),
-                         (slice(first, length), slice(0, length - first))):
+        for src, dst in (
+            (slice(0, first), slice(self._top, self._top + first)),
+            (slice(first, length), slice(0, length - first)),
+        ):
             for k, x in rows.items():
                 self._data[k][dst] = x[src]  # terminals cast to uint8 by the assignment
             self._weights[dst] = w[src]
@@ -176,8 +196,9 @@ class SeqReplayBuffer:
             raise ValueError(f"state dict lacks keys {missing}")
         for key in self._CONFIG_KEYS:
             if state[key] != getattr(self, key):
-                raise ValueError(f"state dict has {key}={state[key]!r} but this buffer was built with "
-                                 f"{key}={getattr(self, key)!r}")
+                raise ValueError(
+                    f"state dict has {key}={state[key]!r} but this buffer was built with {key}={getattr(self, key)!r}"
+                )
         size, top = int(state["size"]), int(state["top"])
         if not 0 <= size <= self.capacity or not 0 <= top < self.capacity:
             raise ValueError(f"state dict has invalid size={size} / top={top} for capacity {self.capacity}")

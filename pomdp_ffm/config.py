@@ -3,6 +3,7 @@ checks keys and types, ``checked(default, rule)`` each field's rule (pomdp_ffm/r
 rules tying fields; a bad value is one line, ``<key>=<value> must be <rule>`` (patches/105). ``sampled_seq_len: -1``
 is resolved where used. Names come from the registries: tasks (envs.py), algorithms (algos.py) and memories
 (seq_models/), each of which declares its own option section, policy.<name>."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,14 @@ SECTIONS = {**ALGORITHM_OPTIONS, **MEMORY_OPTIONS}
 
 @dataclass
 class _Policy:  # PolicyConfig but its option sections
-    separate: bool = checked(True, must(lambda v: v is True, "true (one memory shared by actor and critic is not "
-                                        "supported; the POMDP track and the FFM paper use separate memories)"))
+    separate: bool = checked(
+        True,
+        must(
+            lambda v: v is True,
+            "true (one memory shared by actor and critic is not "
+            "supported; the POMDP track and the FFM paper use separate memories)",
+        ),
+    )
     seq_model: str = checked("ffm", one_of(available))  # (read when checked: a registry may grow)
     algo_name: str = checked("sac", one_of(algos.ALGORITHMS))
     # 0 leaves that input out; the three sum to >= 1 (_check_together)
@@ -65,8 +72,11 @@ class _Policy:  # PolicyConfig but its option sections
 
 
 # The policy's fields, then each option section in the registries' order (sac, td3, ffm).
-PolicyConfig = dataclasses.make_dataclass("PolicyConfig", bases=(_Policy,), fields=[
-    (name, section, field(default_factory=section)) for name, section in SECTIONS.items()])
+PolicyConfig = dataclasses.make_dataclass(
+    "PolicyConfig",
+    bases=(_Policy,),
+    fields=[(name, section, field(default_factory=section)) for name, section in SECTIONS.items()],
+)
 PolicyConfig.__module__ = __name__  # (where pickle finds it)
 
 
@@ -84,11 +94,20 @@ class TrainConfig:
     num_init_rollouts_pool: int = checked(MISSING, at_least(0))
     num_rollouts_per_iter: int = checked(1, at_least(1))
     # The reference writes 1e6, a float in YAML 1.2: integral floats are stored as ints (patches/100).
-    buffer_size: Any = checked(1_000_000, must(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                                               "a positive whole number (e.g. 1000000 or 1e6)"))
-    num_updates_per_iter: Any = checked(1.0, must(
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-        "> 0 (a float: updates per env step; an int: updates per iteration)"))
+    buffer_size: Any = checked(
+        1_000_000,
+        must(
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "a positive whole number (e.g. 1000000 or 1e6)",
+        ),
+    )
+    num_updates_per_iter: Any = checked(
+        1.0,
+        must(
+            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+            "> 0 (a float: updates per env step; an int: updates per iteration)",
+        ),
+    )
     batch_size: int = checked(MISSING, at_least(1))
     sampled_seq_len: int = checked(MISSING, must(lambda v: v == -1 or v >= 2, "-1 (whole episodes) or >= 2"))
     sample_weight_baseline: float = checked(0.0, at_least(0))
@@ -126,12 +145,17 @@ class CheckpointConfig:
 class RunConfig:
     seed: int = checked(0, within(0, SEEDS - 1))
     # Several seeds trained in one process (pomdp_ffm/seeds.py), each in its own run directory.
-    seeds: Optional[List[int]] = checked(None, must(
-        lambda v: v is None or (len(v) >= 1 and all(0 <= k < SEEDS for k in v) and len(set(v)) == len(v)),
-        f"null or a list of distinct seeds in [0, {SEEDS - 1}]"))
+    seeds: Optional[List[int]] = checked(
+        None,
+        must(
+            lambda v: v is None or (len(v) >= 1 and all(0 <= k < SEEDS for k in v) and len(set(v)) == len(v)),
+            f"null or a list of distinct seeds in [0, {SEEDS - 1}]",
+        ),
+    )
     # Whether CUDA is there is checked when the run starts (trainer.resolve_device).
-    device: str = checked("auto", must(lambda v: re.fullmatch(DEVICE_PATTERN, v) is not None,
-                                       "one of auto, cpu, cuda, cuda:N"))
+    device: str = checked(
+        "auto", must(lambda v: re.fullmatch(DEVICE_PATTERN, v) is not None, "one of auto, cpu, cuda, cuda:N")
+    )
     # The reference pins torch to one thread per run; tens of thousands of threads crash the process.
     num_threads: int = checked(1, within(1, 256, " (torch's threads for this run)"))
     resume: bool = False  # continue from <run dir>/checkpoints/last.pt when it exists
@@ -177,37 +201,53 @@ def _check_together(c: RunConfig) -> None:
         if hasattr(section := getattr(p, name), "check_together"):
             section.check_together(f"policy.{name}")
     if p.action_embedding_size + p.observ_embedding_size + p.reward_embedding_size < 1:
-        raise ValueError("policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 "
-                         "must be >= 1 (the memory needs an input)")
+        raise ValueError(
+            "policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 "
+            "must be >= 1 (the memory needs an input)"
+        )
     if p.rnn_num_layers != 1 and "num_layers" not in options(p.seq_model):
-        raise ValueError(f"policy.rnn_num_layers={p.rnn_num_layers} must be 1 with policy.seq_model={p.seq_model} "
-                         f"(only {', '.join(m for m in available() if 'num_layers' in options(m))} stack layers)")
+        raise ValueError(
+            f"policy.rnn_num_layers={p.rnn_num_layers} must be 1 with policy.seq_model={p.seq_model} "
+            f"(only {', '.join(m for m in available() if 'num_layers' in options(m))} stack layers)"
+        )
     if p.seq_model in MEMORY_OPTIONS and hasattr(section := getattr(p, p.seq_model), "check_chosen"):
         section.check_chosen(f"policy.{p.seq_model}", p)
     elif p.seq_model not in MEMORY_OPTIONS and seq_models.get(p.seq_model).options_config is not None:
-        raise ValueError(f"policy.seq_model={p.seq_model} was registered after pomdp_ffm.config was imported: its "
-                         f"options have no section policy.{p.seq_model}; register it first")
+        raise ValueError(
+            f"policy.seq_model={p.seq_model} was registered after pomdp_ffm.config was imported: its "
+            f"options have no section policy.{p.seq_model}; register it first"
+        )
     if _given(t.sampled_seq_len) and t.sampled_seq_len > t.buffer_size:
         raise ValueError(f"train.buffer_size={t.buffer_size} must be >= train.sampled_seq_len={t.sampled_seq_len}")
     if _given(c.env.env_name) and t.buffer_size < (steps := get_task(c.env.env_name).max_episode_steps):
-        raise ValueError(f"train.buffer_size={t.buffer_size} must be >= {steps}, the episode length of "
-                         f"{c.env.env_name} (the buffer stores whole episodes)")
+        raise ValueError(
+            f"train.buffer_size={t.buffer_size} must be >= {steps}, the episode length of "
+            f"{c.env.env_name} (the buffer stores whole episodes)"
+        )
     if e.during_updates and e.eval_stochastic:
-        raise ValueError("eval.during_updates=true needs eval.eval_stochastic=false: a stochastic evaluation "
-                         "draws its action noise from torch's generator, which the updates draw from too, so "
-                         "it cannot move into them unchanged")
+        raise ValueError(
+            "eval.during_updates=true needs eval.eval_stochastic=false: a stochastic evaluation "
+            "draws its action noise from torch's generator, which the updates draw from too, so "
+            "it cannot move into them unchanged"
+        )
     if e.during_updates and not e.episodes_together:
-        raise ValueError("eval.during_updates=true needs eval.episodes_together=true: the evaluation must play "
-                         "on copies of the env, while the training env collects the next episode")
+        raise ValueError(
+            "eval.during_updates=true needs eval.episodes_together=true: the evaluation must play "
+            "on copies of the env, while the training env collects the next episode"
+        )
     if c.seeds is not None and c.seed != c.seeds[0]:
-        raise ValueError(f"seeds={list(c.seeds)} needs seed={c.seeds[0]} (the first seed names the job's run "
-                         f"directory), not seed={c.seed}")
+        raise ValueError(
+            f"seeds={list(c.seeds)} needs seed={c.seeds[0]} (the first seed names the job's run "
+            f"directory), not seed={c.seed}"
+        )
 
 
 def _known_only(cfg: dict, schema=RunConfig, prefix: str = "", refuse: bool = False) -> dict:
     """``cfg`` without the keys no field reads; ``refuse``: a ValueError naming the first instead."""
-    known = {f.name: f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
-             for f in dataclasses.fields(schema)}  # key -> the schema of its section, None for a value
+    known = {
+        f.name: f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
+        for f in dataclasses.fields(schema)
+    }  # key -> the schema of its section, None for a value
     out = {}
     for k, v in cfg.items():
         if k not in known and refuse:
@@ -223,16 +263,31 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 
 # Keys (or prefixes) that may change between starts of one run: where and how it runs, not what it learns.
-MAY_DIFFER = ("resume", "progress", "device", "num_threads", "checkpoint", "eval.episodes_together", "eval.workers",
-              "eval.during_updates", "eval.save_interval", "eval.log_tensorboard", "train.cuda_graph", "train.tf32",
-              "train.compile",
-              "seeds")
+MAY_DIFFER = (
+    "resume",
+    "progress",
+    "device",
+    "num_threads",
+    "checkpoint",
+    "eval.episodes_together",
+    "eval.workers",
+    "eval.during_updates",
+    "eval.save_interval",
+    "eval.log_tensorboard",
+    "train.cuda_graph",
+    "train.tf32",
+    "train.compile",
+    "seeds",
+)
 
 
 def flat_keys(d: dict, prefix: str = "") -> dict:
     """A nested config as ``{"a.b.c": value}``."""
-    return {key: value for k, v in d.items()
-            for key, value in (flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}).items()}
+    return {
+        key: value
+        for k, v in d.items()
+        for key, value in (flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}).items()
+    }
 
 
 _schema = functools.cache(lambda: OmegaConf.structured(RunConfig))  # (a tenth of a second each; merge copies it)
@@ -256,9 +311,11 @@ def learning_settings(cfg: dict, like: dict | None = None) -> dict:
     policy = (full if like is None else _with_defaults(like)).get("policy", {}) or {}
     chosen = (policy.get("algo_name"), policy.get("seq_model"))
     unused = [f"policy.{k}." for k in SECTIONS if k not in chosen]
-    return {k: v for k, v in flat_keys(full).items()
-            if not any(k == m or k.startswith(m + ".") for m in MAY_DIFFER)
-            and not any(k.startswith(u) for u in unused)}
+    return {
+        k: v
+        for k, v in flat_keys(full).items()
+        if not any(k == m or k.startswith(m + ".") for m in MAY_DIFFER) and not any(k.startswith(u) for u in unused)
+    }
 
 
 def yaml_problem(e: BaseException) -> str | None:

@@ -44,30 +44,63 @@ _FAMILIES: list[tuple[str, str, int, dict[str, Any], dict[str, tuple[int, ...]]]
     # The reference's (POMDP-Baselines envs/pomdp) index lists, copied exactly. Its discrete tasks (CartPole,
     # LunarLander) need SAC-discrete, which this project does not implement (patches/009).
     ("Pendulum", "Pendulum-v1", 200, {}, {"F": (0, 1, 2), "P": (0, 1), "V": (2,)}),
-    ("HopperBLT", "HopperBulletEnv-v0", 1000, {},
-     {"F": _r(0, 15), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14), "V": (3, 4, 5, 9, 11, 13)}),
-    ("WalkerBLT", "Walker2DBulletEnv-v0", 1000, {},
-     {"F": _r(0, 22), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21), "V": (3, 4, 5, 9, 11, 13, 15, 17, 19)}),
-    ("AntBLT", "AntBulletEnv-v0", 1000, {},
-     {"F": _r(0, 28), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25, 26, 27),
-      "V": (3, 4, 5, 9, 11, 13, 15, 17, 19, 21, 23)}),
-    ("HalfCheetahBLT", "HalfCheetahBulletEnv-v0", 1000, {},
-     {"F": _r(0, 26), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21, 22, 23, 24, 25),
-      "V": (3, 4, 5, 9, 11, 13, 15, 17, 19)}),
+    (
+        "HopperBLT",
+        "HopperBulletEnv-v0",
+        1000,
+        {},
+        {"F": _r(0, 15), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14), "V": (3, 4, 5, 9, 11, 13)},
+    ),
+    (
+        "WalkerBLT",
+        "Walker2DBulletEnv-v0",
+        1000,
+        {},
+        {"F": _r(0, 22), "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21), "V": (3, 4, 5, 9, 11, 13, 15, 17, 19)},
+    ),
+    (
+        "AntBLT",
+        "AntBulletEnv-v0",
+        1000,
+        {},
+        {
+            "F": _r(0, 28),
+            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25, 26, 27),
+            "V": (3, 4, 5, 9, 11, 13, 15, 17, 19, 21, 23),
+        },
+    ),
+    (
+        "HalfCheetahBLT",
+        "HalfCheetahBulletEnv-v0",
+        1000,
+        {},
+        {
+            "F": _r(0, 26),
+            "P": (0, 1, 2, 6, 7, 8, 10, 12, 14, 16, 18, 20, 21, 22, 23, 24, 25),
+            "V": (3, 4, 5, 9, 11, 13, 15, 17, 19),
+        },
+    ),
     # MuJoCo v5 (not in the reference): its observations are qpos without the root x (Ant: x and y), then qvel,
     # so P is the leading block and V the rest (nq - 1 + nv: Hopper 5 + 6, Walker2d and HalfCheetah 8 + 9).
     ("HopperMJ", "Hopper-v5", 1000, {}, {"F": _r(0, 11), "P": _r(0, 5), "V": _r(5, 11)}),
     ("Walker2dMJ", "Walker2d-v5", 1000, {}, {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)}),
     ("HalfCheetahMJ", "HalfCheetah-v5", 1000, {}, {"F": _r(0, 17), "P": _r(0, 8), "V": _r(8, 17)}),
     # Ant: 13 + 14; its 78 contact-force dims are neither positions nor velocities and would leak into F only.
-    ("AntMJ", "Ant-v5", 1000, {"include_cfrc_ext_in_observation": False},
-     {"F": _r(0, 27), "P": _r(0, 13), "V": _r(13, 27)}),
+    (
+        "AntMJ",
+        "Ant-v5",
+        1000,
+        {"include_cfrc_ext_in_observation": False},
+        {"F": _r(0, 27), "P": _r(0, 13), "V": _r(13, 27)},
+    ),
 ]
 
 
 TASKS: dict[str, TaskSpec] = {
     f"{family}-{v}-v0": TaskSpec(f"{family}-{v}-v0", base_id, tuple(int(i) for i in variants[v]), max_steps, dict(kw))
-    for family, base_id, max_steps, kw, variants in _FAMILIES for v in ("F", "P", "V")}
+    for family, base_id, max_steps, kw, variants in _FAMILIES
+    for v in ("F", "P", "V")
+}
 
 
 def available_tasks() -> list[str]:
@@ -96,11 +129,14 @@ class POMDPWrapper(gymnasium.Wrapper):
         n_base = base_obs.shape[0]
         bad = [int(i) for i in idx if not 0 <= i < n_base]
         if bad or idx.size == 0:
-            raise ValueError(f"Task {spec.name!r}: observation indices {bad or list(idx)} are invalid for base "
-                             f"{spec.base_id!r} whose observation has {n_base} dims (allowed 0..{n_base - 1})")
+            raise ValueError(
+                f"Task {spec.name!r}: observation indices {bad or list(idx)} are invalid for base "
+                f"{spec.base_id!r} whose observation has {n_base} dims (allowed 0..{n_base - 1})"
+            )
         self._idx, self._task_spec, self.max_episode_steps = idx, spec, spec.max_episode_steps
-        self.observation_space = spaces.Box(base_obs.low[idx].astype(np.float32), base_obs.high[idx].astype(np.float32),
-                                            dtype=np.float32)
+        self.observation_space = spaces.Box(
+            base_obs.low[idx].astype(np.float32), base_obs.high[idx].astype(np.float32), dtype=np.float32
+        )
         act = env.action_space
         if not isinstance(act, spaces.Box):
             raise ValueError(f"Unsupported action space {act!r} for {spec.base_id!r}; allowed: Box")
@@ -121,9 +157,12 @@ class POMDPWrapper(gymnasium.Wrapper):
     def rng_state(self) -> dict:
         """What the env's next reset depends on, for checkpoints: the env's and the action sampler's RNG states, the
         seed of a first reset still to come, and whether the env is past its first reset."""
-        return {"env": self.unwrapped.np_random.bit_generator.state,
-                "action_space": self.action_space.np_random.bit_generator.state,
-                "pending_seed": self._pending_seed, "past_first_reset": self._past_first_reset}
+        return {
+            "env": self.unwrapped.np_random.bit_generator.state,
+            "action_space": self.action_space.np_random.bit_generator.state,
+            "pending_seed": self._pending_seed,
+            "past_first_reset": self._past_first_reset,
+        }
 
     def set_rng_state(self, state: dict) -> None:
         """Continue the RNG streams of a checkpoint: the next reset is the one the saved run would have made.
@@ -151,8 +190,10 @@ class POMDPWrapper(gymnasium.Wrapper):
     def _rescale(self, action: Any) -> np.ndarray:
         a = np.asarray(action, dtype=np.float64)
         if a.shape != self._act_low.shape:
-            raise ValueError(f"Action shape {a.shape} does not match {self._task_spec.name!r}, "
-                             f"which expects shape {self._act_low.shape}")
+            raise ValueError(
+                f"Action shape {a.shape} does not match {self._task_spec.name!r}, "
+                f"which expects shape {self._act_low.shape}"
+            )
         a = self._act_low + (np.clip(a, -1.0, 1.0) + 1.0) * 0.5 * (self._act_high - self._act_low)
         return np.clip(a, self._act_low, self._act_high).astype(self.env.action_space.dtype)
 
@@ -185,9 +226,12 @@ class EnvInWorker:
 
     def __init__(self, name: str, seed: int | None = None):
         self.venv = gymnasium.vector.AsyncVectorEnv(
-            [functools.partial(_make_env_in_worker, name, seed, os.getpid())], shared_memory=False,
-            context=worker_start_method(), autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED,
-            worker=env_worker)  # (ends without a word when the run is killed: signals.env_worker)
+            [functools.partial(_make_env_in_worker, name, seed, os.getpid())],
+            shared_memory=False,
+            context=worker_start_method(),
+            autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED,
+            worker=env_worker,
+        )  # (ends without a word when the run is killed: signals.env_worker)
         _OPEN_WORKERS.add(self)
         self.max_episode_steps = get_task(name).max_episode_steps
         self.observation_space, self.action_space = self.venv.single_observation_space, self.venv.single_action_space
@@ -242,7 +286,7 @@ class EnvInWorker:
 
 # Closed at exit before multiprocessing's handler (registered earlier, so run later), which would SIGTERM them
 # (ignored) and wait forever.
-_OPEN_WORKERS: "weakref.WeakSet[EnvInWorker]" = weakref.WeakSet()
+_OPEN_WORKERS: weakref.WeakSet[EnvInWorker] = weakref.WeakSet()
 
 
 @atexit.register
@@ -253,9 +297,11 @@ def _close_open_workers() -> None:
 
 def check_worker_start_method(current: str | None, whose: str = "this process uses") -> None:
     if current not in (None, "fork", "forkserver", "spawn"):
-        raise ValueError(f"evaluation envs in worker processes (eval.workers) need one of Python's start "
-                         f"methods, but {whose} {current!r} (joblib's local launcher runs its jobs in loky's "
-                         "workers); run them with hydra/launcher=slurm_local or basic, or set eval.workers=false")
+        raise ValueError(
+            f"evaluation envs in worker processes (eval.workers) need one of Python's start "
+            f"methods, but {whose} {current!r} (joblib's local launcher runs its jobs in loky's "
+            "workers); run them with hydra/launcher=slurm_local or basic, or set eval.workers=false"
+        )
 
 
 def worker_start_method() -> str:
@@ -272,7 +318,7 @@ def worker_start_method() -> str:
     return "forkserver"
 
 
-def _make_env_in_worker(name: str, seed: int | None, main_pid: int) -> "POMDPWrapper":
+def _make_env_in_worker(name: str, seed: int | None, main_pid: int) -> POMDPWrapper:
     # A job's stop signals reach every process (SLURM, a terminal's Ctrl-C): the main process acts on them; it
     # checkpoints, then closes the workers. (Gymnasium's env built in the main process leaves its handlers alone.)
     if os.getpid() != main_pid:

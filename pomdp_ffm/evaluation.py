@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -76,8 +76,9 @@ class Evaluation:
         out = []
         for eps, timers in zip(self.played, self.timers):
             self.evaluator.charge(timers, eps)
-            out.append(EvalResult(*(float(np.mean([getattr(e, k) for e in eps])) for k in ("ret", "length",
-                                                                                                 "success"))))
+            out.append(
+                EvalResult(*(float(np.mean([getattr(e, k) for e in eps])) for k in ("ret", "length", "success")))
+            )
         return out[0], (out[1] if len(out) > 1 else None)
 
 
@@ -94,8 +95,10 @@ class Evaluator:
         self.actor_copy: ActorSnapshot | OffStreamActing | None = None
         self.queued: deque = deque(maxlen=2)  # CUDA events of the latest updates
         if cfg.eval.workers and not cfg.eval_in_workers():
-            log.warning("eval.workers=true changes nothing here: with eval.episodes_together=false or one "
-                        "evaluation episode, the evaluation plays on the training env")
+            log.warning(
+                "eval.workers=true changes nothing here: with eval.episodes_together=false or one "
+                "evaluation episode, the evaluation plays on the training env"
+            )
         if cfg.eval_in_workers():
             worker_start_method()  # one the workers cannot use is refused before any starts
 
@@ -197,8 +200,10 @@ class Evaluator:
 
     def close(self) -> None:
         if self.deferred is not None:
-            log.warning("the evaluation due at env step %d was not finished: progress.csv has no row for it",
-                        self.deferred_at.env_steps)
+            log.warning(
+                "the evaluation due at env step %d was not finished: progress.csv has no row for it",
+                self.deferred_at.env_steps,
+            )
             self.deferred = self.deferred_rollout = None
         for env in self.envs:  # (an env in a worker never raises on close)
             env.close()

@@ -4,11 +4,12 @@ replayed, with the eager RNG stream. Adam runs capturable; a loaded optimiser st
 graphs. ``backend`` is ``CudaGraphs`` or a test double. With ``compile`` (``train.compile``), the update, captured
 or not, runs its losses through torch.compile (update.compiled_losses): the warm-up updates compile them, the
 capture records inductor's kernels."""
+
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -39,8 +40,10 @@ def compile_errors_named():
         yield
     except torch._dynamo.exc.TorchDynamoException as e:
         detail = (str(e).strip().splitlines() or [""])[0]
-        raise CompileError(f"compiling the update with torch.compile failed: {type(e).__name__}: {detail}; "
-                           "set train.compile=false to run it uncompiled") from e
+        raise CompileError(
+            f"compiling the update with torch.compile failed: {type(e).__name__}: {detail}; "
+            "set train.compile=false to run it uncompiled"
+        ) from e
 
 
 def guarded_capture(what: str, instead: str, modules, make: Callable):
@@ -51,8 +54,10 @@ def guarded_capture(what: str, instead: str, modules, make: Callable):
         return make()
     except Exception as e:
         detail = (str(e).strip().splitlines() or [""])[0]
-        raise CaptureError(f"capturing {what} in a CUDA graph failed: {type(e).__name__}: {detail}; "
-                           f"set train.cuda_graph=false to {instead}") from e
+        raise CaptureError(
+            f"capturing {what} in a CUDA graph failed: {type(e).__name__}: {detail}; "
+            f"set train.cuda_graph=false to {instead}"
+        ) from e
 
 
 def bump_versions(tensors: list[torch.Tensor]) -> None:
@@ -85,8 +90,12 @@ def _eager_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dic
     for group in state_dict["param_groups"]:
         group["capturable"] = False
     # state_dict()["state"] holds the live per-parameter dicts: replace them, never write into them.
-    state_dict["state"] = {k: {**st, "step": st["step"].cpu()} if torch.is_tensor(st.get("step"))
-                           and st["step"].device.type != "cpu" else st for k, st in state_dict["state"].items()}
+    state_dict["state"] = {
+        k: {**st, "step": st["step"].cpu()}
+        if torch.is_tensor(st.get("step")) and st["step"].device.type != "cpu"
+        else st
+        for k, st in state_dict["state"].items()
+    }
     return state_dict
 
 
@@ -111,15 +120,17 @@ class Staging:
         self.next = 0
 
     def _views(self, flat: torch.Tensor) -> Batch:
-        return Batch(*(flat[o:o + n].view(dtype).view(shape) for shape, dtype, o, n in self.specs))
+        return Batch(*(flat[o : o + n].view(dtype).view(shape) for shape, dtype, o, n in self.specs))
 
     def fill(self, batch: Batch) -> None:
         arrays = [x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x)) for x in batch]
         got = [(tuple(t.shape), t.dtype) for t in arrays]
         want = [(shape, dtype) for shape, dtype, _, _ in self.specs]
         if got != want:
-            raise ValueError(f"a CUDA-graph update needs batches of one fixed layout: got {got}, the graph's inputs "
-                             f"are {want} (train.cuda_graph=false runs the update eagerly)")
+            raise ValueError(
+                f"a CUDA-graph update needs batches of one fixed layout: got {got}, the graph's inputs "
+                f"are {want} (train.cuda_graph=false runs the update eagerly)"
+            )
         # numpy arrays (the buffer's batches) go through the host ring; tensors already on the device are copied
         host = [j for j, x in enumerate(batch) if not (torch.is_tensor(x) and x.device == self.device)]
         if host:
@@ -140,7 +151,7 @@ class Staging:
                 self.static[j].copy_(t)  # a device copy, queued on the current stream
 
 
-_ACTING_STREAMS: dict[int, "torch.cuda.Stream"] = {}  # by device index
+_ACTING_STREAMS: dict[int, torch.cuda.Stream] = {}  # by device index
 
 
 class CudaGraphs:
@@ -215,8 +226,9 @@ def compile_pays(agents: Sequence[RecurrentAgent]) -> bool:
     CUDA, for memories that declare it (FFM). Not on a CPU (slower than eager), nor for GRU/LSTM (dynamo unrolls
     cuDNN's kernel step by step)."""
     memories = {type(a.critic.encoder.memory) for a in agents}
-    return (agents[0].device.type == "cuda" and all(m.compile_pays for m in memories)
-            and _compile_failure(agents) is None)
+    return (
+        agents[0].device.type == "cuda" and all(m.compile_pays for m in memories) and _compile_failure(agents) is None
+    )
 
 
 def check_compilable(agents: Sequence[RecurrentAgent]) -> None:
@@ -229,8 +241,16 @@ class UpdateRunner:
     """``runner(batch, grad_norms)`` = ``agent.update(batch, grad_norms)``. With several agents (a seed axis),
     ``update_all(batches)`` updates each on its own batch, on CUDA as one graph with a branch stream per agent."""
 
-    def __init__(self, agents: RecurrentAgent | Sequence[RecurrentAgent], cuda_graph: bool = True, *,
-                 compile: bool | None = False, warmup: int = WARMUP_UPDATES, ring: int = HOST_RING, backend=None):
+    def __init__(
+        self,
+        agents: RecurrentAgent | Sequence[RecurrentAgent],
+        cuda_graph: bool = True,
+        *,
+        compile: bool | None = False,
+        warmup: int = WARMUP_UPDATES,
+        ring: int = HOST_RING,
+        backend=None,
+    ):
         self.agents = [agents] if isinstance(agents, RecurrentAgent) else list(agents)
         self.agent, self.device = self.agents[0], self.agents[0].device
         self.compiled = compile_pays(self.agents) if compile is None else bool(compile)
@@ -265,11 +285,15 @@ class UpdateRunner:
             raise ValueError(f"update_all needs one batch per agent: got {len(batches)} for {len(self.agents)}")
         due = [a.actor_step_due() for a in self.agents]
         if len(set(due)) != 1:
-            raise ValueError(f"agents updated together must agree on whether this update moves their actors (a "
-                             f"TD3 policy delay): got {due} after {[a.num_updates for a in self.agents]} updates")
+            raise ValueError(
+                f"agents updated together must agree on whether this update moves their actors (a "
+                f"TD3 policy delay): got {due} after {[a.num_updates for a in self.agents]} updates"
+            )
         with compile_errors_named() if self.compiled else contextlib.nullcontext():
             if not self.graphed:
-                return [a.update(b, grad_norms=grad_norms, compiled=self.compiled) for a, b in zip(self.agents, batches)]
+                return [
+                    a.update(b, grad_norms=grad_norms, compiled=self.compiled) for a, b in zip(self.agents, batches)
+                ]
             return self._update(batches, grad_norms)
 
     def _update(self, agents_batches: Sequence, grad_norms: bool) -> list[dict[str, torch.Tensor]]:
@@ -289,8 +313,9 @@ class UpdateRunner:
     def _update_on_static(self, k: int, grad_norms: bool, actor_step: bool, stream=None) -> dict[str, torch.Tensor]:
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             aligned = Aligned.from_batch(self.stagings[k].static, self.device)
-            return update(self.agents[k], aligned, actor_step_due=actor_step, grad_norms=grad_norms,
-                          compiled=self.compiled)
+            return update(
+                self.agents[k], aligned, actor_step_due=actor_step, grad_norms=grad_norms, compiled=self.compiled
+            )
 
     def _device_updates(self, grad_norms: bool, actor_step: bool) -> list[dict[str, torch.Tensor]]:
         if len(self.agents) == 1:
@@ -310,11 +335,21 @@ class UpdateRunner:
         grad_norms, actor_step = path
         # The optimisers' state was created on the side stream (warm-up) and is used by replays on this one.
         self.backend.keep_for_current_stream(
-            [v for a in self.agents for o in a.optimizers().values() for st in o.state.values() for v in st.values()
-             if torch.is_tensor(v)])
-        captured = guarded_capture(f"the update (grad_norms={grad_norms}, actor_step={actor_step})",
-                                   "run the update eagerly", self.agents,
-                                   lambda: self.backend.capture(lambda: self._device_updates(grad_norms, actor_step)))
+            [
+                v
+                for a in self.agents
+                for o in a.optimizers().values()
+                for st in o.state.values()
+                for v in st.values()
+                if torch.is_tensor(v)
+            ]
+        )
+        captured = guarded_capture(
+            f"the update (grad_norms={grad_norms}, actor_step={actor_step})",
+            "run the update eagerly",
+            self.agents,
+            lambda: self.backend.capture(lambda: self._device_updates(grad_norms, actor_step)),
+        )
         # The caches now hold the graph's tensors: stale for an eager call until a bump.
         bump_versions(self._params)
         self._graphs[path] = captured
@@ -331,20 +366,27 @@ class UpdateRunner:
         # The parameters listed at the last rearm (walking the modules costs more than the rest of an update's host
         # work): a move or re-allocation shows in their data pointers.
         optims = [o for a in self.agents for o in a.optimizers().values()]
-        return (tuple(o.state for o in optims),
-                tuple(all(g.get("capturable", False) for g in o.param_groups) for o in optims),
-                tuple(p.data_ptr() for p in self._params),
-                self._params[0].device if self._params else self.device)
+        return (
+            tuple(o.state for o in optims),
+            tuple(all(g.get("capturable", False) for g in o.param_groups) for o in optims),
+            tuple(p.data_ptr() for p in self._params),
+            self._params[0].device if self._params else self.device,
+        )
 
     def _check_state(self) -> None:
         """Rearm after a loaded optimiser state (a resume) or a moved or re-allocated parameter."""
         now, was = self._current_fingerprint(), self._fingerprint
-        if was is not None and all(a is b for a, b in zip(now[0], was[0])) and len(now[0]) == len(was[0]) \
-                and now[1:] == was[1:]:
+        if (
+            was is not None
+            and all(a is b for a, b in zip(now[0], was[0]))
+            and len(now[0]) == len(was[0])
+            and now[1:] == was[1:]
+        ):
             return
         if now[3] != self.device:
-            raise ValueError(f"the agent moved from {self.device} to {now[3]} after its UpdateRunner was built; "
-                             "build a new runner")
+            raise ValueError(
+                f"the agent moved from {self.device} to {now[3]} after its UpdateRunner was built; build a new runner"
+            )
         self._rearm()
 
     def _rearm(self) -> None:

@@ -2,6 +2,7 @@
 address-space limit (``ulimit -v``, RLIMIT_AS) leaves, and what the cgroup's limit leaves (``memory.max``, as
 SLURM and containers set it; cgroup v1's ``memory.limit_in_bytes``). Each with the words that name it, for the
 memory check's refusal."""
+
 from __future__ import annotations
 
 import resource
@@ -69,9 +70,11 @@ def cgroup_left() -> int | None:
 
 def host_memory_left() -> tuple[int | None, str]:
     """(bytes, the words naming the tightest limit), or (None, "") where nothing can tell."""
-    limits = ((machine_available(), "of host memory available"),
-              (address_space_left(), "that the address-space limit (ulimit -v) leaves"),
-              (cgroup_left(), "that the cgroup's memory limit leaves"))
+    limits = (
+        (machine_available(), "of host memory available"),
+        (address_space_left(), "that the address-space limit (ulimit -v) leaves"),
+        (cgroup_left(), "that the cgroup's memory limit leaves"),
+    )
     found = [(n, words) for n, words in limits if n is not None]
     if not found:
         return None, ""

@@ -1,5 +1,6 @@
 """What the seeds of one axis (seeds.py) share or run together: each seed's generators, swapped in for its turns
 (``SeedRNG``), bursts run in joint rounds (``JointBursts``), and whether acting steps are gathered (``JointActs``)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,9 @@ class SeedRNG:
 
 def same_host_rng(a: tuple, b: tuple) -> bool:
     (np_a, py_a), (np_b, py_b) = a, b
-    return (py_a == py_b and np_a[0] == np_b[0] and np.array_equal(np_a[1], np_b[1])
-            and tuple(np_a[2:]) == tuple(np_b[2:]))
+    return (
+        py_a == py_b and np_a[0] == np_b[0] and np.array_equal(np_a[1], np_b[1]) and tuple(np_a[2:]) == tuple(np_b[2:])
+    )
 
 
 def joint_runner(trainers: list[Trainer]) -> UpdateRunner | None:

@@ -7,6 +7,7 @@ reference's logger).
 Every row is also kept in memory as the strings written, so that a checkpoint carries the exact rows up to it,
 with their header (``state()``), and a resumed run can check progress.csv against them and repair it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,9 +17,9 @@ import logging
 import math
 from pathlib import Path
 
-from .metrics import ENV_STEPS
 from .launch.rundir import replace_text, set_aside
 from .launch.unwritable import writing
+from .metrics import ENV_STEPS
 
 log = logging.getLogger("pomdp_ffm")
 
@@ -38,8 +39,9 @@ def _fmt(v) -> str:
 
 
 class MetricsWriter:
-    def __init__(self, path: Path, columns: list[str], tensorboard_dir: Path | None = None,
-                 checkpoint: dict | None = None):
+    def __init__(
+        self, path: Path, columns: list[str], tensorboard_dir: Path | None = None, checkpoint: dict | None = None
+    ):
         """Open progress.csv for appending.
 
         A fresh run (``checkpoint`` None) starts the file with its header. A resumed run passes what its
@@ -64,8 +66,9 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
-                raise ImportError("eval.log_tensorboard=true needs the tensorboard package: "
-                                  "pip install 'pomdp-ffm[tensorboard]'") from e
+                raise ImportError(
+                    "eval.log_tensorboard=true needs the tensorboard package: pip install 'pomdp-ffm[tensorboard]'"
+                ) from e
             self.tb = SummaryWriter(str(tensorboard_dir))
 
     def state(self) -> dict:
@@ -78,10 +81,15 @@ class MetricsWriter:
             return rows
         lost = [c for i, c in enumerate(columns) if c not in self.columns and any(r[i] for r in rows)]
         if lost:
-            raise ValueError(f"the checkpoint's rows have column(s) {lost} that this run does not log; resume it "
-                             "with the version (and eval.eval_stochastic setting) that wrote them")
-        log.warning("%s: the checkpoint's rows were logged under another header; mapped onto this one by column "
-                    "name (new columns empty in the old rows)", self.path)
+            raise ValueError(
+                f"the checkpoint's rows have column(s) {lost} that this run does not log; resume it "
+                "with the version (and eval.eval_stochastic setting) that wrote them"
+            )
+        log.warning(
+            "%s: the checkpoint's rows were logged under another header; mapped onto this one by column "
+            "name (new columns empty in the old rows)",
+            self.path,
+        )
         return [[dict(zip(columns, r)).get(c, "") for c in self.columns] for r in rows]
 
     def _reconcile(self, columns: list[str], stored: list[list[str]]) -> None:
@@ -95,21 +103,37 @@ class MetricsWriter:
         if unreadable is None and header == columns and rows[:n] == stored:
             if len(rows) > n:
                 aside = set_aside(self.path, "after-checkpoint")
-                log.warning("%s: %d row(s) were logged after the checkpoint; the resumed run logs them again (the "
-                            "file as it was is kept in %s)", self.path, len(rows) - n, aside.name)
+                log.warning(
+                    "%s: %d row(s) were logged after the checkpoint; the resumed run logs them again (the "
+                    "file as it was is kept in %s)",
+                    self.path,
+                    len(rows) - n,
+                    aside.name,
+                )
             elif header != self.columns:
                 aside = set_aside(self.path, "old-header")
-                log.warning("%s: rewritten under this run's header (the file as it was is kept in %s)", self.path,
-                            aside.name)
+                log.warning(
+                    "%s: rewritten under this run's header (the file as it was is kept in %s)", self.path, aside.name
+                )
             self._rewrite(expected)
             return
         aside = set_aside(self.path, "damaged")
-        why = (unreadable if unreadable is not None else
-               "its header differs from the checkpoint's" if header != columns else
-               f"it holds {len(rows)} row(s) where the checkpoint has {n}" if len(rows) < n else
-               "its rows differ from the checkpoint's copy")
-        log.warning("%s did not match the checkpoint (%s): moved it to %s and rebuilt its %d rows from the "
-                    "checkpoint", self.path, why, aside.name, n)
+        why = (
+            unreadable
+            if unreadable is not None
+            else "its header differs from the checkpoint's"
+            if header != columns
+            else f"it holds {len(rows)} row(s) where the checkpoint has {n}"
+            if len(rows) < n
+            else "its rows differ from the checkpoint's copy"
+        )
+        log.warning(
+            "%s did not match the checkpoint (%s): moved it to %s and rebuilt its %d rows from the checkpoint",
+            self.path,
+            why,
+            aside.name,
+            n,
+        )
         self._rewrite(expected)
 
     def _read(self, expected_bytes: int) -> tuple[list[list[str]], str | None]:

@@ -1,9 +1,10 @@
 """Small feed-forward pieces with the reference's initialisation (docs/reference.md#embedders,
 docs/reference.md#heads-and-initialisation)."""
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -33,8 +34,9 @@ def uniform_init_(layer: nn.Linear, bound: float) -> None:
 class Mlp(nn.Module):
     """ReLU hidden layers (fanin init, bias 0.1); an optional output layer with a tiny uniform init."""
 
-    def __init__(self, input_size: int, hidden_sizes: Sequence[int], output_size: int | None = None,
-                 init_w: float = 3e-3):
+    def __init__(
+        self, input_size: int, hidden_sizes: Sequence[int], output_size: int | None = None, init_w: float = 3e-3
+    ):
         super().__init__()
         layers, size = [], input_size
         for h in hidden_sizes:

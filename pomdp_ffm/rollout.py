@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -67,9 +67,15 @@ class Rollout:
     observation, called in order of i). ``record`` keeps the transitions; ``on_step(n)``: n env steps taken;
     ``timers``: seconds acting (``act``) and in the envs (``env``)."""
 
-    def __init__(self, envs: Sequence, policy: AgentPolicy | RandomPolicy, record: bool,
-                 on_step: Callable[[int], None] | None = None, reset: Callable[[int], np.ndarray] | None = None,
-                 timers: Counter | None = None):
+    def __init__(
+        self,
+        envs: Sequence,
+        policy: AgentPolicy | RandomPolicy,
+        record: bool,
+        on_step: Callable[[int], None] | None = None,
+        reset: Callable[[int], np.ndarray] | None = None,
+        timers: Counter | None = None,
+    ):
         self.envs, self.policy, self.record, self.on_step = envs, policy, record, on_step
         self.timers = timers if timers is not None else Counter()
         n = len(envs)
@@ -122,8 +128,11 @@ class Rollout:
 
     def ready(self) -> bool:
         """Whether ``receive`` would not wait on a worker."""
-        return all(self.envs[i].step_ready() for i in np.flatnonzero(self.active)
-                   if getattr(self.envs[i], "runs_elsewhere", False))
+        return all(
+            self.envs[i].step_ready()
+            for i in np.flatnonzero(self.active)
+            if getattr(self.envs[i], "runs_elsewhere", False)
+        )
 
     def receive(self) -> None:
         """The envs' steps taken in."""
@@ -133,8 +142,9 @@ class Rollout:
             next_obs, reward, terminated, truncated, info = self.envs[i].step_wait()
             if self.record:
                 # A time-out bootstraps, a fall does not (the reference's terminal flag for pomdp tasks).
-                self.transitions[i].append((self.obs[i].copy(), actions[i].copy(), float(reward),
-                                            terminated and not truncated, next_obs))
+                self.transitions[i].append(
+                    (self.obs[i].copy(), actions[i].copy(), float(reward), terminated and not truncated, next_obs)
+                )
             self.ret[i] += float(reward)
             self.length[i] += 1
             self.success[i] |= bool(info.get("success", False))
@@ -154,8 +164,10 @@ class Rollout:
     def episodes(self) -> list[Episode]:
         """One per env (the transitions empty where not recorded)."""
         cols = [[np.asarray(x, np.float32) for x in (zip(*tr) if tr else ((),) * 5)] for tr in self.transitions]
-        return [Episode(*c, ret=float(r), length=int(k), success=bool(s))
-                for c, r, k, s in zip(cols, self.ret, self.length, self.success)]
+        return [
+            Episode(*c, ret=float(r), length=int(k), success=bool(s))
+            for c, r, k, s in zip(cols, self.ret, self.length, self.success)
+        ]
 
     def play(self) -> list[Episode]:
         while not self.done:

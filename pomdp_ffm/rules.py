@@ -1,6 +1,7 @@
 """The vocabulary config schemas state their rules in: ``checked(default, rule)`` gives a field its rule, which
 config.check_rules applies. A module of its own so that the registries' entries (algos.py, seq_models/) declare
 their option sections beside themselves: config.py imports them, so they cannot import it."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -5,24 +5,34 @@ ends its unit (its rows, its evaluation when due, its checkpoint). On a CPU a se
 writes alone. On CUDA with ``train.cuda_graph`` the bursts run in joint rounds and the seeds' acting steps are
 gathered (joint.py, patches/016). A stop checkpoints every seed; one that fails is recorded in its directory, others
 go on."""
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from .joint import JointActs, JointBursts, SeedRNG, same_host_rng
-from .rollout import Rollout
 from .launch.rundir import RunDir, RunDirError
 from .launch.signals import StopSignals
-from .launch.start import (CURRENT_RUN, Action, Attempt, Refused, check_and_lock, check_untouched, seed_config, seed_dirs,
-                    validate)
+from .launch.start import (
+    CURRENT_RUN,
+    Action,
+    Attempt,
+    Refused,
+    check_and_lock,
+    check_untouched,
+    seed_config,
+    seed_dirs,
+    validate,
+)
+from .rollout import Rollout
 from .trainer import StopRequested, Trainer, host_rng_state
 
 log = logging.getLogger("pomdp_ffm")
@@ -130,8 +140,13 @@ class SeedAxis:
         if self.errors:
             raise self.errors[0]
         stopped = any(r.get("stopped") for r in self.results.values())
-        return {"seeds": self.results, "stopped": stopped, "signal": self.stop.requested if stopped else None,
-                "stop": self.stop, "skipped": all(r.get("skipped") for r in self.results.values())}
+        return {
+            "seeds": self.results,
+            "stopped": stopped,
+            "signal": self.stop.requested if stopped else None,
+            "stop": self.stop,
+            "skipped": all(r.get("skipped") for r in self.results.values()),
+        }
 
     def collect(self, seeds: list[Seed]) -> None:
         """These seeds' next units' episodes, then their bursts (``Trainer.collect``): gathered where acting is,
@@ -144,8 +159,9 @@ class SeedAxis:
         for s in gathered:  # every seed's stop check before any seed's episode: a checkpoint holds no half episode
             with self.own_turn(s, light=True):
                 s.trainer.start_unit()
-        self.act_together([s for s in gathered if s in self.running],
-                          lambda s: (s.trainer.next_episode, s.trainer.store))
+        self.act_together(
+            [s for s in gathered if s in self.running], lambda s: (s.trainer.next_episode, s.trainer.store)
+        )
         for s in gathered:
             if s in self.running:
                 with self.own_turn(s):
@@ -281,9 +297,11 @@ class SeedAxis:
         """If the host generators moved in the gathered phase, all its seeds fail (which one drew cannot be told)."""
         if same_host_rng(before, host_rng_state()):
             return True
-        e = SharedRNGDrawn("the seeds' gathered acting steps (or their envs, or what follows them) drew from "
-                           "numpy's or Python's global random generator, which gathering does not keep apart "
-                           "per seed: the seeds' runs would not be their own")
+        e = SharedRNGDrawn(
+            "the seeds' gathered acting steps (or their envs, or what follows them) drew from "
+            "numpy's or Python's global random generator, which gathering does not keep apart "
+            "per seed: the seeds' runs would not be their own"
+        )
         for s in seeds:
             if s in self.running:
                 self.failed(s, e)

@@ -22,6 +22,7 @@ Exit codes of a single run (pomdp_ffm/launch/exits.py; a sweep's, and what each 
     74  unwritable: a file of the run could not be written, or its lock file was removed under it
     75  stopped by SIGTERM/SIGUSR1 (or the scheduler's warning) with its checkpoint saved: rerun to resume
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -154,8 +155,9 @@ def cli() -> None:
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
-    multirun = composed is not None and (any(a in ("-m", "--multirun") for a in argv)
-                                         or composed.hydra.mode == RunMode.MULTIRUN)
+    multirun = composed is not None and (
+        any(a in ("-m", "--multirun") for a in argv) or composed.hydra.mode == RunMode.MULTIRUN
+    )
     launcher = launcher_name(composed.hydra) if composed is not None else ""
     # The launchers whose jobs run in the launching process or in its worker processes: a stop signal sent to the
     # launching process stops their sweep (signals.SweepSignals). Under submitit every job has its own signals.
@@ -188,8 +190,11 @@ def cli() -> None:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
     if in_process and signals.sweep_stopped() is not None:
-        print(f"stopped by signal {signals.sweep_stopped()}: the jobs in hand saved their checkpoints and the "
-              "sweep's later jobs did not start; rerun the same command to resume", file=sys.stderr)
+        print(
+            f"stopped by signal {signals.sweep_stopped()}: the jobs in hand saved their checkpoints and the "
+            "sweep's later jobs did not start; rerun the same command to resume",
+            file=sys.stderr,
+        )
         sys.exit(EXIT_STOPPED)
     ended = sweep_outcome() or {}  # (its jobs named, and summed up, by grid.SweepOutcomes)
     if ended.get("stopped") or ended.get("refused") or ended.get("failed"):

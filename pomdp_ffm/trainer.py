@@ -11,9 +11,9 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -27,12 +27,23 @@ from .config import DEVICE_PATTERN, RunConfig, TrainConfig
 from .envs import get_task, make_env
 from .evaluation import Clocks, EvalResult, Evaluation, Evaluator
 from .graph import make_updater
-from .logger import MetricsWriter
-from .metrics import (ENV_STEPS, EVAL_LENGTH, EVAL_RETURN, EVAL_SUCCESS, FPS, RL_STEPS, ROLLOUTS, STOCHASTIC,
-                      TIME_COST, burst_row, columns)
-from .rollout import AgentPolicy, RandomPolicy, Rollout
 from .launch.rundir import CHECKPOINT_FORMAT, RunDir
 from .launch.signals import StopSignals
+from .logger import MetricsWriter
+from .metrics import (
+    ENV_STEPS,
+    EVAL_LENGTH,
+    EVAL_RETURN,
+    EVAL_SUCCESS,
+    FPS,
+    RL_STEPS,
+    ROLLOUTS,
+    STOCHASTIC,
+    TIME_COST,
+    burst_row,
+    columns,
+)
+from .rollout import AgentPolicy, RandomPolicy, Rollout
 
 log = logging.getLogger("pomdp_ffm")
 
@@ -50,8 +61,10 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} but CUDA is not available here; use device=cpu or device=auto")
     if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
-        raise ValueError(f"device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s), "
-                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        raise ValueError(
+            f"device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s), "
+            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
     return torch.device(name)
 
 
@@ -100,9 +113,16 @@ def env_step_budget(train: TrainConfig, max_len: int) -> tuple[int, int]:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, run_dir: RunDir | str | Path, stop: StopSignals | None = None, *,
-                 composed: dict | None = None, host_rng: Callable[[], tuple] = host_rng_state,
-                 timers: Counter | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: RunDir | str | Path,
+        stop: StopSignals | None = None,
+        *,
+        composed: dict | None = None,
+        host_rng: Callable[[], tuple] = host_rng_state,
+        timers: Counter | None = None,
+    ):
         """Writes nothing. ``composed``: the config its checkpoints store; ``host_rng``: numpy's and Python's states
         for them (a seed of an axis keeps its own); ``timers``: seconds and counts (``n_<part>``) by part."""
         self.cfg = cfg
@@ -125,10 +145,12 @@ class Trainer:
         last_iters = self.budget // self.iter_len
         pool_iters = self.max_len * t.num_init_rollouts_pool // self.iter_len
         if last_iters // cfg.eval.log_interval == pool_iters // cfg.eval.log_interval:
-            raise ValueError(f"eval.log_interval={cfg.eval.log_interval} divides none of the iterations "
-                             f"{pool_iters + 1}-{last_iters} that follow the initial pool on {cfg.env.env_name} "
-                             f"(train.num_iters={t.num_iters}, train.num_init_rollouts_pool={t.num_init_rollouts_pool})"
-                             ": no evaluation would ever be logged")
+            raise ValueError(
+                f"eval.log_interval={cfg.eval.log_interval} divides none of the iterations "
+                f"{pool_iters + 1}-{last_iters} that follow the initial pool on {cfg.env.env_name} "
+                f"(train.num_iters={t.num_iters}, train.num_init_rollouts_pool={t.num_init_rollouts_pool})"
+                ": no evaluation would ever be logged"
+            )
         self.counters, self.metrics, self.bar, self._closed = Counters(), None, None, False
         self.burst: Burst | None = None  # the burst in hand (counters.burst), unless it is empty
         self.due: Due | None = None  # the evaluation due, between ``due_evaluation`` and ``evaluated``
@@ -139,8 +161,9 @@ class Trainer:
         try:
             obs_dim, act_dim = self.env.observation_space.shape[0], self.env.action_space.shape[0]
             self.seq_len = self.max_len if t.sampled_seq_len == -1 else t.sampled_seq_len
-            self.buffer = SeqReplayBuffer(int(t.buffer_size), obs_dim, act_dim, self.seq_len, t.sample_weight_baseline,
-                                          seed=cfg.seed)
+            self.buffer = SeqReplayBuffer(
+                int(t.buffer_size), obs_dim, act_dim, self.seq_len, t.sample_weight_baseline, seed=cfg.seed
+            )
             self.agent = RecurrentAgent(obs_dim, act_dim, cfg.policy).to(self.device)
             self.updater = make_updater(self.agent, t.cuda_graph, compile=t.compile)
             self.acting = make_actor(self.agent, t.cuda_graph)
@@ -169,13 +192,23 @@ class Trainer:
     def open(self, resume: dict | None = None) -> None:
         if resume is not None:
             self._restore(resume)
-        self.metrics = MetricsWriter(self.run.progress, self.columns,
-                                     self.run / RunDir.TENSORBOARD if self.cfg.eval.log_tensorboard else None,
-                                     checkpoint=None if resume is None else resume["progress"])
+        self.metrics = MetricsWriter(
+            self.run.progress,
+            self.columns,
+            self.run / RunDir.TENSORBOARD if self.cfg.eval.log_tensorboard else None,
+            checkpoint=None if resume is None else resume["progress"],
+        )
         self._t0 = time.time() - self.counters.elapsed
         self._last_eval_time = time.time()
-        self.bar = tqdm(total=self.budget, initial=self.counters.env_steps, unit="step", dynamic_ncols=True,
-                        disable=not self.cfg.progress, mininterval=2.0, desc=self.cfg.env.env_name)
+        self.bar = tqdm(
+            total=self.budget,
+            initial=self.counters.env_steps,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not self.cfg.progress,
+            mininterval=2.0,
+            desc=self.cfg.env.env_name,
+        )
 
     # --- a unit of work: the initial pool, or an iteration ------------------------------------------------------
     def collect(self) -> None:
@@ -354,17 +387,26 @@ class Trainer:
         c = self.counters
         path = self.save_checkpoint(self.run / RunDir.DIVERGED)
         last = {k: float(v) for k, v in last.items()}
-        msg = (f"non-finite loss first at update {first_bad} (env step {c.env_steps}; the burst ran on to update "
-               f"{c.rl_steps}, whose statistics were {last}); checkpoint saved to {path}")
+        msg = (
+            f"non-finite loss first at update {first_bad} (env step {c.env_steps}; the burst ran on to update "
+            f"{c.rl_steps}, whose statistics were {last}); checkpoint saved to {path}"
+        )
         log.error(msg)
         raise TrainingDiverged(msg)
 
-    def log_evaluation(self, deterministic: EvalResult, stochastic: EvalResult | None = None,
-                       at: Clocks | None = None) -> float:
+    def log_evaluation(
+        self, deterministic: EvalResult, stochastic: EvalResult | None = None, at: Clocks | None = None
+    ) -> float:
         """Log the evaluation row; the deterministic mean return. ``at``: the clocks when it was due (default now)."""
         c, at = self.counters, at or self.clocks()
-        row = {ENV_STEPS: at.env_steps, ROLLOUTS: at.rollouts, RL_STEPS: at.rl_steps, EVAL_LENGTH: deterministic.length,
-               EVAL_RETURN: deterministic.ret, EVAL_SUCCESS: deterministic.success}
+        row = {
+            ENV_STEPS: at.env_steps,
+            ROLLOUTS: at.rollouts,
+            RL_STEPS: at.rl_steps,
+            EVAL_LENGTH: deterministic.length,
+            EVAL_RETURN: deterministic.ret,
+            EVAL_SUCCESS: deterministic.success,
+        }
         if stochastic is not None:
             row[STOCHASTIC[EVAL_RETURN]] = stochastic.ret
             row[STOCHASTIC[EVAL_LENGTH]] = stochastic.length
@@ -375,8 +417,13 @@ class Trainer:
         self.metrics.write(row, at.env_steps)
         c.last_return = deterministic.ret
         self._show_status()
-        log.info("env steps %d  updates %d  eval return %.2f  length %.1f", at.env_steps, at.rl_steps,
-                 deterministic.ret, deterministic.length)
+        log.info(
+            "env steps %d  updates %d  eval return %.2f  length %.1f",
+            at.env_steps,
+            at.rl_steps,
+            deterministic.ret,
+            deterministic.length,
+        )
         return deterministic.ret
 
     def clocks(self) -> Clocks:
@@ -391,28 +438,52 @@ class Trainer:
 
     def _show_status(self) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"upd/s={self._updates_per_s:.0f} eval={self.counters.last_return:.1f}",
-                                     refresh=False)
+            self.bar.set_postfix_str(
+                f"upd/s={self._updates_per_s:.0f} eval={self.counters.last_return:.1f}", refresh=False
+            )
 
     def _snapshot(self, perf: float) -> None:
         """The reference's weights-only snapshot, save/agent_<iters>_perf<return>.pt."""
-        self.run.save({"agent": self.agent.state_dict()},
-                      self.run.snapshot(self.counters.env_steps // self.iter_len, perf))
+        self.run.save(
+            {"agent": self.agent.state_dict()}, self.run.snapshot(self.counters.env_steps // self.iter_len, perf)
+        )
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
         """Tensors and plain containers only, for ``rundir.load_checkpoint`` to read tensors-only."""
         self.finish_deferred()  # played and logged now: the checkpoint holds the rows
         self.counters.elapsed = time.time() - self._t0
         (kind, keys, pos, has_gauss, cached), py_state = self.host_rng()
-        np_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                    "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-        rng = {"torch": torch.get_rng_state(), "numpy": np_state, "python": py_state, "env": self.env.rng_state(),
-               "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-        buffer = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-                  for k, v in self.buffer.state_dict().items()} if self.cfg.checkpoint.save_buffer else None
-        state = {"format": CHECKPOINT_FORMAT, "config": self.config_copy, "agent": self.agent.training_state(),
-                 "counters": asdict(self.counters), "progress": self.metrics.state(), "rng": rng,
-                 "buffer": buffer}
+        np_state = {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
+        rng = {
+            "torch": torch.get_rng_state(),
+            "numpy": np_state,
+            "python": py_state,
+            "env": self.env.rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        buffer = (
+            {
+                k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+                for k, v in self.buffer.state_dict().items()
+            }
+            if self.cfg.checkpoint.save_buffer
+            else None
+        )
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config_copy,
+            "agent": self.agent.training_state(),
+            "counters": asdict(self.counters),
+            "progress": self.metrics.state(),
+            "rng": rng,
+            "buffer": buffer,
+        }
         return self.run.save(state, path or self.run.checkpoint)
 
     def _restore(self, state: dict) -> None:
@@ -425,8 +496,9 @@ class Trainer:
         self.config_copy = state["config"]
         rng, n = state["rng"], state["rng"]["numpy"]
         torch.set_rng_state(rng["torch"].cpu())
-        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                             n["cached_gaussian"]))
+        np.random.set_state(
+            (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+        )
         random.setstate(rng["python"])
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])

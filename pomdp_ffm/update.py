@@ -18,10 +18,12 @@ queues kernels, so that it can be captured once in a CUDA graph and replayed (po
 losses (forward and backward) become inductor's fused kernels; the optimisers' steps, the targets and the
 temperature stay as they are (patches/020-compiled-update.md).
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -39,19 +41,24 @@ class Aligned(NamedTuple):
     masks: torch.Tensor
 
     @classmethod
-    def from_batch(cls, batch: Batch, device) -> "Aligned":
+    def from_batch(cls, batch: Batch, device) -> Aligned:
         """A zero first previous action, reward and terminal; the first observation, then the next ones."""
         t = lambda a: torch.as_tensor(a, device=device)
         first_obs = t(batch.observs)[:1]
         zero_first = lambda a: torch.cat([torch.zeros_like(a[:1]), a])
-        return cls(observs=torch.cat([first_obs, t(batch.next_observs)]),
-                   actions=zero_first(t(batch.actions)), rewards=zero_first(t(batch.rewards)),
-                   terminals=zero_first(t(batch.terminals)), masks=t(batch.masks))
+        return cls(
+            observs=torch.cat([first_obs, t(batch.next_observs)]),
+            actions=zero_first(t(batch.actions)),
+            rewards=zero_first(t(batch.rewards)),
+            terminals=zero_first(t(batch.terminals)),
+            masks=t(batch.masks),
+        )
 
-    def head(self, n: int) -> "Aligned":
+    def head(self, n: int) -> Aligned:
         """The first n steps of the history (the recurrence is causal)."""
-        return self._replace(observs=self.observs[:n], actions=self.actions[:n], rewards=self.rewards[:n],
-                             terminals=self.terminals[:n])
+        return self._replace(
+            observs=self.observs[:n], actions=self.actions[:n], rewards=self.rewards[:n], terminals=self.terminals[:n]
+        )
 
     @property
     def history(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -139,6 +146,7 @@ def compiled_losses() -> Losses:
     architecture (a seed axis's too), the modules' parameters being its inputs. ``fullgraph``: a graph break is an
     error, never a silent split into eager pieces. ``fallback_random``: random numbers from the eager generator,
     so a compiled update draws the eager update's noise. ``dynamic=False``: one graph per window length."""
+
     def compile_(fn: Callable) -> Callable:
         compiled = torch.compile(fn, fullgraph=True, dynamic=False, options={"fallback_random": True})
 
@@ -146,7 +154,9 @@ def compiled_losses() -> Losses:
             # allow_rnn: nn.GRU/nn.LSTM traced as their per-step operations (dynamo cannot call cuDNN's kernel)
             with torch._dynamo.config.patch(allow_rnn=True):
                 return compiled(*args)
+
         return call
+
     return Losses(*map(compile_, EAGER))
 
 
@@ -158,8 +168,10 @@ def critic_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=critic_los
     bound_memories_(agent.critic)  # the actor loss runs the critic next
     stats = {"qf1_loss": qf1_loss.detach(), "qf2_loss": qf2_loss.detach()}
     if grad_norms:
-        stats |= {"q_grad_norm": mean_grad_norm(agent.critic),
-                  "q_rnn_grad_norm": mean_grad_norm(agent.critic.encoder.memory)}
+        stats |= {
+            "q_grad_norm": mean_grad_norm(agent.critic),
+            "q_rnn_grad_norm": mean_grad_norm(agent.critic.encoder.memory),
+        }
     return stats
 
 
@@ -174,13 +186,16 @@ def actor_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=actor_loss)
     if log_prob is not None:  # SAC: the entropy estimate the temperature step reads
         stats["policy_entropy"] = -masked_mean(log_prob.detach(), s.masks)
     if grad_norms:
-        stats |= {"pi_grad_norm": mean_grad_norm(agent.actor),
-                  "pi_rnn_grad_norm": mean_grad_norm(agent.actor.encoder.memory)}
+        stats |= {
+            "pi_grad_norm": mean_grad_norm(agent.actor),
+            "pi_rnn_grad_norm": mean_grad_norm(agent.actor.encoder.memory),
+        }
     return stats
 
 
-def update(agent, s: Aligned, *, actor_step_due: bool, grad_norms: bool = False,
-           compiled: bool = False) -> dict[str, torch.Tensor]:
+def update(
+    agent, s: Aligned, *, actor_step_due: bool, grad_norms: bool = False, compiled: bool = False
+) -> dict[str, torch.Tensor]:
     """One gradient step of ``agent`` (a RecurrentAgent) on the aligned batch ``s``: its statistics as detached 0-d
     tensors on the device (the metric names of pomdp_ffm/metrics.py). ``actor_step_due``: whether the actor, the
     targets and the temperature move (every update, or every d-th with a TD3 policy delay d; the host decides);

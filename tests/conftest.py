@@ -11,9 +11,17 @@ register_configs()
 
 # Settings that make a training run take seconds: short windows, a handful of updates, one eval episode.
 TINY = [
-    "train.num_iters=3", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=16",
-    "train.num_updates_per_iter=0.02", "eval.log_interval=1", "env.num_eval_tasks=1", "progress=false",
-    "policy.rnn_hidden_size=32", "policy.dqn_layers=[32,32]", "policy.policy_layers=[32,32]",
+    "train.num_iters=3",
+    "train.num_init_rollouts_pool=1",
+    "train.batch_size=4",
+    "train.sampled_seq_len=16",
+    "train.num_updates_per_iter=0.02",
+    "eval.log_interval=1",
+    "env.num_eval_tasks=1",
+    "progress=false",
+    "policy.rnn_hidden_size=32",
+    "policy.dqn_layers=[32,32]",
+    "policy.policy_layers=[32,32]",
     "checkpoint.interval=1",
 ]
 

@@ -1,5 +1,6 @@
 """The recurrent agent: T+1 alignment, masking, separate memories, targets, one-step SAC/TD3 updates, and an
 update that never reads a device value on the host (patches/014-update-without-host-sync.md)."""
+
 import contextlib
 import copy
 
@@ -10,11 +11,11 @@ import torch
 from pomdp_ffm import update as update_module
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.algos import SAC
-from pomdp_ffm.update import Aligned, actor_loss, actor_step, critic_loss, critic_step, masked_mean
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
 from pomdp_ffm.seq_models import FFM, available
 from pomdp_ffm.seq_models.ffm import DECAY_MIN
+from pomdp_ffm.update import Aligned, actor_loss, actor_step, critic_loss, critic_step, masked_mean
 
 O, A, T, B = 5, 2, 12, 6
 
@@ -27,14 +28,23 @@ def make_batch(seed=0, pad_from=None):
         mask[pad_from:, 0] = 0.0  # window 0 ends early: its tail is another episode's data
     term = np.zeros((T, B, 1), np.float32)
     term[3, 2] = 1.0
-    return Batch(observs=f(T, B, O), actions=np.tanh(f(T, B, A)), rewards=f(T, B, 1), terminals=term,
-                 next_observs=f(T, B, O), masks=mask)
+    return Batch(
+        observs=f(T, B, O),
+        actions=np.tanh(f(T, B, A)),
+        rewards=f(T, B, 1),
+        terminals=term,
+        next_observs=f(T, B, O),
+        masks=mask,
+    )
 
 
 def make_agent(algo="sac", model="ffm", seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = PolicyConfig(seq_model=model, algo_name=algo, **{"rnn_hidden_size": 32, "dqn_layers": [32, 32],
-                                                           "policy_layers": [32, 32], **kw})
+    cfg = PolicyConfig(
+        seq_model=model,
+        algo_name=algo,
+        **{"rnn_hidden_size": 32, "dqn_layers": [32, 32], "policy_layers": [32, 32], **kw},
+    )
     return RecurrentAgent(O, A, cfg)
 
 
@@ -95,8 +105,17 @@ def test_actor_and_critic_memories_are_separate():
     assert make_agent("sac").actor_target is None  # SAC uses the current actor for next actions
 
 
-@pytest.mark.parametrize("model, layers, per_row", [("ffm", 1, 25856), ("gru", 1, 24576), ("gru", 2, 29696),
-                                                    ("lstm", 1, 25856), ("lstm", 2, 32256), ("mlp", 1, 20736)])
+@pytest.mark.parametrize(
+    "model, layers, per_row",
+    [
+        ("ffm", 1, 25856),
+        ("gru", 1, 24576),
+        ("gru", 2, 29696),
+        ("lstm", 1, 25856),
+        ("lstm", 2, 32256),
+        ("mlp", 1, 20736),
+    ],
+)
 def test_update_memory_estimate_per_memory(model, layers, per_row):
     # Each memory's share comes from its class (SeqModel.activation_floats); the bytes per row are pinned as they
     # were when the agent held a table of them.
@@ -125,8 +144,15 @@ def test_one_update_changes_parameters_and_moves_targets(algo, model):
     before = copy.deepcopy(agent.state_dict())
     stats = agent.update(make_batch(), grad_norms=True)
     assert all(torch.isfinite(v) for v in stats.values())
-    expected = {"qf1_loss", "qf2_loss", "policy_loss", "q_grad_norm", "q_rnn_grad_norm", "pi_grad_norm",
-                "pi_rnn_grad_norm"} | ({"policy_entropy", "alpha"} if algo == "sac" else set())
+    expected = {
+        "qf1_loss",
+        "qf2_loss",
+        "policy_loss",
+        "q_grad_norm",
+        "q_rnn_grad_norm",
+        "pi_grad_norm",
+        "pi_rnn_grad_norm",
+    } | ({"policy_entropy", "alpha"} if algo == "sac" else set())
     assert set(stats) == expected
     after = agent.state_dict()
     for prefix in ("actor.", "critic."):
@@ -137,7 +163,7 @@ def test_one_update_changes_parameters_and_moves_targets(algo, model):
     for tgt, src in targets:
         for k in before:
             if k.startswith(tgt):
-                expect = (1 - tau) * before[k] + tau * after[src + k[len(tgt):]]
+                expect = (1 - tau) * before[k] + tau * after[src + k[len(tgt) :]]
                 torch.testing.assert_close(after[k], expect, rtol=1e-6, atol=1e-7)
     if algo == "sac":
         assert stats["alpha"] < 1.0 or stats["alpha"] > 1.0  # the temperature moved off its 1.0 start
@@ -173,8 +199,9 @@ def test_acting_carries_state_and_matches_sequence():
         seq_actions, _ = agent.actor(s.actions[:, :1], s.rewards[:, :1], s.observs[:, :1])
     state = agent.initial_state(1)
     for t in range(T + 1):
-        a, state = agent.act(s.observs[t, 0].numpy(), s.actions[t, 0].numpy(), float(s.rewards[t, 0]), state,
-                             deterministic=True)
+        a, state = agent.act(
+            s.observs[t, 0].numpy(), s.actions[t, 0].numpy(), float(s.rewards[t, 0]), state, deterministic=True
+        )
         np.testing.assert_allclose(a, seq_actions[t, 0].numpy(), rtol=1e-5, atol=1e-8)
     noisy, _ = agent.act(s.observs[0, 0].numpy(), np.zeros(A), 0.0, agent.initial_state(1), deterministic=False)
     assert np.all(np.abs(noisy) <= 1.0)
@@ -201,6 +228,7 @@ def no_host_reads(allowed=()):
             if name == "item" and id(self) in allowed:
                 return orig(self, *args, **kwargs)
             raise HostSync(f"Tensor.{name} read a tensor's value on the host")
+
         return read
 
     with pytest.MonkeyPatch.context() as m:
@@ -221,8 +249,15 @@ def tensor_batch(batch, device="cpu"):
 def test_the_host_read_guard_catches_what_it_should():
     x = torch.ones(3)
     ffm = FFM(4, 32)  # standalone: its forward checks the decay bound on the host
-    for read in (lambda: x.sum().item(), lambda: float(x.sum()), lambda: bool(x.any()), lambda: x.tolist(),
-                 lambda: int(x[0]), lambda: x.numpy(), lambda: ffm(torch.randn(2, 1, 4))):
+    for read in (
+        lambda: x.sum().item(),
+        lambda: float(x.sum()),
+        lambda: bool(x.any()),
+        lambda: x.tolist(),
+        lambda: int(x[0]),
+        lambda: x.numpy(),
+        lambda: ffm(torch.randn(2, 1, 4)),
+    ):
         with no_host_reads(), pytest.raises(HostSync):
             read()
     with no_host_reads(allowed=[x]):
@@ -277,8 +312,15 @@ def per_call_bound_path(agent):
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(update_module, "bound_memories_", lambda *nets: None)
-        m.setattr(SAC, "alpha", property(lambda self: self.log_alpha.exp().item() if self.log_alpha is not None
-                                         else float(self.cfg.entropy_alpha)))
+        m.setattr(
+            SAC,
+            "alpha",
+            property(
+                lambda self: (
+                    self.log_alpha.exp().item() if self.log_alpha is not None else float(self.cfg.entropy_alpha)
+                )
+            ),
+        )
         m.setattr(SAC, "temperature_step", temperature_step)
         yield
 
@@ -291,8 +333,11 @@ def run_updates(agent, n=20):
     for i in range(n):
         st = agent.update(make_batch(i % 3), grad_norms=i % 2 == 0)
         stats.append({k: float(v) for k, v in st.items()})
-        out_of_bound += sum(bool(((m.alpha < DECAY_MIN) | (m.alpha > m.decay_limit)).any())
-                            for m in agent.modules() if isinstance(m, FFM))
+        out_of_bound += sum(
+            bool(((m.alpha < DECAY_MIN) | (m.alpha > m.decay_limit)).any())
+            for m in agent.modules()
+            if isinstance(m, FFM)
+        )
         state = agent.initial_state(1)
         for t in range(3):
             a, state = agent.act(probe.observs[t, 0], probe.actions[t, 0], float(probe.rewards[t, 0, 0]), state, True)
@@ -301,8 +346,10 @@ def run_updates(agent, n=20):
 
 
 EQUIVALENCE_CASES = [
-    ("sac", {}), ("sac", {"sac": SACConfig(automatic_entropy_tuning=False, entropy_alpha=0.3)}),
-    ("td3", {}), ("td3", {"td3": TD3Config(policy_delay=2)}),
+    ("sac", {}),
+    ("sac", {"sac": SACConfig(automatic_entropy_tuning=False, entropy_alpha=0.3)}),
+    ("td3", {}),
+    ("td3", {"td3": TD3Config(policy_delay=2)}),
 ]
 
 
@@ -372,4 +419,3 @@ def test_loaded_state_is_bounded():
     for net in (fresh.actor, fresh.actor_target):
         a = net.encoder.memory.alpha
         assert a[0].item() == pytest.approx(net.encoder.memory.decay_limit) and a[1].item() == pytest.approx(DECAY_MIN)
-

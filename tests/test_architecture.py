@@ -1,6 +1,7 @@
 """The package's shape (docs/architecture.md): no import cycle between its modules, counting imports inside
 functions, which hide a cycle from the interpreter but not from a reader; no module too long to read; the launch
 side apart from the RL core, which uses only the three parts of it a run needs."""
+
 from __future__ import annotations
 
 import ast
@@ -96,8 +97,16 @@ def test_the_core_uses_only_what_a_run_needs_of_the_launch_side():
     # (unwritable); a seed axis starts its seeds' attempts (start), as train.run starts one. Checking a command,
     # sweeping and exit codes are the commands' own (train.py, bench/).
     commands = ("pomdp_ffm.launch", "pomdp_ffm.train", "pomdp_ffm.bench")
-    used = {dep for module, deps in import_graph().items() if not module.startswith(commands)
-            for dep in deps if dep.startswith("pomdp_ffm.launch.")}
-    assert used == {"pomdp_ffm.launch.rundir", "pomdp_ffm.launch.signals", "pomdp_ffm.launch.unwritable",
-                    "pomdp_ffm.launch.start"}
-
+    used = {
+        dep
+        for module, deps in import_graph().items()
+        if not module.startswith(commands)
+        for dep in deps
+        if dep.startswith("pomdp_ffm.launch.")
+    }
+    assert used == {
+        "pomdp_ffm.launch.rundir",
+        "pomdp_ffm.launch.signals",
+        "pomdp_ffm.launch.unwritable",
+        "pomdp_ffm.launch.start",
+    }

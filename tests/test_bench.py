@@ -1,4 +1,5 @@
 """The benchmarks run and report what they claim; their numbers are not asserted (they are not timed tests)."""
+
 import csv
 import subprocess
 import sys
@@ -6,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 import torch
+from hang import HANG_S
 from torch.utils.flop_counter import FlopCounterMode
 
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.bench.update import ACT, OBS, random_batch
 from pomdp_ffm.config import PolicyConfig
-from hang import HANG_S
 
 
 def test_sac_ffm_update_flop_budget():
@@ -25,8 +26,13 @@ def test_sac_ffm_update_flop_budget():
 
 def test_memory_benchmark_command_writes_rows(tmp_path):
     out = tmp_path / "mem.csv"
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "memory", "--shapes", "rl", "--repeats", "1",
-                           "--csv", str(out)], capture_output=True, text=True, timeout=HANG_S, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.bench", "memory", "--shapes", "rl", "--repeats", "1", "--csv", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        check=True,
+    )
     assert "fwd_bwd_ms" in proc.stdout and "x gru" in proc.stdout
     rows = list(csv.DictReader(open(out)))
     models = {r["model"] for r in rows}
@@ -59,9 +65,16 @@ def test_memory_bench_variant_subset_and_unknown_name():
         memory.run(["rl"], 1, torch.device("cpu"), ["ffm", "nope"])
 
 
-SMALL = ["env=Pendulum-V-v0", "train.batch_size=4", "train.sampled_seq_len=8", "train.num_updates_per_iter=0.05",
-         "policy.rnn_hidden_size=32", "policy.dqn_layers=[32,32]", "policy.policy_layers=[32,32]",
-         "env.num_eval_tasks=3"]
+SMALL = [
+    "env=Pendulum-V-v0",
+    "train.batch_size=4",
+    "train.sampled_seq_len=8",
+    "train.num_updates_per_iter=0.05",
+    "policy.rnn_hidden_size=32",
+    "policy.dqn_layers=[32,32]",
+    "policy.policy_layers=[32,32]",
+    "env.num_eval_tasks=3",
+]
 
 
 def test_loop_benchmark_times_every_part_and_projects_the_budget():
@@ -82,17 +95,44 @@ def test_loop_benchmark_times_every_part_and_projects_the_budget():
 
 def test_eval_benchmark_command(tmp_path):
     out = tmp_path / "eval.csv"
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "eval", *SMALL, "--repeats", "1", "--csv",
-                           str(out)], capture_output=True, text=True, timeout=HANG_S, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.bench", "eval", *SMALL, "--repeats", "1", "--csv", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        check=True,
+    )
     assert "x one-after-another" in proc.stdout
-    assert {r["model"] for r in csv.DictReader(open(out))} == {"one-after-another", "together", "workers",
-                                                                "sync-vector", "async-vector"}
+    assert {r["model"] for r in csv.DictReader(open(out))} == {
+        "one-after-another",
+        "together",
+        "workers",
+        "sync-vector",
+        "async-vector",
+    }
 
 
 def test_overlap_benchmark_command(tmp_path):
     out = tmp_path / "overlap.csv"
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "overlap", *SMALL, "--updates", "3", "--repeats",
-                           "1", "--csv", str(out)], capture_output=True, text=True, timeout=HANG_S, check=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pomdp_ffm.bench",
+            "overlap",
+            *SMALL,
+            "--updates",
+            "3",
+            "--repeats",
+            "1",
+            "--csv",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        check=True,
+    )
     assert "x after" in proc.stdout
     rows = list(csv.DictReader(open(out)))
     assert [r["model"] for r in rows] == ["updates", "evaluation", "after", "during"]
@@ -100,30 +140,37 @@ def test_overlap_benchmark_command(tmp_path):
 
 
 def test_bench_refuses_overrides_it_does_not_take():
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.bench", "memory", "seed=1"], capture_output=True,
-                          text=True, timeout=HANG_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.bench", "memory", "seed=1"], capture_output=True, text=True, timeout=HANG_S
+    )
     assert proc.returncode == 2 and "only `loop`, `eval` and `overlap` take key=value overrides" in proc.stderr
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["memory", "--repeats", "0"], "argument --repeats: 0 must be >= 1"),
-    (["memory", "--threads", "-1"], "argument --threads: -1 must be >= 1"),
-    (["memory", "--device", "tpu"], "--device tpu: device='tpu' is not one of"),
-    (["memory", "--shapes", "foo"], "argument --shapes: invalid choice: 'foo'"),
-    (["memory", "--variants", "nope"], "--variants: unknown ['nope']; on cpu they are"),
-    (["act", "--seeds", "0"], "argument --seeds: 0 must be >= 1"),
-    (["loop", "--steps", "-5"], "argument --steps: -5 must be >= 1"),
-    (["overlap", "--updates", "0"], "argument --updates: 0 must be >= 1"),
-    (["loop", "env=Nope-v0"], "Could not find 'env/Nope-v0'; the choices are"),
-    (["loop", "policy.lr=-1"], "policy.lr=-1.0 must be > 0"),
-    (["eval", "+foo=1"], "unknown config key 'foo'"),
-    (["loop", "--project", "Nope-v0", "--env-step-ms", "1"], "--project Nope-v0: Unknown task 'Nope-v0'"),
-    (["loop", "--project", "HopperBLT-V-v0", "--env-step-ms", "-1"], "argument --env-step-ms: -1.0 must be a finite"),
-    (["loop", "--project", "HopperBLT-V-v0"], "--project and --env-step-ms go together"),
-    (["loop", "--jobs", "3"], "unrecognized arguments: --jobs 3"),
-    (["eval", "--csv", "/nonexistent-folder/x.csv"], "--csv /nonexistent-folder/x.csv: its folder does not exist"),
-    ([], "the following arguments are required: which"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["memory", "--repeats", "0"], "argument --repeats: 0 must be >= 1"),
+        (["memory", "--threads", "-1"], "argument --threads: -1 must be >= 1"),
+        (["memory", "--device", "tpu"], "--device tpu: device='tpu' is not one of"),
+        (["memory", "--shapes", "foo"], "argument --shapes: invalid choice: 'foo'"),
+        (["memory", "--variants", "nope"], "--variants: unknown ['nope']; on cpu they are"),
+        (["act", "--seeds", "0"], "argument --seeds: 0 must be >= 1"),
+        (["loop", "--steps", "-5"], "argument --steps: -5 must be >= 1"),
+        (["overlap", "--updates", "0"], "argument --updates: 0 must be >= 1"),
+        (["loop", "env=Nope-v0"], "Could not find 'env/Nope-v0'; the choices are"),
+        (["loop", "policy.lr=-1"], "policy.lr=-1.0 must be > 0"),
+        (["eval", "+foo=1"], "unknown config key 'foo'"),
+        (["loop", "--project", "Nope-v0", "--env-step-ms", "1"], "--project Nope-v0: Unknown task 'Nope-v0'"),
+        (
+            ["loop", "--project", "HopperBLT-V-v0", "--env-step-ms", "-1"],
+            "argument --env-step-ms: -1.0 must be a finite",
+        ),
+        (["loop", "--project", "HopperBLT-V-v0"], "--project and --env-step-ms go together"),
+        (["loop", "--jobs", "3"], "unrecognized arguments: --jobs 3"),
+        (["eval", "--csv", "/nonexistent-folder/x.csv"], "--csv /nonexistent-folder/x.csv: its folder does not exist"),
+        ([], "the following arguments are required: which"),
+    ],
+)
 def test_bench_refuses_bad_input_in_one_line_before_any_work(capsys, argv, needle):
     from pomdp_ffm.bench.__main__ import main
 
@@ -138,8 +185,9 @@ def test_bench_refuses_bad_input_in_one_line_before_any_work(capsys, argv, needl
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 @pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
 def test_cpu_acting_is_the_agents_acting_as_of_its_last_refresh(algo, model):
-    from pomdp_ffm.bench.acting import CpuActing
     from test_agent import make_agent, make_batch
+
+    from pomdp_ffm.bench.acting import CpuActing
 
     agent = make_agent(algo, model)
     copy_ = CpuActing(agent)
@@ -149,7 +197,9 @@ def test_cpu_acting_is_the_agents_acting_as_of_its_last_refresh(algo, model):
         torch.manual_seed(seed)
         state, out = actor.initial_state(2), []
         for t in range(6):
-            a, state = actor.act(probe.observs[t, :2], probe.actions[t, :2], probe.rewards[t, :2, 0], state, deterministic)
+            a, state = actor.act(
+                probe.observs[t, :2], probe.actions[t, :2], probe.rewards[t, :2, 0], state, deterministic
+            )
             out.append(a)
         return np.stack(out)
 
@@ -186,8 +236,10 @@ def test_acting_benchmark_with_seeds_times_both_ways():
     from pomdp_ffm.bench.acting import run_seeds
 
     rows = run_seeds([2], repeats=1, device=torch.device("cpu"), models=("gru",))
-    assert [(r.shape, r.model) for r in rows] == [("HopperBLT-V_B1_sac_gru_S2", "separate"),
-                                                  ("HopperBLT-V_B1_sac_gru_S2", "gathered")]
+    assert [(r.shape, r.model) for r in rows] == [
+        ("HopperBLT-V_B1_sac_gru_S2", "separate"),
+        ("HopperBLT-V_B1_sac_gru_S2", "gathered"),
+    ]
     assert all(r.value > 0 and r.unit == "us" for r in rows)
 
 
@@ -231,6 +283,7 @@ def _stop_at_call(monkeypatch, cls, name: str, at: int) -> None:
         if len(calls) == at:
             os.kill(os.getpid(), signal.SIGTERM)
         return original(self, *a, **kw)
+
     monkeypatch.setattr(cls, name, patched)
 
 
@@ -240,8 +293,8 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     # report and says so.
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
-    from pomdp_ffm.trainer import Trainer
     from pomdp_ffm.launch.exits import EXIT_STOPPED
+    from pomdp_ffm.trainer import Trainer
 
     _stop_at_call(monkeypatch, Trainer, "sample_batch", 15)
     r = loop.run(SMALL, steps=3000, device="cpu", threads=1)
@@ -284,8 +337,8 @@ def test_a_single_loop_benchmark_stopped_while_it_starts_stops(monkeypatch, caps
 
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
-    from pomdp_ffm.launch.signals import sweep_stopped
     from pomdp_ffm.launch.exits import EXIT_STOPPED
+    from pomdp_ffm.launch.signals import sweep_stopped
 
     got = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # in case nothing else holds it
@@ -294,6 +347,7 @@ def test_a_single_loop_benchmark_stopped_while_it_starts_stops(monkeypatch, caps
     def compose_then_stop(*a, **kw):
         os.kill(os.getpid(), signal.SIGTERM)
         return compose_run(*a, **kw)
+
     monkeypatch.setattr(loop, "compose_run", compose_then_stop)
     try:
         with pytest.raises(SystemExit) as e:

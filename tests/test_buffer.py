@@ -37,9 +37,9 @@ def window_of(batch, b):
 @pytest.mark.parametrize(
     "length,beta,expected",
     [
-        (3, 0.0, [1, 0, 0]),                        # L < T: one legal start
-        (5, 0.0, [1, 0, 0, 0, 0]),                  # L = T
-        (8, 0.0, [1, 1, 1, 1, 0, 0, 0, 0]),         # L > T: n = L - T + 1 = 4
+        (3, 0.0, [1, 0, 0]),  # L < T: one legal start
+        (5, 0.0, [1, 0, 0, 0, 0]),  # L = T
+        (8, 0.0, [1, 1, 1, 1, 0, 0, 0, 0]),  # L > T: n = L - T + 1 = 4
         (8, 2.0, [1.5, 1.5, 1.5, 1.5, 0, 0, 0, 0]),  # (beta + n) / n
         (3, 2.0, [3, 0, 0]),
         (2, 0.5, [1.5, 0]),
@@ -148,9 +148,9 @@ def test_sample_distribution_matches_weights_after_rewrite():
 # ---------------------------------------------------------------- wrap-around and top
 def test_wrap_around_with_partial_overwrite():
     buf = SeqReplayBuffer(20, 2, 1, sampled_seq_len=4, seed=0)
-    add(buf, 0, 8)   # slots 0..7
-    add(buf, 1, 8)   # slots 8..15
-    add(buf, 2, 7)   # slots 16..19, 0..2
+    add(buf, 0, 8)  # slots 0..7
+    add(buf, 1, 8)  # slots 8..15
+    add(buf, 2, 7)  # slots 16..19, 0..2
     assert len(buf) == 20 and buf.top == 3
     state = buf.state_dict()
     np.testing.assert_array_equal(state["observs"][[16, 19, 0, 2], 0], [2, 2, 2, 2])
@@ -158,8 +158,7 @@ def test_wrap_around_with_partial_overwrite():
     # Episode 0 keeps its surviving tail (steps 3..7) and that tail's weights (starts 0..4).
     np.testing.assert_array_equal(state["observs"][3:8, 0], 0)
     np.testing.assert_array_equal(state["observs"][3:8, 1], [3, 4, 5, 6, 7])
-    np.testing.assert_allclose(buf.weights, [0, 0, 0, 1, 1, 0, 0, 0] + [1] * 5 + [0] * 3
-                               + [1] * 4)
+    np.testing.assert_allclose(buf.weights, [0, 0, 0, 1, 1, 0, 0, 0] + [1] * 5 + [0] * 3 + [1] * 4)
     batch = buf.sample(3000)
     seen = set()
     for b in range(3000):
@@ -191,7 +190,7 @@ def test_write_head_masks_stale_data_after_wrap():
     buf = SeqReplayBuffer(20, 2, 1, sampled_seq_len=6, seed=0)
     add(buf, 0, 20)  # slots 15..19 keep weight 0
     add(buf, 1, 16)  # slots 0..15, top 16; slots 16..19 are episode 0's stale tail
-    add(buf, 2, 2)   # slots 16, 17, top 18
+    add(buf, 2, 2)  # slots 16, 17, top 18
     assert buf.top == 18
     batch = buf.sample(2000)
     newest = batch.observs[0, :, 0] == 2

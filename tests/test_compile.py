@@ -3,16 +3,16 @@ Compiled against eager on a CPU: the same losses and parameters after SAC and TD
 no graph break, a seed axis compiled equal to its seeds compiled alone, a compile failure as one line naming the
 switch. Compiling takes tens of seconds (minutes for an unrolled GRU or LSTM), so all but the failure are slow;
 tests/test_cuda.py runs the compiled path on a GPU at the paper's shape."""
+
 import copy
 
 import pytest
 import torch
+from test_agent import make_agent, make_batch
 
 from pomdp_ffm.graph import CompileError, UpdateRunner
 from pomdp_ffm.seq_models.recurrence import AGGREGATE
-from pomdp_ffm.update import Aligned, EAGER, compiled_losses
-
-from test_agent import make_agent, make_batch
+from pomdp_ffm.update import EAGER, Aligned, compiled_losses
 
 # Measured on this suite's small agents (5 updates): losses agree to 2e-6 relative, parameters to 1e-4 absolute
 # (Adam's scale-free step turns a last-bit difference in a near-zero gradient into up to lr = 3e-4 per step).
@@ -52,8 +52,11 @@ def test_each_compiled_part_is_one_graph(algo):
     agent = make_agent(algo, "ffm")
     s = Aligned.from_batch(make_batch(), "cpu")
     policy_out = agent.actor(*s.history)[0] if agent.algo.shares_actor_pass else None
-    for fn, args in ((EAGER.actor_pass, (agent, s)), (EAGER.critic_loss, (agent, s, policy_out)),
-                     (EAGER.actor_loss, (agent, s, policy_out))):
+    for fn, args in (
+        (EAGER.actor_pass, (agent, s)),
+        (EAGER.critic_loss, (agent, s, policy_out)),
+        (EAGER.actor_loss, (agent, s, policy_out)),
+    ):
         report = torch._dynamo.explain(fn)(*args)
         assert (report.graph_count, report.graph_break_count) == (1, 0), (fn.__name__, report.break_reasons)
     assert compiled_losses() is compiled_losses()  # built once per process
@@ -84,8 +87,11 @@ def test_a_failed_compile_is_one_line_naming_the_switch(monkeypatch):
         print("a print is a graph break")  # (dynamo cannot put a print in a graph: under fullgraph, an error)
         return agent.critic(s.head(s.masks.shape[0]), s.actions[1:])
 
-    monkeypatch.setattr(update_mod, "compiled_losses", lambda: update_mod.Losses(
-        *(torch.compile(breaks, fullgraph=True, backend="eager") for _ in range(3))))
+    monkeypatch.setattr(
+        update_mod,
+        "compiled_losses",
+        lambda: update_mod.Losses(*(torch.compile(breaks, fullgraph=True, backend="eager") for _ in range(3))),
+    )
     agent = make_agent("sac", "ffm")
     before = copy.deepcopy(agent.state_dict())
     with pytest.raises(CompileError) as e:
@@ -102,8 +108,10 @@ def test_the_associative_scan_equals_the_loop():
     torch.manual_seed(0)
     T, B, m, c = 65, 3, 8, 4
     u = torch.randn(T, B, m, dtype=torch.float64, requires_grad=True)
-    gamma = torch.polar(torch.exp(-torch.rand(m, 1, dtype=torch.float64) * 0.7).expand(m, c),
-                        torch.rand(1, c, dtype=torch.float64).expand(m, c) * 6).requires_grad_()
+    gamma = torch.polar(
+        torch.exp(-torch.rand(m, 1, dtype=torch.float64) * 0.7).expand(m, c),
+        torch.rand(1, c, dtype=torch.float64).expand(m, c) * 6,
+    ).requires_grad_()
     s0 = torch.randn(B, m, c, dtype=torch.complex128, requires_grad=True)
     w = torch.randn(T, B, m, c, dtype=torch.complex128)
     results = []

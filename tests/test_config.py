@@ -1,4 +1,5 @@
 """The config tree (conf/): every combination composes and validates, reference values, clear errors."""
+
 from __future__ import annotations
 
 import copy
@@ -40,7 +41,7 @@ def hydra_ctx():
         yield
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _composed(choices: tuple[str, ...]) -> DictConfig:
     return compose("config", overrides=list(choices))
 
@@ -68,8 +69,11 @@ def test_groups_cover_the_engine():
     assert ENVS == sorted(available_tasks())
     assert ALGOS == ["sac", "td3"] == sorted(ALGORITHMS) == sorted(ALGORITHM_OPTIONS)
     assert MODELS == sorted(available())
-    for group, key, names in (("env", ("env", "env_name"), ENVS), ("algo", ("policy", "algo_name"), ALGOS),
-                              ("seq_model", ("policy", "seq_model"), MODELS)):
+    for group, key, names in (
+        ("env", ("env", "env_name"), ENVS),
+        ("algo", ("policy", "algo_name"), ALGOS),
+        ("seq_model", ("policy", "seq_model"), MODELS),
+    ):
         for name in names:
             # The launch dry-run (pomdp_ffm.launch.grid) maps a group choice to the value of this key.
             data = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
@@ -98,23 +102,39 @@ def test_blt_paper_tasks_match_reference_table(hydra_ctx):
         assert (c.train.batch_size, c.train.sampled_seq_len, c.train.num_iters) == (64, 64, 1500)
         assert (c.train.num_init_rollouts_pool, c.train.num_rollouts_per_iter) == (10, 1)
         assert (c.eval.log_interval, c.env.num_eval_tasks, c.eval.save_interval) == (4, 10, 100)
-        assert (c.policy.action_embedding_size, c.policy.observ_embedding_size,
-                c.policy.reward_embedding_size) == (16, 32, 16)
+        assert (c.policy.action_embedding_size, c.policy.observ_embedding_size, c.policy.reward_embedding_size) == (
+            16,
+            32,
+            16,
+        )
         assert c.policy.dqn_layers == c.policy.policy_layers == [256, 256]
         assert (c.policy.rnn_hidden_size, c.policy.lr, c.policy.gamma, c.policy.tau) == (128, 3e-4, 0.99, 0.005)
-        assert (c.policy.sac.entropy_alpha, c.policy.sac.automatic_entropy_tuning, c.policy.sac.alpha_lr) == \
-            (0.2, True, 3e-4)
-        assert (c.policy.td3.exploration_noise, c.policy.td3.target_noise, c.policy.td3.target_noise_clip) == \
-            (0.1, 0.2, 0.5)
+        assert (c.policy.sac.entropy_alpha, c.policy.sac.automatic_entropy_tuning, c.policy.sac.alpha_lr) == (
+            0.2,
+            True,
+            3e-4,
+        )
+        assert (c.policy.td3.exploration_noise, c.policy.td3.target_noise, c.policy.td3.target_noise_clip) == (
+            0.1,
+            0.2,
+            0.5,
+        )
 
 
 def test_pendulum_v_matches_reference_table(hydra_ctx):
     c = make(["env=Pendulum-V-v0"])
     assert (c.train.batch_size, c.train.sampled_seq_len, c.policy.gamma) == (32, -1, 0.9)
-    assert (c.train.num_iters, c.train.num_init_rollouts_pool, c.eval.log_interval, c.env.num_eval_tasks) == \
-        (250, 5, 5, 20)
-    assert (c.policy.action_embedding_size, c.policy.observ_embedding_size,
-            c.policy.reward_embedding_size) == (8, 32, 8)
+    assert (c.train.num_iters, c.train.num_init_rollouts_pool, c.eval.log_interval, c.env.num_eval_tasks) == (
+        250,
+        5,
+        5,
+        20,
+    )
+    assert (c.policy.action_embedding_size, c.policy.observ_embedding_size, c.policy.reward_embedding_size) == (
+        8,
+        32,
+        8,
+    )
     assert c.policy.dqn_layers == c.policy.policy_layers == [128, 128]
 
 
@@ -131,8 +151,9 @@ def test_informed_initialisation_from_the_command_line(hydra_ctx):
 
     c = make(["seq_model=ffm", "policy.ffm.init_trace_range=[32,104]", "policy.ffm.init_period_range=[32,104]"])
     ffm = build("ffm", input_size=8, hidden_size=c.policy.rnn_hidden_size, **c.policy.seq_model_options())
-    torch.testing.assert_close(ffm.trace_durability(0.01), torch.linspace(32, 104, ffm.memory_size),
-                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        ffm.trace_durability(0.01), torch.linspace(32, 104, ffm.memory_size), rtol=1e-5, atol=1e-4
+    )
     periods = 2 * torch.pi / ffm.omega.detach()
     torch.testing.assert_close(periods, torch.linspace(32, 104, ffm.context_size), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match=r"policy.ffm.init_trace_range=\[104.0, 32.0\]"):
@@ -209,8 +230,10 @@ BAD_VALUES = [
     (["policy.action_embedding_size=-1"], "policy.action_embedding_size=-1 must be >= 0"),
     (["policy.observ_embedding_size=-1"], "policy.observ_embedding_size=-1 must be >= 0"),
     (["policy.reward_embedding_size=-1"], "policy.reward_embedding_size=-1 must be >= 0"),
-    (["policy.action_embedding_size=0", "policy.observ_embedding_size=0", "policy.reward_embedding_size=0"],
-     "policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 must be >= 1"),
+    (
+        ["policy.action_embedding_size=0", "policy.observ_embedding_size=0", "policy.reward_embedding_size=0"],
+        "policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 must be >= 1",
+    ),
     (["policy.rnn_hidden_size=0", "seq_model=gru"], "policy.rnn_hidden_size=0 must be >= 1"),
     (["policy.rnn_hidden_size=100"], "policy.rnn_hidden_size=100 with policy.ffm.context_size=None"),
     (["policy.rnn_num_layers=0", "seq_model=gru"], "policy.rnn_num_layers=0 must be >= 1"),
@@ -239,9 +262,14 @@ BAD_VALUES = [
     (["policy.ffm.decay_horizon=100000"], "policy.ffm.decay_horizon=100000 must be in [1, 35489]"),
     (["policy.ffm.context=off"], "policy.ffm.context='off' is not one of ['learned', 'fixed', 'none']"),
     (["policy.ffm.decay=off"], "policy.ffm.decay='off' is not one of ['learned', 'fixed', 'none']"),
-    (["policy.ffm.decay_context_product=inner"],
-     "policy.ffm.decay_context_product='inner' is not one of ['outer', 'hadamard']"),
-    (["policy.ffm.aggregator=fft"], "policy.ffm.aggregator='fft' is not one of ['auto', 'loop', 'scan', 'assoc', 'closed']"),
+    (
+        ["policy.ffm.decay_context_product=inner"],
+        "policy.ffm.decay_context_product='inner' is not one of ['outer', 'hadamard']",
+    ),
+    (
+        ["policy.ffm.aggregator=fft"],
+        "policy.ffm.aggregator='fft' is not one of ['auto', 'loop', 'scan', 'assoc', 'closed']",
+    ),
     (["policy.ffm.init_trace_range=[104,32]"], "policy.ffm.init_trace_range=[104.0, 32.0] must be null"),
     (["policy.ffm.init_period_range=[0,32]"], "policy.ffm.init_period_range=[0.0, 32.0] must be null"),
     (["env.env_type=meta"], "env.env_type='meta' is not one of ['pomdp']"),
@@ -253,14 +281,20 @@ BAD_VALUES = [
     (["train.num_rollouts_per_iter=0"], "train.num_rollouts_per_iter=0 must be >= 1"),
     (["train.buffer_size=0"], "train.buffer_size=0 must be a positive whole number"),
     (["train.buffer_size=100"], "train.buffer_size=100 must be >= 200, the episode length of Pendulum-V-v0"),
-    (["train.buffer_size=100", "train.sampled_seq_len=8"],
-     "train.buffer_size=100 must be >= 200, the episode length of Pendulum-V-v0 (the buffer stores whole episodes)"),
+    (
+        ["train.buffer_size=100", "train.sampled_seq_len=8"],
+        "train.buffer_size=100 must be >= 200, the episode length of Pendulum-V-v0 (the buffer stores whole episodes)",
+    ),
     (["env.num_eval_tasks=100000"], "env.num_eval_tasks=100000 must be in [1, 1000]"),
     (["num_threads=100000"], "num_threads=100000 must be in [1, 256]"),
-    (["policy.ffm.init_trace_range=[1,inf]"], "policy.ffm.init_trace_range=[1.0, inf] must be null or [low, high] in "
-                                               "steps with 0 < low <= high, both finite"),
-    (["policy.ffm.aggregator=closed", "policy.ffm.decay_horizon=8"],
-     "policy.ffm.decay_horizon=8 must be >= 9 with policy.ffm.aggregator=closed"),
+    (
+        ["policy.ffm.init_trace_range=[1,inf]"],
+        "policy.ffm.init_trace_range=[1.0, inf] must be null or [low, high] in steps with 0 < low <= high, both finite",
+    ),
+    (
+        ["policy.ffm.aggregator=closed", "policy.ffm.decay_horizon=8"],
+        "policy.ffm.decay_horizon=8 must be >= 9 with policy.ffm.aggregator=closed",
+    ),
     (["train.buffer_size=32", "train.sampled_seq_len=64"], "train.buffer_size=32 must be >= train.sampled_seq_len=64"),
     (["train.num_updates_per_iter=0"], "train.num_updates_per_iter=0 must be > 0"),
     (["train.num_updates_per_iter=-0.5"], "train.num_updates_per_iter=-0.5 must be > 0"),
@@ -271,10 +305,14 @@ BAD_VALUES = [
     (["eval.log_interval=0"], "eval.log_interval=0 must be >= 1"),
     (["eval.save_interval=0"], "eval.save_interval=0 must be -1 (no snapshots) or >= 1"),
     (["eval.save_interval=-2"], "eval.save_interval=-2 must be -1 (no snapshots) or >= 1"),
-    (["eval.during_updates=true", "eval.eval_stochastic=true"],
-     "eval.during_updates=true needs eval.eval_stochastic=false"),
-    (["eval.during_updates=true", "eval.episodes_together=false"],
-     "eval.during_updates=true needs eval.episodes_together=true"),
+    (
+        ["eval.during_updates=true", "eval.eval_stochastic=true"],
+        "eval.during_updates=true needs eval.eval_stochastic=false",
+    ),
+    (
+        ["eval.during_updates=true", "eval.episodes_together=false"],
+        "eval.during_updates=true needs eval.episodes_together=true",
+    ),
     (["checkpoint.interval=0"], "checkpoint.interval=0 must be >= 1"),
     (["seed=-1"], "seed=-1 must be in [0, 4294967295]"),
     (["seed=4294967296"], "seed=4294967296 must be in [0, 4294967295]"),
@@ -295,11 +333,26 @@ def test_bad_values_fail_with_one_line(hydra_ctx, overrides, message):
 
 
 def test_edge_values_are_accepted(hydra_ctx):
-    c = make(["policy.gamma=0", "policy.gamma=1", "policy.tau=1", "train.num_init_rollouts_pool=0",
-              "train.num_updates_per_iter=1", "train.sampled_seq_len=2", "eval.save_interval=1", "seed=4294967295",
-              "device=cuda:3", "policy.action_embedding_size=0", "policy.reward_embedding_size=0",
-              "policy.sac.target_entropy=-2.5", "policy.ffm.decay_horizon=35489", "policy.ffm.beta=0.5",
-              "num_threads=256", "env.num_eval_tasks=1000"])
+    c = make(
+        [
+            "policy.gamma=0",
+            "policy.gamma=1",
+            "policy.tau=1",
+            "train.num_init_rollouts_pool=0",
+            "train.num_updates_per_iter=1",
+            "train.sampled_seq_len=2",
+            "eval.save_interval=1",
+            "seed=4294967295",
+            "device=cuda:3",
+            "policy.action_embedding_size=0",
+            "policy.reward_embedding_size=0",
+            "policy.sac.target_entropy=-2.5",
+            "policy.ffm.decay_horizon=35489",
+            "policy.ffm.beta=0.5",
+            "num_threads=256",
+            "env.num_eval_tasks=1000",
+        ]
+    )
     make(["policy.ffm.aggregator=closed", "policy.ffm.decay_horizon=9"])
     make(["policy.ffm.aggregator=scan", "policy.ffm.decay_horizon=1"])
     assert (c.policy.gamma, c.seed, c.device, c.train.num_init_rollouts_pool) == (1.0, 2**32 - 1, "cuda:3", 0)
@@ -318,8 +371,10 @@ def test_defaults_and_every_preset_validate(hydra_ctx):
         # seq_model files then merged as for test_every_combination_composes_and_validates, and the preset's own
         # values after them (it comes last in the defaults list); the seeds change nothing else.
         sweep = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True).hydra.sweeper.params
-        axes = {o.key_or_group: list(o.sweep_string_iterator())
-                for o in PARSER.parse_overrides([f"{k}={v}" for k, v in sweep.items()])}
+        axes = {
+            o.key_or_group: list(o.sweep_string_iterator())
+            for o in PARSER.parse_overrides([f"{k}={v}" for k, v in sweep.items()])
+        }
         assert set(axes) <= {"env", "algo", "seq_model", "seed"} and len(axes) > 1
         for env in axes.get("env", [None]):
             base = compose("config", overrides=[f"experiment={name}", *([f"env={env}"] if env else [])])
@@ -331,8 +386,13 @@ def test_defaults_and_every_preset_validate(hydra_ctx):
                     cfg.seed = int(seed)
                     assert isinstance(OmegaConf.to_object(cfg), RunConfig)
     job = ["experiment=paper", "env=HopperBLT-V-v0", "algo=td3", "seq_model=gru", "seed=3"]
-    merged = OmegaConf.merge(compose("config", overrides=job[:2]), group_file("algo", "td3"),
-                             group_file("seq_model", "gru"), group_file("experiment", "paper"), {"seed": 3})
+    merged = OmegaConf.merge(
+        compose("config", overrides=job[:2]),
+        group_file("algo", "td3"),
+        group_file("seq_model", "gru"),
+        group_file("experiment", "paper"),
+        {"seed": 3},
+    )
     assert merged == compose("config", overrides=job)
 
 
@@ -348,22 +408,35 @@ def test_presets_compose(hydra_ctx):
 
 def test_cfg_job_prints_composed_config(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "env=HopperBLT-V-v0", "algo=td3", "--cfg", "job"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.train", "env=HopperBLT-V-v0", "algo=td3", "--cfg", "job"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     cfg = yaml.safe_load(out)
     assert cfg["train"]["batch_size"] == 64 and cfg["policy"]["algo_name"] == "td3"
     assert not (tmp_path / "runs").exists()  # printing starts nothing
-    bad = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "train.batch_size=-3", "--cfg", "job"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.train", "train.batch_size=-3", "--cfg", "job"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.strip() == "error: train.batch_size=-3 must be >= 1"
 
 
 def test_types_are_the_schemas(hydra_ctx):
     # OmegaConf checks each value against its field's type as the config is composed (no check of ours repeats
     # it), naming the key and the value; the entry point prints it on one line (tests/test_launch.py).
-    for override, says in (("eval.workers=maybe", "Value 'maybe' is not a valid bool"),
-                           ("train.batch_size=1.5", "Value '1.5' of type 'float' could not be converted to Integer"),
-                           ("policy.dqn_layers=[256,x]", "Value 'x' of type 'str' could not be converted to Integer")):
+    for override, says in (
+        ("eval.workers=maybe", "Value 'maybe' is not a valid bool"),
+        ("train.batch_size=1.5", "Value '1.5' of type 'float' could not be converted to Integer"),
+        ("policy.dqn_layers=[256,x]", "Value 'x' of type 'str' could not be converted to Integer"),
+    ):
         with pytest.raises(ConfigCompositionException) as e:
             compose("config", overrides=[override])
         assert override in str(e.value) and str(e.value.__cause__).startswith(says)
@@ -405,10 +478,18 @@ def test_a_duplicated_key_in_a_config_file_is_one_line_naming_the_file_and_key(t
     dup = tmp_path / "extra" / "experiment" / "mine.yaml"
     dup.write_text("# @package _global_\ntrain:\n  batch_size: 4\n  num_iters: 2\n  batch_size: 8\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    for flags in (["--config-dir", str(tmp_path / "extra")], ["-cd", "extra", "--cfg", "job"],
-                  ["-cd", "extra", "--help"]):
-        proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", *flags, "experiment=mine"], cwd=tmp_path,
-                              env=env, capture_output=True, text=True)
+    for flags in (
+        ["--config-dir", str(tmp_path / "extra")],
+        ["-cd", "extra", "--cfg", "job"],
+        ["-cd", "extra", "--help"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pomdp_ffm.train", *flags, "experiment=mine"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr.splitlines() == [f"error: {dup}, line 5: found duplicate key batch_size; remove one of them"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["extra"]  # nothing started
@@ -416,11 +497,18 @@ def test_a_duplicated_key_in_a_config_file_is_one_line_naming_the_file_and_key(t
 
 def test_a_value_with_spaces_that_the_shell_split_gets_a_quoting_hint(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "hydra.run.dir=my", "runs"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.train", "hydra.run.dir=my", "runs"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.splitlines() == ["error: Error parsing override 'runs'; if 'my runs' is one value, quote it "
-                                        "for the shell and Hydra: 'hydra.run.dir=\"my runs\"'"]
+    assert proc.stderr.splitlines() == [
+        "error: Error parsing override 'runs'; if 'my runs' is one value, quote it "
+        "for the shell and Hydra: 'hydra.run.dir=\"my runs\"'"
+    ]
     assert list(tmp_path.iterdir()) == []  # nothing started
 
 
@@ -436,13 +524,28 @@ def test_every_configured_update_fits_in_4_gib(hydra_ctx):
         cfg = make([f"env={env}"])
         t, p = cfg.train, cfg.policy
         window = get_task(env).max_episode_steps if t.sampled_seq_len == -1 else t.sampled_seq_len
-        sizes.setdefault((t.batch_size, window, repr((p.action_embedding_size, p.observ_embedding_size,
-                                                      p.reward_embedding_size, p.rnn_hidden_size, p.dqn_layers,
-                                                      p.policy_layers))), env)
+        sizes.setdefault(
+            (
+                t.batch_size,
+                window,
+                repr(
+                    (
+                        p.action_embedding_size,
+                        p.observ_embedding_size,
+                        p.reward_embedding_size,
+                        p.rnn_hidden_size,
+                        p.dqn_layers,
+                        p.policy_layers,
+                    )
+                ),
+            ),
+            env,
+        )
     need = {}
     for (batch, window, _), env in sizes.items():
         for algo, model in itertools.product(ALGOS, MODELS):
-            fixed, per_row = RecurrentAgent(64, 8, make([f"env={env}", f"algo={algo}", f"seq_model={model}"]).policy) \
-                .update_memory()
+            fixed, per_row = RecurrentAgent(
+                64, 8, make([f"env={env}", f"algo={algo}", f"seq_model={model}"]).policy
+            ).update_memory()
             need[env, algo, model] = fixed + per_row * batch * (window + 1)
     assert len(sizes) >= 2 and max(need.values()) < 1 << 30, (sizes, need)

@@ -4,25 +4,23 @@ the aggregator and step-by-step checks also run on CUDA, as device parameters in
 
 The second half is the update as CUDA-graph replays (pomdp_ffm/graph.py, patches/015-cuda-graph-update.md): the
 same numbers as the eager update, no synchronisation in a replay, a resume, a run end to end, the capture error."""
+
 import copy
 import io
 import math
 
 import numpy as np
-
 import pandas as pd
 import pytest
-import torch
-
-from pomdp_ffm.seq_models import build
-from pomdp_ffm.seq_models.ffm import DECAY_MIN, reference_decay_limit
-
 import test_agent
+import torch
+from hang import HANG_S
 from test_agent import EQUIVALENCE_CASES, make_agent, make_batch, tensor_batch
 from test_trainer import read, train
-from hang import HANG_S
 
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
+from pomdp_ffm.seq_models import build
+from pomdp_ffm.seq_models.ffm import DECAY_MIN, reference_decay_limit
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -129,12 +127,19 @@ def test_cuda_run_trains_and_resumes_on_cpu(composed, tmp_path):
 
 # --- the update as CUDA-graph replays ------------------------------------------------------------------------
 from pomdp_ffm.config import TD3Config  # noqa: E402
-from pomdp_ffm.graph import CaptureError, UpdateRunner, make_capturable_  # noqa: E402
+from pomdp_ffm.graph import UpdateRunner, make_capturable_  # noqa: E402
 from pomdp_ffm.trainer import Trainer  # noqa: E402
 
-GRAPH_CASES = [("sac", "ffm", {}), ("sac", "gru", {}), ("td3", "ffm", {}), ("td3", "gru", {}),
-               ("td3", "ffm", {"td3": TD3Config(policy_delay=2)}), ("td3", "gru", {"td3": TD3Config(policy_delay=2)}),
-               ("sac", "lstm", {}), ("sac", "mlp", {})]
+GRAPH_CASES = [
+    ("sac", "ffm", {}),
+    ("sac", "gru", {}),
+    ("td3", "ffm", {}),
+    ("td3", "gru", {}),
+    ("td3", "ffm", {"td3": TD3Config(policy_delay=2)}),
+    ("td3", "gru", {"td3": TD3Config(policy_delay=2)}),
+    ("sac", "lstm", {}),
+    ("sac", "mlp", {}),
+]
 GRAPH_IDS = [f"{a}-{m}" + ("-d2" if kw else "") for a, m, kw in GRAPH_CASES]
 
 
@@ -176,8 +181,10 @@ def relative_errors(out, ref) -> tuple[dict[str, float], dict[str, float]]:
     assert len(stats) == len(ref_stats) and [a.keys() for a in stats] == [b.keys() for b in ref_stats]
     keys = {k for st in ref_stats for k in st}
     traj = lambda ss, k: torch.tensor([st[k] for st in ss if k in st], dtype=torch.float64)
-    stat_err = {k: float((traj(stats, k) - traj(ref_stats, k)).norm() / traj(ref_stats, k).norm().clamp_min(1e-30))
-                for k in keys}
+    stat_err = {
+        k: float((traj(stats, k) - traj(ref_stats, k)).norm() / traj(ref_stats, k).norm().clamp_min(1e-30))
+        for k in keys
+    }
     # Parameters by network (actor, critic, their targets, the temperature): a one-element output bias moved by
     # Adam's scale-free steps is as noisy as a near-zero statistic.
     assert params.keys() == ref_params.keys()
@@ -234,11 +241,14 @@ def papers_shape_runs(algo, compiled, capturable_eager):
     batches = [tensor_batch(random_batch(rng), CUDA) for _ in range(3)]
 
     def run(update, agent):
-        stats = [{k: v.clone() for k, v in update(batches[i % 3], grad_norms=grad_norms_at(i)).items()}
-                 for i in range(20)]
+        stats = [
+            {k: v.clone() for k, v in update(batches[i % 3], grad_norms=grad_norms_at(i)).items()} for i in range(20)
+        ]
         torch.cuda.synchronize()
-        return ([{k: float(v) for k, v in st.items()} for st in stats],
-                {k: v.detach().cpu() for k, v in agent.state_dict().items()})
+        return (
+            [{k: float(v) for k, v in st.items()} for st in stats],
+            {k: v.detach().cpu() for k, v in agent.state_dict().items()},
+        )
 
     def make():
         torch.manual_seed(0)
@@ -275,14 +285,18 @@ def test_compiled_graph_updates_at_the_papers_shape_near_the_eager_updates(algo)
     # SAC 4.4e-4, TD3 2.0e-2 (the critic memory's gradient norm; uncompiled 2.8e-2). Hence 1e-2 and 5e-2.
     out, ref, runner = papers_shape_runs(algo, compiled=False, capturable_eager=False)
     stat_err, param_err = relative_errors(out, ref)
-    print(f"{algo} replays: worst parameter error {max(param_err.items(), key=lambda kv: kv[1])}, "
-          f"worst statistic error {max(stat_err.items(), key=lambda kv: kv[1])}")
+    print(
+        f"{algo} replays: worst parameter error {max(param_err.items(), key=lambda kv: kv[1])}, "
+        f"worst statistic error {max(stat_err.items(), key=lambda kv: kv[1])}"
+    )
     assert_relative(out, ref, 1e-2, stats_rtol=5e-2)
     eager_ref = ref
     out, _, runner = papers_shape_runs(algo, compiled=True, capturable_eager=False)
     stat_err, param_err = relative_errors(out, eager_ref)
-    print(f"{algo} compiled replays: worst parameter error {max(param_err.items(), key=lambda kv: kv[1])}, "
-          f"worst statistic error {max(stat_err.items(), key=lambda kv: kv[1])}")
+    print(
+        f"{algo} compiled replays: worst parameter error {max(param_err.items(), key=lambda kv: kv[1])}, "
+        f"worst statistic error {max(stat_err.items(), key=lambda kv: kv[1])}"
+    )
     assert runner.compiled
     assert_relative(out, eager_ref, 1e-2, stats_rtol=5e-2)
 
@@ -298,8 +312,9 @@ def test_graph_updates_equal_the_eager_capturable_updates_bit_for_bit(algo, mode
         assert torch.equal(out[1][k], ref[1][k]), k
 
 
-@pytest.mark.parametrize("algo, model, kw", [GRAPH_CASES[0], GRAPH_CASES[5], GRAPH_CASES[6]],
-                         ids=[GRAPH_IDS[0], GRAPH_IDS[5], GRAPH_IDS[6]])
+@pytest.mark.parametrize(
+    "algo, model, kw", [GRAPH_CASES[0], GRAPH_CASES[5], GRAPH_CASES[6]], ids=[GRAPH_IDS[0], GRAPH_IDS[5], GRAPH_IDS[6]]
+)
 def test_graph_replays_never_synchronise(algo, model, kw):
     agent = make_agent(algo, model, **kw).to(CUDA)
     runner = UpdateRunner(agent, cuda_graph=True)
@@ -397,8 +412,15 @@ def stop_at_update(k):
 def test_trainer_with_the_graph_on_cuda(composed, tmp_path):
     from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 
-    overrides = ("env=Pendulum-V-v0", "algo=td3", "seq_model=ffm", "policy.td3.policy_delay=2", "device=cuda",
-                 "train.num_iters=4", "train.cuda_graph=true")
+    overrides = (
+        "env=Pendulum-V-v0",
+        "algo=td3",
+        "seq_model=ffm",
+        "policy.td3.policy_delay=2",
+        "device=cuda",
+        "train.num_iters=4",
+        "train.cuda_graph=true",
+    )
     full = stop_at_update(10**9)
     train(composed(*overrides), tmp_path / "full", full)
     runner = full.runners[0]
@@ -412,8 +434,9 @@ def test_trainer_with_the_graph_on_cuda(composed, tmp_path):
     resumed = stop_at_update(10**9)
     train(composed(*overrides, "resume=true"), tmp_path / "cut", resumed)
     assert resumed.runners[0].replays > 0
-    pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
-                                  df.drop(columns=TIME_COLUMNS), check_exact=False, rtol=1e-4)
+    pd.testing.assert_frame_equal(
+        read(tmp_path / "cut").drop(columns=TIME_COLUMNS), df.drop(columns=TIME_COLUMNS), check_exact=False, rtol=1e-4
+    )
     # the switch off trains eagerly
     off = stop_at_update(10**9)
     train(composed(*overrides, "train.cuda_graph=false"), tmp_path / "off", off)
@@ -431,8 +454,10 @@ def seed_axis_run(agents, update_all, n=20):
         st = update_all([make_batch((i + k) % 4) for k in range(len(agents))], grad_norms_at(i))
         stats.append([{k: v.clone() for k, v in s.items()} for s in st])
     torch.cuda.synchronize()
-    return ([[{k: float(v) for k, v in s.items()} for s in st] for st in stats],
-            [{k: v.detach().cpu() for k, v in a.state_dict().items()} for a in agents])
+    return (
+        [[{k: float(v) for k, v in s.items()} for s in st] for st in stats],
+        [{k: v.detach().cpu() for k, v in a.state_dict().items()} for a in agents],
+    )
 
 
 def seed_axis_and_in_turn(algo, model, kw, capturable_eager=False, S=3, compiled=False):
@@ -460,14 +485,16 @@ def test_seed_axis_graph_equals_the_agents_updated_in_turn(algo, model, kw):
     out, ref, runner = seed_axis_and_in_turn(algo, model, kw)
     assert runner.graphed and runner.replays >= 20 - len(runner.captured_paths) - 3
     for k in range(len(runner.agents)):
-        assert_relative(([st[k] for st in out[0]], out[1][k]), ([st[k] for st in ref[0]], ref[1][k]), 3e-5,
-                        stats_rtol=1e-4)
+        assert_relative(
+            ([st[k] for st in out[0]], out[1][k]), ([st[k] for st in ref[0]], ref[1][k]), 3e-5, stats_rtol=1e-4
+        )
 
 
 def test_a_compiled_seed_axis_graph_equals_its_seeds_compiled_alone_bit_for_bit():
     # (memory 64: an FFM of one context column, memory 32, is refused compiled on CUDA; next test)
-    out, ref, runner = seed_axis_and_in_turn("sac", "ffm", {"rnn_hidden_size": 64}, capturable_eager=True,
-                                             compiled=True)
+    out, ref, runner = seed_axis_and_in_turn(
+        "sac", "ffm", {"rnn_hidden_size": 64}, capturable_eager=True, compiled=True
+    )
     assert runner.compiled and runner.replays > 0
     assert out[0] == ref[0]
     for a, b in zip(out[1], ref[1]):
@@ -477,8 +504,10 @@ def test_a_compiled_seed_axis_graph_equals_its_seeds_compiled_alone_bit_for_bit(
 def test_compile_is_on_where_it_pays_and_refused_where_it_fails():
     from pomdp_ffm.graph import CompileError
 
-    ffm, small, gru = (make_agent("sac", m, **kw).to(CUDA) for m, kw in
-                       (("ffm", {"rnn_hidden_size": 64}), ("ffm", {}), ("gru", {"rnn_hidden_size": 64})))
+    ffm, small, gru = (
+        make_agent("sac", m, **kw).to(CUDA)
+        for m, kw in (("ffm", {"rnn_hidden_size": 64}), ("ffm", {}), ("gru", {"rnn_hidden_size": 64}))
+    )
     assert [UpdateRunner(a, compile=None).compiled for a in (ffm, small, gru)] == [True, False, False]
     assert not UpdateRunner(ffm.cpu(), compile=None).compiled  # slower than eager on a CPU
     with pytest.raises(CompileError, match="policy.rnn_hidden_size >= 64 or train.compile=false"):
@@ -516,8 +545,9 @@ def test_seed_axis_replays_never_synchronise():
 def test_acting_replays_equal_the_agents_acting(algo, model):
     # Episodes of batch 1 (stochastic, as collected) and batch 3 (deterministic, as evaluated together), with
     # updates between them: the same actions as the agent's eager acting with the same RNG.
-    from pomdp_ffm.acting_graph import ActingRunner
     from test_graph import acting_episodes
+
+    from pomdp_ffm.acting_graph import ActingRunner
 
     agent = make_agent(algo, model).to(CUDA)
     graph = ActingRunner(agent, warmup=2)
@@ -580,8 +610,14 @@ def test_trainer_acts_through_graphs_on_cuda(composed, tmp_path):
             super().__init__(*a, **kw)
             Keep.made.append(self)
 
-    overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=ffm", "device=cuda", "train.num_iters=4",
-                 "env.num_eval_tasks=3")
+    overrides = (
+        "env=Pendulum-V-v0",
+        "algo=sac",
+        "seq_model=ffm",
+        "device=cuda",
+        "train.num_iters=4",
+        "env.num_eval_tasks=3",
+    )
     train(composed(*overrides), tmp_path / "run", Keep)
     acting = Keep.made[0].acting
     assert isinstance(acting, ActingRunner) and acting.replays > 0 and acting.captures == 2
@@ -590,7 +626,8 @@ def test_trainer_acts_through_graphs_on_cuda(composed, tmp_path):
 
 
 def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monkeypatch):
-    # The seeds' bursts go through one joint graph (a branch per seed); every seed finishes with its own directory, and a stop inside the run resumes every seed.
+    # The seeds' bursts go through one joint graph (a branch per seed); every seed finishes with its own directory,
+    # and a stop inside the run resumes every seed.
     import signal
 
     from pomdp_ffm import joint as joint_mod
@@ -605,8 +642,7 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
             if self.cfg.seed == 1 and self.counters.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
 
-    overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=ffm", "device=cuda", "train.num_iters=4",
-                 "seeds=[0,1,2]")
+    overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=ffm", "device=cuda", "train.num_iters=4", "seeds=[0,1,2]")
     out = train(composed(*overrides), tmp_path / "axis" / "seed-0", StopOnSeed1)
     assert out["stopped"]
     train(composed(*overrides, "resume=true"), tmp_path / "axis" / "seed-0")
@@ -625,8 +661,15 @@ def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tm
     from pomdp_ffm import seeds as seeds_mod
     from pomdp_ffm.rollout import Rollout
 
-    overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=gru", "device=cuda", "train.num_iters=4",
-                 "env.num_eval_tasks=3", "seeds=[0,1,2]")
+    overrides = (
+        "env=Pendulum-V-v0",
+        "algo=sac",
+        "seq_model=gru",
+        "device=cuda",
+        "train.num_iters=4",
+        "env.num_eval_tasks=3",
+        "seeds=[0,1,2]",
+    )
     submitted = []
     submit = Rollout.submit
     monkeypatch.setattr(Rollout, "submit", lambda self: submitted.append(1) or submit(self))
@@ -635,9 +678,11 @@ def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tm
     monkeypatch.setattr(seeds_mod.JointActs, "applies", lambda self, trainers: False)
     train(composed(*overrides), tmp_path / "turns" / "seed-0")
     for k in range(3):
-        pd.testing.assert_frame_equal(read(tmp_path / "gathered" / f"seed-{k}").drop(columns=TIME_COLUMNS),
-                                      read(tmp_path / "turns" / f"seed-{k}").drop(columns=TIME_COLUMNS),
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            read(tmp_path / "gathered" / f"seed-{k}").drop(columns=TIME_COLUMNS),
+            read(tmp_path / "turns" / f"seed-{k}").drop(columns=TIME_COLUMNS),
+            check_exact=True,
+        )
 
 
 @pytest.mark.parametrize("seeds", [None, "[0,1,2]"])
@@ -646,8 +691,9 @@ def test_evaluation_during_updates_on_cuda_writes_the_same_log(composed, tmp_pat
     # taken when it was due, and advances while the device is busy with the queued updates; alone, and in a
     # joint, gathered seed axis. Training is unchanged exactly; the evaluation's returns to 1e-4 relative (its
     # eager acting rounds as the acting graph's replays do to 1e-6, test_acting_replays_equal_the_agents_acting).
-    from pomdp_ffm.agent import OffStreamActing
     from test_trainer import DURING
+
+    from pomdp_ffm.agent import OffStreamActing
 
     class Keep(Trainer):
         made: list = []
@@ -703,8 +749,9 @@ def test_a_failed_capture_stops_with_one_line_naming_the_switch():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", FAILED_CAPTURE], cwd=root, capture_output=True, text=True,
-                          timeout=HANG_S)
+    proc = subprocess.run(
+        [sys.executable, "-c", FAILED_CAPTURE], cwd=root, capture_output=True, text=True, timeout=HANG_S
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("CAPTURE-ERROR:")]
     assert len(lines) == 1, proc.stdout + proc.stderr[-2000:]
     assert "train.cuda_graph=false" in lines[0] and "capturing the update" in lines[0]

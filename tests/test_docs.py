@@ -4,6 +4,7 @@ Comments, configs and the ledger may point at docs/reference.md (which describes
 section by section) or at the reference's own source paths, but not at numbered sections of documents that are
 not in the repository. Every `docs/reference.md#<anchor>` link must land on a heading of that file.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,12 @@ _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", "runs", "outputs", "multir
 def repository_files() -> list[Path]:
     """Tracked files plus untracked ones git does not ignore; a plain walk where git is unavailable."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True).stdout.decode()
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
         names = sorted({n for n in out.split("\0") if n})
         return [ROOT / n for n in names if (ROOT / n).is_file()]
     except (OSError, subprocess.CalledProcessError):
@@ -92,8 +97,10 @@ def test_no_citations_of_documents_outside_the_repository():
         for i, line in enumerate(text.splitlines(), 1):
             if OUTSIDE_CITATION.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
-    assert not offenders, ("cite a docs/reference.md section (e.g. docs/reference.md#training-loop) or the "
-                           "reference's file path instead of:\n" + "\n".join(offenders))
+    assert not offenders, (
+        "cite a docs/reference.md section (e.g. docs/reference.md#training-loop) or the "
+        "reference's file path instead of:\n" + "\n".join(offenders)
+    )
 
 
 def test_reference_headings_are_unique():
@@ -113,12 +120,20 @@ def test_every_reference_link_points_at_a_heading():
         if path == REFERENCE:
             links += LOCAL_LINK.findall(text)
         broken += [f"{path.relative_to(ROOT)}: #{a}" for a in links if a not in known]
-    assert not broken, "links to missing docs/reference.md headings:\n" + "\n".join(broken) + \
-        f"\nknown anchors: {sorted(known)}"
+    assert not broken, (
+        "links to missing docs/reference.md headings:\n" + "\n".join(broken) + f"\nknown anchors: {sorted(known)}"
+    )
 
 
-@pytest.mark.parametrize("path", ["buffers/seq_replay_buffer_vanilla.py", "policies/learner.py",
-                                  "policies/models/policy_rnn.py", "standalone/ffm/ffa.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "buffers/seq_replay_buffer_vanilla.py",
+        "policies/learner.py",
+        "policies/models/policy_rnn.py",
+        "standalone/ffm/ffa.py",
+    ],
+)
 def test_reference_names_the_files_it_summarises(path):
     assert f"`{path}`" in REFERENCE.read_text(encoding="utf-8")
 
@@ -130,6 +145,9 @@ def test_every_ledger_entry_named_exists():
         text = read_text(path)
         if text is None:
             continue
-        missing += [f"{path.relative_to(ROOT)}: patches/{n}" for n in named.findall(text)
-                    if not (ROOT / "patches" / n).is_file()]
+        missing += [
+            f"{path.relative_to(ROOT)}: patches/{n}"
+            for n in named.findall(text)
+            if not (ROOT / "patches" / n).is_file()
+        ]
     assert not missing, "ledger entries that do not exist:\n" + "\n".join(missing)

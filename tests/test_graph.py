@@ -3,6 +3,7 @@ is the eager update bit for bit; its own logic (static inputs and their host rin
 warm-up, the update count, rearming after a load, the capture error) runs with a Python stand-in for CUDA graphs.
 What only a GPU can show (captured graphs, pinned copies, capturable Adam, no synchronisation) is in
 tests/test_cuda.py."""
+
 import contextlib
 import copy
 import io
@@ -10,14 +11,13 @@ import io
 import numpy as np
 import pytest
 import torch
+from test_agent import make_agent, make_batch, tensor_batch
 
+from pomdp_ffm.acting_graph import ActingRunner
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import TD3Config, TrainConfig
-from pomdp_ffm.acting_graph import ActingRunner
 from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, _copied, make_capturable_
 from pomdp_ffm.seq_models import FFM
-
-from test_agent import make_agent, make_batch, tensor_batch
 
 
 class PythonGraph:
@@ -71,8 +71,14 @@ class PythonGraphs:
         pass
 
 
-CASES = [("sac", "ffm", {}), ("sac", "gru", {}), ("td3", "ffm", {}), ("td3", "gru", {}),
-         ("td3", "ffm", {"td3": TD3Config(policy_delay=2)}), ("td3", "gru", {"td3": TD3Config(policy_delay=3)})]
+CASES = [
+    ("sac", "ffm", {}),
+    ("sac", "gru", {}),
+    ("td3", "ffm", {}),
+    ("td3", "gru", {}),
+    ("td3", "ffm", {"td3": TD3Config(policy_delay=2)}),
+    ("td3", "gru", {"td3": TD3Config(policy_delay=3)}),
+]
 IDS = [f"{a}-{m}" + (f"-d{kw['td3'].policy_delay}" if kw else "") for a, m, kw in CASES]
 
 
@@ -158,8 +164,7 @@ def test_agent_update_is_the_update_function_on_its_streams_counted():
         torch.manual_seed(i)
         sa = a.update(make_batch(i), grad_norms=i == 1)
         torch.manual_seed(i)
-        sb = update(b, Aligned.from_batch(make_batch(i), "cpu"), actor_step_due=b.actor_step_due(),
-                    grad_norms=i == 1)
+        sb = update(b, Aligned.from_batch(make_batch(i), "cpu"), actor_step_due=b.actor_step_due(), grad_norms=i == 1)
         b.count_update()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
         assert a.num_updates == b.num_updates == i + 1
@@ -269,8 +274,11 @@ def test_a_load_rearms_the_runner():
 
 def test_a_failed_capture_names_the_switch():
     agent = make_agent("sac", "ffm")
-    runner = UpdateRunner(agent, backend=PythonGraphs(fail=RuntimeError("operation not permitted when stream is "
-                                                                         "capturing\nmore detail")), warmup=1)
+    runner = UpdateRunner(
+        agent,
+        backend=PythonGraphs(fail=RuntimeError("operation not permitted when stream is capturing\nmore detail")),
+        warmup=1,
+    )
     runner(make_batch())
     with pytest.raises(CaptureError) as e:
         runner(make_batch())
@@ -280,8 +288,12 @@ def test_a_failed_capture_names_the_switch():
 
 
 # --- several agents (the seed axis) ----------------------------------------------------------------------------
-SEED_CASES = [("sac", "ffm", {}), ("td3", "gru", {"td3": TD3Config(policy_delay=2)}), ("sac", "lstm", {}),
-              ("td3", "mlp", {})]
+SEED_CASES = [
+    ("sac", "ffm", {}),
+    ("td3", "gru", {"td3": TD3Config(policy_delay=2)}),
+    ("sac", "lstm", {}),
+    ("td3", "mlp", {}),
+]
 
 
 @pytest.mark.parametrize("algo, model, kw", SEED_CASES, ids=["sac-ffm", "td3-gru-d2", "sac-lstm", "td3-mlp"])
@@ -292,14 +304,16 @@ def test_several_agents_update_as_each_alone(algo, model, kw, graphed):
     S, n = 3, 10
     ref = [make_agent(algo, model, seed=k, **kw) for k in range(S)]
     torch.manual_seed(5)
-    ref_stats = [[a.update(make_batch((i + k) % 4), grad_norms=grad_norms_at(i)) for k, a in enumerate(ref)]
-                 for i in range(n)]
+    ref_stats = [
+        [a.update(make_batch((i + k) % 4), grad_norms=grad_norms_at(i)) for k, a in enumerate(ref)] for i in range(n)
+    ]
     agents = [make_agent(algo, model, seed=k, **kw) for k in range(S)]
     backend = PythonGraphs() if graphed else None
     runner = UpdateRunner(agents, cuda_graph=False, backend=backend, warmup=2)
     torch.manual_seed(5)
-    stats = [runner.update_all([make_batch((i + k) % 4) for k in range(S)], grad_norms=grad_norms_at(i))
-             for i in range(n)]
+    stats = [
+        runner.update_all([make_batch((i + k) % 4) for k in range(S)], grad_norms=grad_norms_at(i)) for i in range(n)
+    ]
     for i in range(n):
         for k in range(S):
             assert stats[i][k].keys() == ref_stats[i][k].keys()
@@ -368,7 +382,9 @@ def acting_episodes(agent, runner, steps: int, episodes: int = 4):
                 torch.manual_seed(ep)
                 state, acts = actor.initial_state(n), []
                 for t in range(steps):
-                    a, state = actor.act(probe.observs[t, :n], probe.actions[t, :n], probe.rewards[t, :n, 0], state, det)
+                    a, state = actor.act(
+                        probe.observs[t, :n], probe.actions[t, :n], probe.rewards[t, :n, 0], state, det
+                    )
                     acts.append(a)
                 out.append(np.stack(acts))
             pairs.append(tuple(out))
@@ -405,21 +421,25 @@ def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_p
     # The trainer with its updates and its acting through the runners' logic (the Python stand-in for graphs):
     # the same progress.csv as the eager run, and through a stop and resume too.
     import pandas as pd
+    from test_trainer import read, train
 
     from pomdp_ffm import trainer as trainer_mod
     from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
-    from test_trainer import read, train
 
     # device=cpu: the runners' logic with the stand-in; on a GPU machine tests/test_cuda.py runs the real thing
     overrides = (f"algo={algo}", f"seq_model={model}", "train.num_iters=4", "env.num_eval_tasks=2", "device=cpu")
     train(composed(*overrides), tmp_path / "eager")
     runners = []
-    monkeypatch.setattr(trainer_mod, "make_updater",
-                        lambda agent, on, **kw: runners.append(UpdateRunner(agent, backend=PythonGraphs(), warmup=2))
-                        or runners[-1])
-    monkeypatch.setattr(trainer_mod, "make_actor",
-                        lambda agent, on: runners.append(ActingRunner(agent, backend=PythonGraphs(), warmup=2))
-                        or runners[-1])
+    monkeypatch.setattr(
+        trainer_mod,
+        "make_updater",
+        lambda agent, on, **kw: runners.append(UpdateRunner(agent, backend=PythonGraphs(), warmup=2)) or runners[-1],
+    )
+    monkeypatch.setattr(
+        trainer_mod,
+        "make_actor",
+        lambda agent, on: runners.append(ActingRunner(agent, backend=PythonGraphs(), warmup=2)) or runners[-1],
+    )
 
     class Interrupt(trainer_mod.Trainer):
         def end_burst(self):
@@ -430,8 +450,11 @@ def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_p
     assert train(composed(*overrides), tmp_path / "graphs", Interrupt)["stopped"]
     train(composed(*overrides, "resume=true"), tmp_path / "graphs")
     assert all(r.replays > 0 for r in runners)
-    pd.testing.assert_frame_equal(read(tmp_path / "graphs").drop(columns=TIME_COLUMNS),
-                                  read(tmp_path / "eager").drop(columns=TIME_COLUMNS), check_exact=True)
+    pd.testing.assert_frame_equal(
+        read(tmp_path / "graphs").drop(columns=TIME_COLUMNS),
+        read(tmp_path / "eager").drop(columns=TIME_COLUMNS),
+        check_exact=True,
+    )
 
 
 # --- static inputs -------------------------------------------------------------------------------------------
@@ -491,9 +514,19 @@ def test_a_host_buffer_is_rewritten_only_after_its_copy():
 
 
 def test_staging_keeps_mixed_dtypes():
-    batch = Batch(*((np.arange(12 * 6 * k) % 7).astype(dt).reshape(12, 6, k) for k, dt in
-                       ((5, np.float32), (2, np.float64), (1, np.float32), (1, np.uint8), (5, np.float32),
-                        (1, np.bool_))))
+    batch = Batch(
+        *(
+            (np.arange(12 * 6 * k) % 7).astype(dt).reshape(12, 6, k)
+            for k, dt in (
+                (5, np.float32),
+                (2, np.float64),
+                (1, np.float32),
+                (1, np.uint8),
+                (5, np.float32),
+                (1, np.bool_),
+            )
+        )
+    )
     staging = Staging(batch, torch.device("cpu"))
     staging.fill(batch)
     for s, x in zip(staging.static, batch):
@@ -568,6 +601,7 @@ def test_a_replays_statistics_are_copied_out_of_the_graphs_memory(mixed):
     for out in outputs:
         for v in out.values():
             v.add_(10)  # the next replay
-    assert [{k: v.tolist() for k, v in g.items()} for g in got] == \
-        [{"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0, **({"c": [1.0, 1.0]} if mixed else {})}]
-
+    assert [{k: v.tolist() for k, v in g.items()} for g in got] == [
+        {"a": 1.0, "b": 2.0},
+        {"a": 3.0, "b": 4.0, **({"c": [1.0, 1.0]} if mixed else {})},
+    ]

@@ -1,13 +1,14 @@
 """The memory check reads the host's tightest limit: what the machine has available, what ``ulimit -v`` leaves and
 what the cgroup's limit leaves (pomdp_ffm/hostmem.py), each named in the refusal."""
+
 import resource
 import subprocess
 import sys
 
 import pytest
+from hang import HANG_S
 
 from pomdp_ffm import hostmem
-from hang import HANG_S
 
 GiB = 1 << 30
 
@@ -69,9 +70,11 @@ def test_nothing_readable_is_none(fake_host):
 
 def test_a_real_ulimit_is_read():
     # In a process of its own under a real RLIMIT_AS: what it reports is the limit less the process's mappings.
-    script = ("import resource; from pomdp_ffm import hostmem; resource.setrlimit(resource.RLIMIT_AS, "
-              "(64 << 30, resource.RLIM_INFINITY)); n, words = hostmem.host_memory_left(); "
-              "print(hostmem.address_space_left(), words)")
+    script = (
+        "import resource; from pomdp_ffm import hostmem; resource.setrlimit(resource.RLIMIT_AS, "
+        "(64 << 30, resource.RLIM_INFINITY)); n, words = hostmem.host_memory_left(); "
+        "print(hostmem.address_space_left(), words)"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_S, check=True)
     left = int(out.stdout.split()[0])
     assert 0 < left < 64 << 30

@@ -1,5 +1,6 @@
 """Launching: the paper grid's dry run, real multiruns through joblib and submitit's local backend,
 failure isolation, skip-finished, and checkpoint-requeue-resume on the scheduler's warning signal."""
+
 from __future__ import annotations
 
 import csv
@@ -12,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from hang import HANG_S
 
 from pomdp_ffm.launch.exits import EXIT_FAILED, EXIT_REFUSED
 from pomdp_ffm.launch.grid import sweep_jobs
+from pomdp_ffm.launch.precheck import precheck
 from pomdp_ffm.launch.rundir import RunDir, load_checkpoint
 from pomdp_ffm.launch.start import Refused, config_differences
-from pomdp_ffm.launch.precheck import precheck
-from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 BLT_PAPER = {f"{n}BLT-{v}-v0" for n in ("Ant", "HalfCheetah", "Hopper", "Walker") for v in "PV"}
@@ -36,8 +37,14 @@ def _env():
 
 
 def train(cwd: Path, *overrides: str, check: bool = True, timeout: float = HANG_S) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", *overrides], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.train", *overrides],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -70,17 +77,25 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
 
 
 def test_dry_run_reports_run_status(tmp_path, capsys):
-    # Each job's status is what its start would do under the job's own config (pomdp_ffm.launch.start.status): marker files
-    # alone, another task's finished run, or a file where the run belongs are damaged, each with its reason.
-    from pomdp_ffm.train import run
-
+    # Each job's status is what its start would do under the job's own config (pomdp_ffm.launch.start.status):
+    # marker files alone, another task's finished run, or a file where the run belongs are damaged, each with its
+    # reason.
     from conftest import TINY, compose_cfg
 
+    from pomdp_ffm.train import run
+
     root = tmp_path / "grid"
-    slot = {name: root / task / model / f"seed-{k}" for name, task, model, k in [
-        ("only DONE", "HopperBLT-P-v0", "sac_ffm", 0), ("empty last.pt", "HopperBLT-P-v0", "sac_gru", 3),
-        ("failed", "AntBLT-V-v0", "td3_ffm", 1), ("a Pendulum run", "HopperBLT-V-v0", "sac_gru", 0),
-        ("a file", "WalkerBLT-P-v0", "td3_gru", 4), ("locked", "AntBLT-P-v0", "sac_ffm", 2)]}
+    slot = {
+        name: root / task / model / f"seed-{k}"
+        for name, task, model, k in [
+            ("only DONE", "HopperBLT-P-v0", "sac_ffm", 0),
+            ("empty last.pt", "HopperBLT-P-v0", "sac_gru", 3),
+            ("failed", "AntBLT-V-v0", "td3_ffm", 1),
+            ("a Pendulum run", "HopperBLT-V-v0", "sac_gru", 0),
+            ("a file", "WalkerBLT-P-v0", "td3_gru", 4),
+            ("locked", "AntBLT-P-v0", "sac_ffm", 2),
+        ]
+    }
     for d in slot.values():
         d.parent.mkdir(parents=True, exist_ok=True)
     (slot["only DONE"] / "checkpoints").mkdir(parents=True)
@@ -98,8 +113,9 @@ def test_dry_run_reports_run_status(tmp_path, capsys):
         assert sum(s == "new" for s in status.values()) == 154
         got = {name: status[d] for name, d in slot.items()}
         assert got["only DONE"].startswith(f"damaged: {slot['only DONE']} is finished but config.yaml is missing")
-        assert got["empty last.pt"].startswith(f"damaged: {slot['empty last.pt']}/checkpoints/last.pt cannot be "
-                                               "read as a tensors-only checkpoint")
+        assert got["empty last.pt"].startswith(
+            f"damaged: {slot['empty last.pt']}/checkpoints/last.pt cannot be read as a tensors-only checkpoint"
+        )
         assert got["failed"] == "failed"
         assert got["locked"].startswith(f"running: locked by pid {os.getpid()} on host ")
         pendulum = got["a Pendulum run"]
@@ -112,8 +128,10 @@ def test_dry_run_reports_run_status(tmp_path, capsys):
         lines = capsys.readouterr().out.splitlines()
         assert len(lines) == 161
         assert lines[-1] == "160 jobs: 0 done, 1 running, 4 damaged, 1 failed, 0 resumable, 154 new"
-        assert f"damaged   {slot['a file']}  [env=WalkerBLT-P-v0 algo=td3 seq_model=gru seed=4 experiment=paper " \
-               f"hydra/launcher=local hydra.sweep.dir={root}]  {slot['a file']} is not a directory" in lines
+        assert (
+            f"damaged   {slot['a file']}  [env=WalkerBLT-P-v0 algo=td3 seq_model=gru seed=4 experiment=paper "
+            f"hydra/launcher=local hydra.sweep.dir={root}]  {slot['a file']} is not a directory" in lines
+        )
     finally:
         held.release()
     # Command-line sweeps override the preset's, as in Hydra's BasicSweeper.
@@ -121,10 +139,20 @@ def test_dry_run_reports_run_status(tmp_path, capsys):
 
 
 def test_config_differences_ignore_where_it_runs():
-    a = {"seed": 0, "device": "cpu", "resume": True, "policy": {"lr": 3e-4, "ffm": {"beta": 0.01}},
-         "checkpoint": {"interval": 20}}
-    b = {"seed": 0, "device": "cuda", "resume": True, "policy": {"lr": 1e-3, "ffm": {"beta": 0.01}},
-         "checkpoint": {"interval": 5}}
+    a = {
+        "seed": 0,
+        "device": "cpu",
+        "resume": True,
+        "policy": {"lr": 3e-4, "ffm": {"beta": 0.01}},
+        "checkpoint": {"interval": 20},
+    }
+    b = {
+        "seed": 0,
+        "device": "cuda",
+        "resume": True,
+        "policy": {"lr": 1e-3, "ffm": {"beta": 0.01}},
+        "checkpoint": {"interval": 5},
+    }
     assert config_differences(a, b) == ["policy.lr: 0.0003 -> 0.001"]
     assert config_differences(a, a) == []
     # How evaluation episodes are stepped and whether the update is a CUDA graph change no result.
@@ -143,29 +171,51 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
     # Job #0 (FFM) cannot take an FFM sizing that its hidden size cannot split; the GRU job would ignore it.
     # The whole sweep is refused up front, in one line naming the job, and nothing is launched or written.
     root = tmp_path / "sweep"
-    proc = train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
-                 "policy.ffm.context_size=5", check=False)
+    proc = train(
+        tmp_path,
+        "experiment=smoke",
+        f"hydra.sweep.dir={root}",
+        "seed=0",
+        "seq_model=ffm,gru",
+        "policy.ffm.context_size=5",
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
     assert "FFM cannot split hidden_size=32" in proc.stderr and "(in the job seq_model=ffm " in proc.stderr
     assert not root.exists()
     # Fixed, both run; rerun, both are skipped.
-    train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
-          "policy.ffm.context_size=1")
+    train(
+        tmp_path,
+        "experiment=smoke",
+        f"hydra.sweep.dir={root}",
+        "seed=0",
+        "seq_model=ffm,gru",
+        "policy.ffm.context_size=1",
+    )
     runs = [root / "Pendulum-V-v0" / f"sac_{m}" / "seed-0" for m in ("ffm", "gru")]
     assert all((r / "DONE").exists() and len(eval_steps(r)) > 0 for r in runs)
     assert "context_size: 1" in (runs[0] / "config.yaml").read_text()
-    train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", "seed=0", "seq_model=ffm,gru",
-          "policy.ffm.context_size=1")
+    train(
+        tmp_path,
+        "experiment=smoke",
+        f"hydra.sweep.dir={root}",
+        "seed=0",
+        "seq_model=ffm,gru",
+        "policy.ffm.context_size=1",
+    )
     assert all((r / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)") for r in runs)
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("policy.lrr=1e-3", "Could not override 'policy.lrr': Key 'lrr' not in 'PolicyConfig'"),
-    ("env=Nope-v0", "Could not find 'env/Nope-v0'; the choices are AntBLT-F-v0"),
-    ("algo=ppo", "Could not find 'algo/ppo'; the choices are sac, td3"),
-    ("seq_model=transformer", "the choices are ffm, gru, lstm, mlp"),
-    ("seed=abc", "could not be converted to Integer"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("policy.lrr=1e-3", "Could not override 'policy.lrr': Key 'lrr' not in 'PolicyConfig'"),
+        ("env=Nope-v0", "Could not find 'env/Nope-v0'; the choices are AntBLT-F-v0"),
+        ("algo=ppo", "Could not find 'algo/ppo'; the choices are sac, td3"),
+        ("seq_model=transformer", "the choices are ffm, gru, lstm, mlp"),
+        ("seed=abc", "could not be converted to Integer"),
+    ],
+)
 def test_composition_errors_are_one_line_and_exit_2(tmp_path, override, needle):
     proc = train(tmp_path, override, f"hydra.run.dir={tmp_path / 'run'}", check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and needle in proc.stderr
@@ -188,8 +238,15 @@ def test_env_workers_under_joblibs_workers_are_refused_before_the_sweep_starts(t
     # process, they can start, and the check lets them.
 
     root = tmp_path / "sweep"
-    proc = train(tmp_path, "experiment=smoke", "hydra/launcher=local", f"hydra.sweep.dir={root}",
-                 "eval.workers=true", "env.num_eval_tasks=2", check=False)
+    proc = train(
+        tmp_path,
+        "experiment=smoke",
+        "hydra/launcher=local",
+        f"hydra.sweep.dir={root}",
+        "eval.workers=true",
+        "env.num_eval_tasks=2",
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
     assert "this sweep's jobs use 'loky'" in proc.stderr and "(in the job " in proc.stderr
     assert not root.exists()
@@ -206,8 +263,11 @@ def test_the_run_directory_is_checked_up_front_where_it_can_be_resolved(tmp_path
     # in the way of a run, not of a benchmark (which trains in a folder of its own); a directory named through
     # Hydra's runtime values cannot be resolved before Hydra starts, and is left to it. The check writes nothing.
     (tmp_path / "runs").write_text("")
-    with pytest.raises(Refused, match=r"^hydra.run.dir=runs/Pendulum-V-v0/.* cannot be made a directory \(Not a "
-                                      r"directory: "):
+    with pytest.raises(
+        Refused,
+        match=r"^hydra.run.dir=runs/Pendulum-V-v0/.* cannot be made a directory \(Not a "
+        r"directory: ",
+    ):
         precheck(["env=Pendulum-V-v0"])
     assert precheck(["env=Pendulum-V-v0"], check_dirs=False) is not None
     assert precheck(["env=Pendulum-V-v0", "hydra.run.dir=${hydra:runtime.cwd}/r"]) is not None
@@ -225,21 +285,32 @@ def test_the_run_directory_is_checked_up_front_where_it_can_be_resolved(tmp_path
 def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
     # The seed axis refuses in pomdp_ffm/seeds.py, a module of the package, while `python -m pomdp_ffm.train`
     # runs train.py as __main__: the refusal is still caught as one (one line, exit 2, its folder removed).
-    proc = train(tmp_path, "experiment=smoke", "seq_model=ffm", "seed=0", "seeds=[0,1]", "hydra.mode=RUN",
-                 f"hydra.run.dir={tmp_path / 'job' / 'x'}", check=False)
+    proc = train(
+        tmp_path,
+        "experiment=smoke",
+        "seq_model=ffm",
+        "seed=0",
+        "seeds=[0,1]",
+        "hydra.mode=RUN",
+        f"hydra.run.dir={tmp_path / 'job' / 'x'}",
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
     assert "needs a run directory with a path component seed-0" in proc.stderr
     assert not (tmp_path / "job").exists()
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["env=Foo-V-v0"], "Could not find 'env/Foo-V-v0'"),
-    (["polcy.lr=1"], "Could not override 'polcy.lr'"),
-    (["seq_model=ffm,tcn"], "Could not find 'seq_model/tcn'"),
-    (["policy.lr=-1"], "policy.lr=-1.0 must be > 0"),
-    (["--seed-axis", "seeds=[0,0]"], "must be null or a list of distinct seeds"),
-    (["--seed-axis", "seed=0,1"], "needs seed=0 (the first seed names the job's run directory), not seed=1"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["env=Foo-V-v0"], "Could not find 'env/Foo-V-v0'"),
+        (["polcy.lr=1"], "Could not override 'polcy.lr'"),
+        (["seq_model=ffm,tcn"], "Could not find 'seq_model/tcn'"),
+        (["policy.lr=-1"], "policy.lr=-1.0 must be > 0"),
+        (["--seed-axis", "seeds=[0,0]"], "must be null or a list of distinct seeds"),
+        (["--seed-axis", "seed=0,1"], "needs seed=0 (the first seed names the job's run directory), not seed=1"),
+    ],
+)
 def test_the_paper_grid_checks_every_job_before_listing_or_launching(tmp_path, capsys, extra, needle):
     grid = _paper_grid()
     assert grid.main(["--dry-run", "--root", str(tmp_path / "grid"), *extra]) == 2
@@ -250,8 +321,14 @@ def test_the_paper_grid_checks_every_job_before_listing_or_launching(tmp_path, c
 
 def _sigterm_when(cwd: Path, overrides: list[str], wait) -> tuple[int, str]:
     """``python -m pomdp_ffm.train OVERRIDES``, sent SIGTERM once ``wait(proc)`` returns: its exit code and output."""
-    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", *overrides], cwd=cwd, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pomdp_ffm.train", *overrides],
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait(proc)
         proc.send_signal(signal.SIGTERM)
@@ -297,34 +374,44 @@ def _train_signalled(cwd: Path, target: str, signum: int, after: bool, *override
     """``python -m pomdp_ffm.train OVERRIDES`` in a process whose ``target`` ("module:Owner.attr") sends it
     ``signum`` once, before (or ``after``) its first call: a signal at a chosen moment, without timing."""
     module, attr = target.split(":")
-    code = ("import importlib, os, runpy, sys\n"
-            f"owner = importlib.import_module({module!r})\n"
-            f"*path, name = {attr!r}.split('.')\n"
-            "for part in path:\n"
-            "    owner = getattr(owner, part)\n"
-            "real, sent = getattr(owner, name), []\n"
-            "def send():\n"
-            "    if not sent:\n"
-            "        sent.append(1)\n"
-            f"        os.kill(os.getpid(), {int(signum)})\n"
-            "def wrapped(*a, **k):\n"
-            f"    {'pass' if after else 'send()'}\n"
-            "    out = real(*a, **k)\n"
-            f"    {'send()' if after else 'pass'}\n"
-            "    return out\n"
-            "setattr(owner, name, wrapped)\n"
-            "sys.argv = ['train', *sys.argv[1:]]\n"
-            "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
-    return subprocess.run([sys.executable, "-c", code, *overrides], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=HANG_S)
+    code = (
+        "import importlib, os, runpy, sys\n"
+        f"owner = importlib.import_module({module!r})\n"
+        f"*path, name = {attr!r}.split('.')\n"
+        "for part in path:\n"
+        "    owner = getattr(owner, part)\n"
+        "real, sent = getattr(owner, name), []\n"
+        "def send():\n"
+        "    if not sent:\n"
+        "        sent.append(1)\n"
+        f"        os.kill(os.getpid(), {int(signum)})\n"
+        "def wrapped(*a, **k):\n"
+        f"    {'pass' if after else 'send()'}\n"
+        "    out = real(*a, **k)\n"
+        f"    {'send()' if after else 'pass'}\n"
+        "    return out\n"
+        "setattr(owner, name, wrapped)\n"
+        "sys.argv = ['train', *sys.argv[1:]]\n"
+        "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *overrides], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=HANG_S
+    )
 
 
 def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
     # The signal comes while the first job builds its trainer, before the job's own handler is installed: the
     # job still stops (with its checkpoint) instead of training to its end, and the sweep stops after it.
     root = tmp_path / "sweep"
-    proc = _train_signalled(tmp_path, "pomdp_ffm.trainer:Trainer.__init__", signal.SIGUSR1, False,
-                            "experiment=smoke", f"hydra.sweep.dir={root}", "train.num_iters=30")
+    proc = _train_signalled(
+        tmp_path,
+        "pomdp_ffm.trainer:Trainer.__init__",
+        signal.SIGUSR1,
+        False,
+        "experiment=smoke",
+        f"hydra.sweep.dir={root}",
+        "train.num_iters=30",
+    )
     assert proc.returncode == 75, proc.stderr[-3000:]
     runs = sorted(p.parent for p in root.glob("*/*/seed-*/config.yaml"))
     assert runs == [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"]
@@ -332,15 +419,26 @@ def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
     assert "stopped by signal 10" in (runs[0] / "attempts.log").read_text()
 
 
-@pytest.mark.parametrize("target,after", [("pomdp_ffm.trainer:Trainer.__init__", False),
-                                          ("pomdp_ffm.launch.rundir:RunDir.acquire", True)])
+@pytest.mark.parametrize(
+    "target,after", [("pomdp_ffm.trainer:Trainer.__init__", False), ("pomdp_ffm.launch.rundir:RunDir.acquire", True)]
+)
 def test_a_stop_signal_while_a_single_run_starts_stops_it_with_a_checkpoint(tmp_path, target, after):
     # Before the trainer's own handler is in (the trainer being built; the lock just taken), a stop signal is
     # remembered and taken by that handler: exit 75 and a checkpoint to resume from, not death by the signal
     # (143), which left a lock file, or an empty directory, and no line in attempts.log.
     run = tmp_path / "run"
-    proc = _train_signalled(tmp_path, target, signal.SIGTERM, after, "experiment=smoke", "hydra.mode=RUN",
-                            "seq_model=ffm", "seed=0", "train.num_iters=30", f"hydra.run.dir={run}")
+    proc = _train_signalled(
+        tmp_path,
+        target,
+        signal.SIGTERM,
+        after,
+        "experiment=smoke",
+        "hydra.mode=RUN",
+        "seq_model=ffm",
+        "seed=0",
+        "train.num_iters=30",
+        f"hydra.run.dir={run}",
+    )
     assert proc.returncode == 75, proc.stderr[-3000:]
     assert RunDir(run).status() == "resumable"
     assert "stopped by signal 15" in (run / "attempts.log").read_text()
@@ -349,8 +447,11 @@ def test_a_stop_signal_while_a_single_run_starts_stops_it_with_a_checkpoint(tmp_
 def _check_smoke_grid(root: Path) -> None:
     runs = sorted(root.glob("Pendulum-V-v0/sac_*/seed-*"))
     assert [str(r.relative_to(root)) for r in runs] == [
-        "Pendulum-V-v0/sac_ffm/seed-0", "Pendulum-V-v0/sac_ffm/seed-1",
-        "Pendulum-V-v0/sac_gru/seed-0", "Pendulum-V-v0/sac_gru/seed-1"]
+        "Pendulum-V-v0/sac_ffm/seed-0",
+        "Pendulum-V-v0/sac_ffm/seed-1",
+        "Pendulum-V-v0/sac_gru/seed-0",
+        "Pendulum-V-v0/sac_gru/seed-1",
+    ]
     for run in runs:
         steps = eval_steps(run)
         assert steps and steps == sorted(steps)
@@ -381,9 +482,24 @@ def test_scheduler_warning_checkpoints_requeues_and_resumes(tmp_path):
     # requeue (a restart of the same job). USR2 is submitit's warning signal (SLURM's --signal=USR2@delay).
     root = tmp_path / "sweep"
     run = root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"
-    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", "experiment=smoke", f"hydra.sweep.dir={root}",
-                             "hydra/launcher=slurm_local", "seed=0", "seq_model=ffm", "train.num_iters=30"],
-                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pomdp_ffm.train",
+            "experiment=smoke",
+            f"hydra.sweep.dir={root}",
+            "hydra/launcher=slurm_local",
+            "seed=0",
+            "seq_model=ffm",
+            "train.num_iters=30",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.time() + HANG_S
         while time.time() < deadline and not ((run / "progress.csv").exists() and len(eval_steps(run)) >= 2):
@@ -411,10 +527,10 @@ def test_scheduler_warning_checkpoints_requeues_and_resumes(tmp_path):
 def test_slurm_preset_overrides_reach_sbatch(tmp_path, monkeypatch):
     # Every resource named in the issue is overridable on the command line and ends up in the sbatch
     # script. submitit refuses to build a SLURM executor without srun on PATH, hence the stand-in.
+    import submitit
     from hydra import compose, initialize_config_dir
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
     from omegaconf import OmegaConf
-    import submitit
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -422,22 +538,48 @@ def test_slurm_preset_overrides_reach_sbatch(tmp_path, monkeypatch):
     (fake / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", return_hydra_config=True, overrides=[
-            "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=proj",
-            "hydra.launcher.timeout_min=720", "hydra.launcher.gpus_per_node=2", "hydra.launcher.cpus_per_task=4",
-            "hydra.launcher.mem_gb=32", "hydra.launcher.array_parallelism=10",
-            "+hydra.launcher.additional_parameters.reservation=res1", f"hydra.sweep.dir={tmp_path}"])
+        cfg = compose(
+            "config",
+            return_hydra_config=True,
+            overrides=[
+                "hydra/launcher=slurm",
+                "hydra.launcher.partition=gpu",
+                "hydra.launcher.account=proj",
+                "hydra.launcher.timeout_min=720",
+                "hydra.launcher.gpus_per_node=2",
+                "hydra.launcher.cpus_per_task=4",
+                "hydra.launcher.mem_gb=32",
+                "hydra.launcher.array_parallelism=10",
+                "+hydra.launcher.additional_parameters.reservation=res1",
+                f"hydra.sweep.dir={tmp_path}",
+            ],
+        )
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     assert launcher["_target_"].endswith("SlurmLauncher")
     # The plugin's own mapping (hydra_submitit_launcher.submitit_launcher.BaseSubmititLauncher.launch).
-    ex = submitit.AutoExecutor(cluster="slurm", folder=tmp_path / "submitit",
-                               slurm_max_num_timeout=launcher["max_num_timeout"])
+    ex = submitit.AutoExecutor(
+        cluster="slurm", folder=tmp_path / "submitit", slurm_max_num_timeout=launcher["max_num_timeout"]
+    )
     base = set(OmegaConf.structured(BaseQueueConf).keys())
-    ex.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in launcher.items()
-                            if k not in ("_target_", "submitit_folder", "max_num_timeout", "name")}, name="job")
+    ex.update_parameters(
+        **{
+            k if k in base else f"slurm_{k}": v
+            for k, v in launcher.items()
+            if k not in ("_target_", "submitit_folder", "max_num_timeout", "name")
+        },
+        name="job",
+    )
     text = ex._executor._make_submission_file_text("python -c pass", "uid")
-    for line in ("--partition=gpu", "--account=proj", "--time=720", "--gpus-per-node=2", "--cpus-per-task=4",
-                 "--mem=32GB", "--reservation=res1", f"--signal=USR2@{launcher['signal_delay_s']}"):
+    for line in (
+        "--partition=gpu",
+        "--account=proj",
+        "--time=720",
+        "--gpus-per-node=2",
+        "--cpus-per-task=4",
+        "--mem=32GB",
+        "--reservation=res1",
+        f"--signal=USR2@{launcher['signal_delay_s']}",
+    ):
         assert f"#SBATCH {line}\n" in text, (line, text)
     assert launcher["array_parallelism"] == 10 and launcher["max_num_timeout"] > 0
 
@@ -477,8 +619,9 @@ def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
     # The signal comes once the first job has trained (its final evaluation, checkpoint and DONE being written),
     # when nothing in the job looks at it any more: that job is done, and the sweep still stops after it.
     root = tmp_path / "sweep"
-    proc = _train_signalled(tmp_path, "pomdp_ffm.trainer:Trainer.train", signal.SIGUSR1, True,
-                            "experiment=smoke", f"hydra.sweep.dir={root}")
+    proc = _train_signalled(
+        tmp_path, "pomdp_ffm.trainer:Trainer.train", signal.SIGUSR1, True, "experiment=smoke", f"hydra.sweep.dir={root}"
+    )
     assert proc.returncode == 75, proc.stderr[-3000:]
     runs = sorted(p.parent for p in root.glob("*/*/seed-*/config.yaml"))
     assert runs == [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"] and RunDir(runs[0]).status() == "done"
@@ -486,8 +629,14 @@ def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
 
 def test_a_stop_while_the_command_is_checked_starts_nothing(tmp_path):
     root = tmp_path / "sweep"
-    proc = _train_signalled(tmp_path, "pomdp_ffm.launch.grid:job_overrides", signal.SIGTERM, False,
-                            "experiment=smoke", f"hydra.sweep.dir={root}")
+    proc = _train_signalled(
+        tmp_path,
+        "pomdp_ffm.launch.grid:job_overrides",
+        signal.SIGTERM,
+        False,
+        "experiment=smoke",
+        f"hydra.sweep.dir={root}",
+    )
     assert proc.returncode == 75 and "before anything started" in proc.stderr, proc.stderr[-3000:]
     assert not root.exists()
 
@@ -496,13 +645,17 @@ def test_a_stop_before_a_joblib_sweeps_workers_exist_starts_no_job(tmp_path):
     # The launcher takes the signal before joblib has started a worker: the workers it starts afterwards are sent
     # it too (blocked until their first job, they take it there), so no job starts and the sweep exits 75.
     root = tmp_path / "sweep"
+
     def sweep_started(proc):
         deadline = time.time() + HANG_S
         while not (root / "multirun.yaml").exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.01)  # Hydra writes it as the sweep starts, before it hands the jobs to joblib
 
-    rc, out = _sigterm_when(tmp_path, ["experiment=smoke", f"hydra.sweep.dir={root}", "hydra/launcher=local",
-                                       "hydra.launcher.n_jobs=2"], sweep_started)
+    rc, out = _sigterm_when(
+        tmp_path,
+        ["experiment=smoke", f"hydra.sweep.dir={root}", "hydra/launcher=local", "hydra.launcher.n_jobs=2"],
+        sweep_started,
+    )
     assert rc == 75, out[-3000:]
     assert not list(root.glob("*/*/seed-*/config.yaml")), out[-3000:]
 
@@ -511,36 +664,44 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
     # A joblib sweep's launcher blocks the stop signals (SweepSignals(workers=True)), so a worker it starts keeps a
     # signal forwarded before its first job installed a handler pending instead of dying of it; the worker's
     # handler then receives it (signals.unblock_in_worker). The launcher's own thread takes the signals sent to it.
-    child = ("import os, signal, sys, time\n"
-             "from pomdp_ffm.launch import signals\n"
-             "print('up', flush=True)\n"
-             "while signal.SIGUSR1 not in signal.sigpending(): time.sleep(0.01)\n"
-             "got = []\n"
-             "signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))\n"
-             "signals.unblock_in_worker()\n"
-             "print('handled', got, flush=True)\n")
-    parent = ("import os, signal, subprocess, sys, time\n"
-              "from joblib import Parallel, delayed\n"
-              "from pomdp_ffm.launch import signals\n"
-              "def blocked():\n"
-              "    return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))\n"
-              "with signals.SweepSignals(workers=True):\n"
-              "    print('joblib workers', Parallel(n_jobs=2)(delayed(blocked)() for _ in range(2)), flush=True)\n"
-              "    worker = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True)\n"
-              "    assert worker.stdout.readline().strip() == 'up'\n"
-              "    os.kill(worker.pid, signal.SIGUSR1)\n"
-              "    print(worker.stdout.readline().strip(), worker.wait(), flush=True)\n"
-              "    os.kill(os.getpid(), signal.SIGTERM)\n"
-              "    deadline = time.time() + 10\n"
-              "    while signals.sweep_stopped() is None and time.time() < deadline: time.sleep(0.01)\n"
-              "print('launcher', signals.sweep_stopped(), flush=True)\n")
-    proc = subprocess.run([sys.executable, "-c", parent, child], env=_env(), capture_output=True, text=True,
-                          timeout=HANG_S)
+    child = (
+        "import os, signal, sys, time\n"
+        "from pomdp_ffm.launch import signals\n"
+        "print('up', flush=True)\n"
+        "while signal.SIGUSR1 not in signal.sigpending(): time.sleep(0.01)\n"
+        "got = []\n"
+        "signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))\n"
+        "signals.unblock_in_worker()\n"
+        "print('handled', got, flush=True)\n"
+    )
+    parent = (
+        "import os, signal, subprocess, sys, time\n"
+        "from joblib import Parallel, delayed\n"
+        "from pomdp_ffm.launch import signals\n"
+        "def blocked():\n"
+        "    return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))\n"
+        "with signals.SweepSignals(workers=True):\n"
+        "    print('joblib workers', Parallel(n_jobs=2)(delayed(blocked)() for _ in range(2)), flush=True)\n"
+        "    worker = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True)\n"
+        "    assert worker.stdout.readline().strip() == 'up'\n"
+        "    os.kill(worker.pid, signal.SIGUSR1)\n"
+        "    print(worker.stdout.readline().strip(), worker.wait(), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    deadline = time.time() + 10\n"
+        "    while signals.sweep_stopped() is None and time.time() < deadline: time.sleep(0.01)\n"
+        "print('launcher', signals.sweep_stopped(), flush=True)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", parent, child], env=_env(), capture_output=True, text=True, timeout=HANG_S
+    )
     assert proc.returncode == 0, proc.stderr
     stops = sorted(int(s) for s in (signal.SIGUSR1, signal.SIGTERM))
     # joblib's workers start with both blocked (the resource trackers it starts unblock SIGTERM where they start)
-    assert proc.stdout.split("\n")[:3] == [f"joblib workers {[stops, stops]}", f"handled [{int(signal.SIGUSR1)}] 0",
-                                          f"launcher {int(signal.SIGTERM)}"]
+    assert proc.stdout.split("\n")[:3] == [
+        f"joblib workers {[stops, stops]}",
+        f"handled [{int(signal.SIGUSR1)}] 0",
+        f"launcher {int(signal.SIGTERM)}",
+    ]
 
 
 def test_the_paper_grid_exits_as_its_sweep_did(tmp_path, monkeypatch, capsys):
@@ -604,12 +765,14 @@ def test_a_sweep_names_every_refused_job_and_sums_up(tmp_path, launcher):
     assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert lines[-1] == "2 finished, 2 refused, 0 failed"
-    assert lines[-3] == f"refused: {only_done}: {only_done} is finished but config.yaml is missing, so it cannot be " \
-                        "checked against this config; there is no checkpoint to restore it from: put it back from " \
-                        "a backup, or choose another run directory"
-    assert lines[-2].startswith(f"refused: {cut}: {cut}/checkpoints/last.pt cannot be read as a tensors-only "
-                                "checkpoint (") and lines[-2].endswith("Delete it to start this run again from "
-                                                                      "scratch, or choose another run directory")
+    assert (
+        lines[-3] == f"refused: {only_done}: {only_done} is finished but config.yaml is missing, so it cannot be "
+        "checked against this config; there is no checkpoint to restore it from: put it back from "
+        "a backup, or choose another run directory"
+    )
+    assert lines[-2].startswith(
+        f"refused: {cut}: {cut}/checkpoints/last.pt cannot be read as a tensors-only checkpoint ("
+    ) and lines[-2].endswith("Delete it to start this run again from scratch, or choose another run directory")
     assert "Traceback" not in proc.stderr
     assert {d: _files(d) for d in (only_done, cut)} == before
     trained = [root / "Pendulum-V-v0" / "sac_ffm" / "seed-1", root / "Pendulum-V-v0" / "sac_gru" / "seed-0"]
@@ -643,8 +806,20 @@ def test_the_paper_grid_names_a_damaged_slot_up_front_and_the_sweep_refuses_it(t
     slot.mkdir(parents=True)
     (slot / "DONE").write_text("env_steps=1510000\n")
     before = _files(root)
-    rc = grid.main(["--algo", "sac", "--launcher", "basic", "--root", str(root), "env=HopperBLT-P-v0",
-                    "seq_model=ffm", "seed=0", "train.buffer_size=10000"])
+    rc = grid.main(
+        [
+            "--algo",
+            "sac",
+            "--launcher",
+            "basic",
+            "--root",
+            str(root),
+            "env=HopperBLT-P-v0",
+            "seq_model=ffm",
+            "seed=0",
+            "train.buffer_size=10000",
+        ]
+    )
     out, err = capfd.readouterr()
     assert rc == EXIT_FAILED, err[-3000:]
     why = f"{slot} is finished but config.yaml is missing"
@@ -663,7 +838,7 @@ def _proc_stat(pid: int) -> list[str] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return text[text.rindex(")") + 2:].split()
+    return text[text.rindex(")") + 2 :].split()
 
 
 def _descendants(pid: int) -> dict[int, tuple[int, str]]:
@@ -682,8 +857,11 @@ def _descendants(pid: int) -> dict[int, tuple[int, str]]:
 
 def _alive(procs: dict[int, tuple[int, str]]) -> list[int]:
     """Those of ``procs`` that still run (a zombie, which nobody may reap in a container, has ended)."""
-    return [pid for pid, (_, start) in procs.items()
-            if (stat := _proc_stat(pid)) is not None and stat[19] == start and stat[0] != "Z"]
+    return [
+        pid
+        for pid, (_, start) in procs.items()
+        if (stat := _proc_stat(pid)) is not None and stat[19] == start and stat[0] != "Z"
+    ]
 
 
 def _alive_after(procs: dict[int, tuple[int, str]], timeout: float) -> list[int]:
@@ -712,8 +890,13 @@ def _poll(what, timeout: float, proc: subprocess.Popen, out: Path) -> None:
 def _start(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "out.txt"
     with open(out, "w") as f:  # a file, not a pipe: the orphans, if any, keep writing to it
-        proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.train", *overrides], cwd=tmp_path, env=_env(),
-                                stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pomdp_ffm.train", *overrides],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     return proc, out
 
 
@@ -729,15 +912,32 @@ def test_a_joblib_sweep_killed_by_sigkill_leaves_no_worker(tmp_path):
 
     root = tmp_path / "sweep"
     tiny = [o for o in TINY if not o.startswith("train.num_iters=")]
-    proc, out = _start(tmp_path, "-m", *tiny, "train.num_iters=2,400", "resume=true", "hydra/launcher=local",
-                       "hydra.launcher.n_jobs=3", f"hydra.sweep.dir={root}",
-                       "hydra.sweep.subdir=iters-${train.num_iters}")
+    proc, out = _start(
+        tmp_path,
+        "-m",
+        *tiny,
+        "train.num_iters=2,400",
+        "resume=true",
+        "hydra/launcher=local",
+        "hydra.launcher.n_jobs=3",
+        f"hydra.sweep.dir={root}",
+        "hydra.sweep.subdir=iters-${train.num_iters}",
+    )
     short, long = RunDir(root / "iters-2"), RunDir(root / "iters-400")
     procs: dict = {}
     try:
         # the short run finished and gave its lock back (an empty lock file); the long one is training
-        _poll(lambda: short.status() == "done" and (short.path / RunDir.LOCK).stat().st_size == 0
-              and (long.path / "progress.csv").exists() and len(eval_steps(long.path)) >= 1, 300, proc, out)
+        _poll(
+            lambda: (
+                short.status() == "done"
+                and (short.path / RunDir.LOCK).stat().st_size == 0
+                and (long.path / "progress.csv").exists()
+                and len(eval_steps(long.path)) >= 1
+            ),
+            300,
+            proc,
+            out,
+        )
         procs = _descendants(proc.pid)
         workers = [pid for pid in procs if b"popen_loky" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(workers) == 3, procs
@@ -763,13 +963,23 @@ def test_env_workers_start_without_warnings_and_end_quietly_with_a_run_killed_by
     from conftest import TINY
 
     run, n = tmp_path / "run", 8
-    proc, out = _start(tmp_path, *TINY, "train.num_iters=100000", "eval.workers=true", f"env.num_eval_tasks={n}",
-                       f"hydra.run.dir={run}")
+    proc, out = _start(
+        tmp_path,
+        *TINY,
+        "train.num_iters=100000",
+        "eval.workers=true",
+        f"env.num_eval_tasks={n}",
+        f"hydra.run.dir={run}",
+    )
     procs: dict = {}
     try:
+
         def workers_up():
-            return (run / "progress.csv").exists() and len(eval_steps(run)) >= 1 and \
-                sum(parent != proc.pid for parent, _ in _descendants(proc.pid).values()) >= n
+            return (
+                (run / "progress.csv").exists()
+                and len(eval_steps(run)) >= 1
+                and sum(parent != proc.pid for parent, _ in _descendants(proc.pid).values()) >= n
+            )
 
         _poll(workers_up, HANG_S, proc, out)
         procs = _descendants(proc.pid)
@@ -793,8 +1003,11 @@ def test_a_second_stop_signal_does_not_undo_the_first(tmp_path):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
 
-    rc, out = _sigterm_when(tmp_path, ["experiment=smoke", "hydra.mode=RUN", "seq_model=ffm", "seed=0",
-                                       "train.num_iters=60", f"hydra.run.dir={run}"], twice)
+    rc, out = _sigterm_when(
+        tmp_path,
+        ["experiment=smoke", "hydra.mode=RUN", "seq_model=ffm", "seed=0", "train.num_iters=60", f"hydra.run.dir={run}"],
+        twice,
+    )
     assert rc == 75 and "checkpoint saved" in out, out[-3000:]
     state = load_checkpoint(RunDir(run).checkpoint)
     assert 0 < state["counters"]["env_steps"] < 60 * 200 and RunDir(run).status() == "resumable"
@@ -803,21 +1016,31 @@ def test_a_second_stop_signal_does_not_undo_the_first(tmp_path):
 def test_a_failing_job_is_named_and_counted_and_the_sweep_goes_on(tmp_path):
     # seed 1's training raises: its traceback goes to its ERROR.txt, the sweep names it and exits 1 after seed 0.
     root = tmp_path / "sweep"
-    code = ("import runpy, sys\n"
-            "from pomdp_ffm.trainer import Trainer\n"
-            "real = Trainer.train\n"
-            "def train(self, *a, **k):\n"
-            "    if self.cfg.seed == 1:\n"
-            "        raise RuntimeError('boom in seed 1')\n"
-            "    return real(self, *a, **k)\n"
-            "Trainer.train = train\n"
-            "sys.argv = ['train', *sys.argv[1:]]\n"
-            "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n")
-    proc = subprocess.run([sys.executable, "-c", code, "experiment=smoke", "seq_model=ffm", f"hydra.sweep.dir={root}"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=HANG_S)
+    code = (
+        "import runpy, sys\n"
+        "from pomdp_ffm.trainer import Trainer\n"
+        "real = Trainer.train\n"
+        "def train(self, *a, **k):\n"
+        "    if self.cfg.seed == 1:\n"
+        "        raise RuntimeError('boom in seed 1')\n"
+        "    return real(self, *a, **k)\n"
+        "Trainer.train = train\n"
+        "sys.argv = ['train', *sys.argv[1:]]\n"
+        "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "experiment=smoke", "seq_model=ffm", f"hydra.sweep.dir={root}"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
     assert proc.returncode == EXIT_FAILED, proc.stderr[-3000:]
     failed = root / "Pendulum-V-v0" / "sac_ffm" / "seed-1"
-    assert proc.stderr.strip().splitlines()[-2:] == [f"failed: {failed}: RuntimeError: boom in seed 1",
-                                                     "1 finished, 0 refused, 1 failed"]
+    assert proc.stderr.strip().splitlines()[-2:] == [
+        f"failed: {failed}: RuntimeError: boom in seed 1",
+        "1 finished, 0 refused, 1 failed",
+    ]
     assert "RuntimeError: boom in seed 1" in (failed / "ERROR.txt").read_text()
     assert (root / "Pendulum-V-v0" / "sac_ffm" / "seed-0" / "DONE").exists()

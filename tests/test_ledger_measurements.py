@@ -5,6 +5,7 @@ measured value as a bound, with a margin for other CPUs and libm builds: above t
 behaviour got worse) and, where the entry says a difference exists, below the measured size of that difference
 (the behaviour changed, so the entry must be restated). Measured on a CPU, torch 2.x, float32 / complex64.
 """
+
 from __future__ import annotations
 
 import copy
@@ -92,8 +93,12 @@ def test_aggregator_error_does_not_grow_for_the_default_decays():
 # --------------------------------------------------------------------------------------------------
 # patches/019: SAC's Gaussian log-probability, ours (from eps) against the reference's (from z), float32.
 
-LOG_STD_BANDS = {(-20.0, -7.0): (1.0, 30.0), (-7.0, -5.0): (3e-5, 5.5e-4), (-5.0, -3.0): (5e-6, 1e-4),
-                 (-3.0, 2.0): (1e-6, 1e-5)}  # (lower, upper) around the measured max |reference form - ours|:
+LOG_STD_BANDS = {
+    (-20.0, -7.0): (1.0, 30.0),
+    (-7.0, -5.0): (3e-5, 5.5e-4),
+    (-5.0, -3.0): (5e-6, 1e-4),
+    (-3.0, 2.0): (1e-6, 1e-5),
+}  # (lower, upper) around the measured max |reference form - ours|:
 # 15.3, 3.8e-4, 6.2e-5, 7.2e-6 nats
 
 

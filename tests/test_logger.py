@@ -1,5 +1,6 @@
 """progress.csv's header is pomdp_ffm/metrics.py's, and a resumed run's rows keep their columns: rows stored under
 an older header are mapped onto the new one by column name, never shifted by position."""
+
 import csv
 
 import pytest
@@ -24,8 +25,9 @@ def test_the_header_is_the_algorithms_metrics_then_the_evaluation_then_the_clock
 
 
 def test_a_bursts_row_means_the_summed_statistics_and_keeps_the_last_grad_norm():
-    row = burst_row({"qf1_loss": 6.0, "policy_loss": 1.0}, {"qf1_loss": 3, "policy_loss": 2},
-                    {"qf1_loss": 9.0, "q_grad_norm": 0.5})
+    row = burst_row(
+        {"qf1_loss": 6.0, "policy_loss": 1.0}, {"qf1_loss": 3, "policy_loss": 2}, {"qf1_loss": 9.0, "q_grad_norm": 0.5}
+    )
     assert row == {"rl_loss/qf1_loss": 2.0, "rl_loss/policy_loss": 0.5, "rl_loss/q_grad_norm": 0.5}
 
 

@@ -26,9 +26,13 @@ def generator_functions(source: str) -> list[str]:
             continue
         own = [n for n in ast.walk(node) if isinstance(n, (ast.Yield, ast.YieldFrom))]
         # (a yield inside a nested function is that function's, found on its own)
-        nested = [n for inner in ast.walk(node) if inner is not node
-                  and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-                  for n in ast.walk(inner) if isinstance(n, (ast.Yield, ast.YieldFrom))]
+        nested = [
+            n
+            for inner in ast.walk(node)
+            if inner is not node and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for n in ast.walk(inner)
+            if isinstance(n, (ast.Yield, ast.YieldFrom))
+        ]
         if len(own) > len(nested):
             found.append(node.name)
     return found

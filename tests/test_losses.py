@@ -30,6 +30,7 @@ run against the copy; every one of them fails at least one test here):
   update.py masked_mean            divided by T*B instead of the number of valid steps;  x.mean() (no mask)
   nets.py   TanhGaussianHead.sample  the tanh-Jacobian term's sign flipped
 """
+
 import copy
 import math
 
@@ -39,9 +40,9 @@ import torch
 from torch.distributions import Normal
 
 from pomdp_ffm.agent import RecurrentAgent
-from pomdp_ffm.update import Aligned, actor_loss, critic_loss
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
+from pomdp_ffm.update import Aligned, actor_loss, critic_loss
 
 O, A, T, B = 3, 2, 4, 3
 GAMMA = 0.8
@@ -60,9 +61,9 @@ def make_batch(seed=0) -> Batch:
     mask[2:, 0] = 0.0  # window 0: two valid steps, ending in a terminal step
     mask[3:, 1] = 0.0  # window 1: three valid steps
     term = np.zeros((T, B, 1))
-    term[1, 0] = 1.0   # a terminal at the last valid step
-    term[1, 2] = 1.0   # a done followed by more valid steps (the maths must not care)
-    term[3, 1] = 1.0   # a done on a padded step: ignored
+    term[1, 0] = 1.0  # a terminal at the last valid step
+    term[1, 2] = 1.0  # a done followed by more valid steps (the maths must not care)
+    term[3, 1] = 1.0  # a done on a padded step: ignored
     for x, v in ((obs, 9.0), (act, 0.9), (rew, -50.0), (obs2, -9.0)):
         x[mask[..., 0] == 0] = v  # garbage in the padded steps
     return Batch(observs=obs, actions=act, rewards=rew, terminals=term, next_observs=obs2, masks=mask)
@@ -70,9 +71,19 @@ def make_batch(seed=0) -> Batch:
 
 def make_agent(algo, model, seed=0, sac=None, td3=None) -> RecurrentAgent:
     torch.manual_seed(seed)
-    cfg = PolicyConfig(seq_model=model, algo_name=algo, rnn_hidden_size=32, action_embedding_size=4,
-                       observ_embedding_size=8, reward_embedding_size=4, dqn_layers=[16, 16],
-                       policy_layers=[16, 16], gamma=GAMMA, sac=sac or SACConfig(), td3=td3 or TD3Config())
+    cfg = PolicyConfig(
+        seq_model=model,
+        algo_name=algo,
+        rnn_hidden_size=32,
+        action_embedding_size=4,
+        observ_embedding_size=8,
+        reward_embedding_size=4,
+        dqn_layers=[16, 16],
+        policy_layers=[16, 16],
+        gamma=GAMMA,
+        sac=sac or SACConfig(),
+        td3=td3 or TD3Config(),
+    )
     agent = RecurrentAgent(O, A, cfg).double()
     gen = torch.Generator().manual_seed(1000 + seed)
     with torch.no_grad():
@@ -168,10 +179,13 @@ def reference(agent, batch, next_noise, pi_noise=None, actor_critic=None, alpha=
             else:
                 c = cfg.td3
                 mu = next_actor.head(head_input(next_actor, h_next_actor[t + 1], o_next))
-                eps = [min(max(z * c.target_noise, -c.target_noise_clip), c.target_noise_clip)
-                       for z in next_noise[t + 1, b].tolist()]
-                a_next = torch.tensor([min(max(m + e, -1.0), 1.0) for m, e in zip(mu.tolist(), eps)],
-                                      dtype=torch.float64)
+                eps = [
+                    min(max(z * c.target_noise, -c.target_noise_clip), c.target_noise_clip)
+                    for z in next_noise[t + 1, b].tolist()
+                ]
+                a_next = torch.tensor(
+                    [min(max(m + e, -1.0), 1.0) for m, e in zip(mu.tolist(), eps)], dtype=torch.float64
+                )
                 bonus = 0.0
             q1_next, q2_next = q_by_hand(agent.critic_target, h_target[t + 1], o_next, a_next)
             y = rew[t, b, 0].item() + (1.0 - term[t, b, 0].item()) * GAMMA * (min(q1_next, q2_next) + bonus)
@@ -225,9 +239,15 @@ def test_sac_critic_and_actor_losses(model, monkeypatch):
     assert exp["qf1_loss"] != pytest.approx(exp["qf2_loss"], rel=1e-3)  # the twin heads differ
 
 
-@pytest.mark.parametrize("td3", [TD3Config(), TD3Config(target_noise=1.0, target_noise_clip=0.3),
-                                 TD3Config(target_noise=2.0, target_noise_clip=5.0, actor_q="q1")],
-                         ids=["default", "noise-clip", "action-clip-q1"])
+@pytest.mark.parametrize(
+    "td3",
+    [
+        TD3Config(),
+        TD3Config(target_noise=1.0, target_noise_clip=0.3),
+        TD3Config(target_noise=2.0, target_noise_clip=5.0, actor_q="q1"),
+    ],
+    ids=["default", "noise-clip", "action-clip-q1"],
+)
 @pytest.mark.parametrize("model", MODELS)
 def test_td3_critic_and_actor_losses(model, td3, monkeypatch):
     agent, batch = make_agent("td3", model, td3=td3), make_batch()

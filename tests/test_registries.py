@@ -1,6 +1,7 @@
 """Registries own their entries: a memory model, an algorithm and a task are each declared in one place, and config,
 agent, graph capture and analysis take their lists from there. A new memory model is its module and its conf file:
 shown with a toy memory from outside the package, trained through the command line."""
+
 from __future__ import annotations
 
 import ast
@@ -91,10 +92,27 @@ def test_a_toy_memory_trains_from_its_module_and_conf_file(tmp_path):
     plugin, conf = write_toy(tmp_path)
     run_dir = tmp_path / "run"
     main = "import runpy, toymem; runpy.run_module('pomdp_ffm.train', run_name='__main__', alter_sys=True)"
-    cmd = [sys.executable, "-c", main, "--config-dir", str(conf),
-           "env=Pendulum-V-v0", "seq_model=toymem", "device=cpu", *TINY, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": f"{plugin}:{ROOT}"})
+    cmd = [
+        sys.executable,
+        "-c",
+        main,
+        "--config-dir",
+        str(conf),
+        "env=Pendulum-V-v0",
+        "seq_model=toymem",
+        "device=cpu",
+        *TINY,
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.run(
+        cmd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{plugin}:{ROOT}"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     progress = pd.read_csv(run_dir / "progress.csv")
     evaluations = progress[progress["z/env_steps"].notna()]
@@ -110,8 +128,11 @@ def test_config_names_a_registered_toy_among_the_allowed(toy_registered, run_cfg
         run_cfg("policy.seq_model=transformer")
     assert str(err.value) == "policy.seq_model='transformer' is not one of ['lstm', 'gru', 'ffm', 'mlp', 'toymem']"
     # Its options section is part of the schema only when it was registered before pomdp_ffm.config was imported.
-    with pytest.raises(ValueError, match=r"^policy.seq_model=toymem was registered after pomdp_ffm.config was "
-                                         r"imported: .*register it first$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^policy.seq_model=toymem was registered after pomdp_ffm.config was "
+        r"imported: .*register it first$",
+    ):
         run_cfg("policy.seq_model=toymem")
 
 
@@ -139,9 +160,11 @@ def test_config_and_analysis_take_their_lists_from_the_registries():
     assert env["env_name"].metadata["rule"].says() == f"is not one of {available_tasks()}"
     # Each option section is the one its entry declares, under its name.
     sections = {**config.ALGORITHM_OPTIONS, **config.MEMORY_OPTIONS}
-    assert sections == {name: cls.options_config for name, cls in
-                        [*((a, algos.get(a)) for a in algorithms), *((m, seq_models.get(m)) for m in memories)]
-                        if cls.options_config is not None}
+    assert sections == {
+        name: cls.options_config
+        for name, cls in [*((a, algos.get(a)) for a in algorithms), *((m, seq_models.get(m)) for m in memories)]
+        if cls.options_config is not None
+    }
     assert all(policy[name].default_factory is section for name, section in sections.items())
     # Analysis: each memory's label and colour, each algorithm's label, the figures' order.
     assert C.MEMORY_MODELS == tuple(sorted(memories))
@@ -172,4 +195,6 @@ def names_outside_the_registries() -> list[tuple[str, int, str]]:
 def test_only_the_registries_know_the_names():
     # config's defaults (the paper's setting) are the only mention of a name outside its registry.
     assert [(module, name) for module, _, name in names_outside_the_registries()] == [
-        ("config.py", "ffm"), ("config.py", "sac")]
+        ("config.py", "ffm"),
+        ("config.py", "sac"),
+    ]

@@ -2,6 +2,7 @@
 uninterrupted run's, cell for cell but the timing columns. Pendulum's stop tests (test_trainer.py) cannot see what
 only a PyBullet env carries: a resumed run's new env is at its first reset, unlike the saved one
 (envs.POMDPWrapper.set_rng_state; tests/test_envs.py::test_a_restored_env_replays_the_saved_ones_episodes)."""
+
 import pandas as pd
 import pytest
 
@@ -11,8 +12,14 @@ from pomdp_ffm.trainer import Trainer
 
 # HopperBLT-V's random pool (about 40 episodes, 1k steps), a 50-update burst after it, then short episodes of a
 # few updates each and an evaluation at every 1k env steps, to 4k.
-BASE = ("env=HopperBLT-V-v0", "seq_model=ffm", "seed=1", "train.num_iters=3", "train.batch_size=8",
-        "train.num_updates_per_iter=0.05")
+BASE = (
+    "env=HopperBLT-V-v0",
+    "seq_model=ffm",
+    "seed=1",
+    "train.num_iters=3",
+    "train.batch_size=8",
+    "train.num_updates_per_iter=0.05",
+)
 
 
 def read(run_dir):
@@ -60,14 +67,20 @@ def stopping_trainer(plan: Plan):
     return Stopping
 
 
-@pytest.mark.parametrize("setting", [
-    # the evaluation on the training env (one episode), as in the issue's runs
-    pytest.param(("algo=sac",), marks=pytest.mark.slow, id="sac-eval-on-training-env"),  # (23 s; the cause is
-    # pinned in the default suite by tests/test_envs.py::test_a_restored_env_replays_the_saved_ones_episodes)
-    # on two env copies (new ones in a resumed run), each evaluation played during the next burst
-    pytest.param(("algo=td3", "env.num_eval_tasks=2", "eval.during_updates=true"), marks=pytest.mark.slow,
-                 id="td3-eval-on-copies-during-updates"),
-])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        # the evaluation on the training env (one episode), as in the issue's runs
+        pytest.param(("algo=sac",), marks=pytest.mark.slow, id="sac-eval-on-training-env"),  # (23 s; the cause is
+        # pinned in the default suite by tests/test_envs.py::test_a_restored_env_replays_the_saved_ones_episodes)
+        # on two env copies (new ones in a resumed run), each evaluation played during the next burst
+        pytest.param(
+            ("algo=td3", "env.num_eval_tasks=2", "eval.during_updates=true"),
+            marks=pytest.mark.slow,
+            id="td3-eval-on-copies-during-updates",
+        ),
+    ],
+)
 def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupted_log(composed, tmp_path, setting):
     # Two runs' worth of HopperBLT steps and updates, and six starts: about 20 s on 2 cores.
     overrides = (*BASE, *setting)
@@ -76,8 +89,12 @@ def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupt
     want = read(full)
     in_pool_burst = ("update", lambda t: not t.counters.pool_done and t.counters.rl_steps == 10)
     # an iteration's burst of several updates, after its first
-    mid_burst = ("update", lambda t: t.counters.pool_done and t.counters.burst.n >= 2
-                 and t.counters.burst.done == 1 and t.counters.rl_steps > 60)
+    mid_burst = (
+        "update",
+        lambda t: (
+            t.counters.pool_done and t.counters.burst.n >= 2 and t.counters.burst.done == 1 and t.counters.rl_steps > 60
+        ),
+    )
     at_start = ("iteration start", lambda t: t.counters.env_steps >= 1500)  # some iterations after the resume
     after_evaluation = ("evaluation", lambda t: t.counters.env_steps >= 2000)
     kill = ("kill after evaluation", lambda t: t.counters.env_steps >= 3000)
@@ -91,7 +108,7 @@ def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupt
         got = read(cut)
         # every row written so far, the rows of a killed attempt past its checkpoint included, is the full run's
         # (no dtypes to compare in a header alone)
-        pd.testing.assert_frame_equal(got, want.iloc[:len(got)], check_exact=True, check_dtype=len(got) > 0)
+        pd.testing.assert_frame_equal(got, want.iloc[: len(got)], check_exact=True, check_dtype=len(got) > 0)
         if attempt < 5:
             assert len(plan.taken) == attempt + 1, f"attempt {attempt} took no stop: {plan.taken}"
             assert out is None if attempt == 4 else out["stopped"]

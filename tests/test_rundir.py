@@ -1,4 +1,5 @@
 """Run directories you can trust: one writer at a time, verified resume, refusals that write nothing, exit codes."""
+
 from __future__ import annotations
 
 import csv
@@ -15,24 +16,34 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-
-from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
-from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
-from pomdp_ffm.launch.rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
-from pomdp_ffm.launch.grid import combined_status
-from pomdp_ffm.launch.grid import main as grid_main
-from pomdp_ffm.launch.rundir import main as rundir_main
-from pomdp_ffm.launch.start import status
-from pomdp_ffm.train import Refused, run
-from pomdp_ffm.trainer import Trainer
 from conftest import TINY, compose_cfg
 from hang import HANG_S
 
+from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
+from pomdp_ffm.launch.grid import combined_status
+from pomdp_ffm.launch.grid import main as grid_main
+from pomdp_ffm.launch.rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
+from pomdp_ffm.launch.rundir import main as rundir_main
+from pomdp_ffm.launch.start import status
+from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
+from pomdp_ffm.train import Refused, run
+from pomdp_ffm.trainer import Trainer
+
 ROOT = Path(__file__).resolve().parents[1]
-CLI_TINY = ["env=Pendulum-V-v0", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=8",
-            "train.num_updates_per_iter=0.02", "env.num_eval_tasks=1", "eval.log_interval=1", "progress=false",
-            "policy.rnn_hidden_size=32", "policy.dqn_layers=[32,32]", "policy.policy_layers=[32,32]",
-            "checkpoint.interval=1"]
+CLI_TINY = [
+    "env=Pendulum-V-v0",
+    "train.num_init_rollouts_pool=1",
+    "train.batch_size=4",
+    "train.sampled_seq_len=8",
+    "train.num_updates_per_iter=0.02",
+    "env.num_eval_tasks=1",
+    "eval.log_interval=1",
+    "progress=false",
+    "policy.rnn_hidden_size=32",
+    "policy.dqn_layers=[32,32]",
+    "policy.policy_layers=[32,32]",
+    "checkpoint.interval=1",
+]
 
 
 def cli(run_dir: Path, *overrides: str, wait: bool = True, timeout: float = HANG_S):
@@ -128,10 +139,12 @@ def test_a_lock_file_removed_under_a_running_job_ends_it_in_one_line(tmp_path):
             job.wait(timeout=HANG_S)
     assert job.returncode == EXIT_UNWRITABLE, err
     assert "Traceback" not in err and err.count("\n") == 1, err
-    assert err == (f"error: refusing to write last.pt in {run_dir}: its lock file was removed or replaced while this "
-                   "process held it, so another process may be training here too; check that no other process "
-                   f"trains there (`python -m pomdp_ffm.launch.grid status {run_dir}`), then rerun (resume=true continues "
-                   "from the last checkpoint)\n")
+    assert err == (
+        f"error: refusing to write last.pt in {run_dir}: its lock file was removed or replaced while this "
+        "process held it, so another process may be training here too; check that no other process "
+        f"trains there (`python -m pomdp_ffm.launch.grid status {run_dir}`), then rerun (resume=true continues "
+        "from the last checkpoint)\n"
+    )
     assert (run_dir / "attempts.log").read_text() == attempts and not (run_dir / "ERROR.txt").exists()
     assert not list(run_dir.rglob("*.tmp")) and not (run_dir / ".lock").exists()
     assert RunDir(run_dir).status() == "resumable"
@@ -216,11 +229,13 @@ def test_a_lock_that_cannot_be_written_is_not_kept(tmp_path, monkeypatch):
 
 def test_paths_that_are_no_directory_are_refused_not_tracebacks(tmp_path):
     (tmp_path / "f").write_text("")
-    for run, named in ((RunDir(tmp_path / "f"), "is not a directory"),
-                       (RunDir(tmp_path / "f" / "run"), f"{tmp_path / 'f'} is a file where a folder of")):
+    for rundir, named in (
+        (RunDir(tmp_path / "f"), "is not a directory"),
+        (RunDir(tmp_path / "f" / "run"), f"{tmp_path / 'f'} is a file where a folder of"),
+    ):
         with pytest.raises(RunDirError, match=f"cannot be made a directory|{re.escape(named)}"):
-            run.ensure_free()
-            run.acquire()
+            rundir.ensure_free()
+            rundir.acquire()
     (tmp_path / "r" / ".lock").mkdir(parents=True)
     with pytest.raises(RunDirError, match=r"\.lock is a folder, where the run's lock file belongs"):
         RunDir(tmp_path / "r").acquire()
@@ -362,15 +377,18 @@ def test_sigterm_stops_with_its_own_exit_code_and_resumes(tmp_path):
 
 
 # --- settings are checked before anything is written ----------------------------------------------------
-@pytest.mark.parametrize("override,needle", [
-    ("policy.lr=0", "policy.lr=0"),
-    ("env.num_eval_tasks=0", "env.num_eval_tasks=0"),
-    ("train.num_iters=-5", "train.num_iters=-5"),
-    ("eval.log_interval=0", "eval.log_interval=0"),
-    ("train.batch_size=-3", "train.batch_size=-3"),
-    ("seed=-1", "seed=-1"),
-    ("eval.log_interval=50", "no evaluation would ever be logged"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("policy.lr=0", "policy.lr=0"),
+        ("env.num_eval_tasks=0", "env.num_eval_tasks=0"),
+        ("train.num_iters=-5", "train.num_iters=-5"),
+        ("eval.log_interval=0", "eval.log_interval=0"),
+        ("train.batch_size=-3", "train.batch_size=-3"),
+        ("seed=-1", "seed=-1"),
+        ("eval.log_interval=50", "no evaluation would ever be logged"),
+    ],
+)
 def test_bad_settings_exit_2_with_one_line_and_write_nothing(tmp_path, override, needle):
     run_dir = tmp_path / "bad"
     proc = cli(run_dir, "train.num_iters=2", override)
@@ -384,8 +402,11 @@ def test_bad_settings_exit_2_with_one_line_and_write_nothing(tmp_path, override,
 def test_a_run_directory_that_cannot_be_made_is_refused_in_one_line(tmp_path, where):
     # ... and leaves none of the folders it made on the way (the third case fails two levels down).
     (tmp_path / "f").write_text("")
-    run_dir = {"a file": tmp_path / "f", "under a file": tmp_path / "f" / "run",
-               "a name too long": tmp_path / "a" / "b" / ("z" * 300)}[where]
+    run_dir = {
+        "a file": tmp_path / "f",
+        "under a file": tmp_path / "f" / "run",
+        "a name too long": tmp_path / "a" / "b" / ("z" * 300),
+    }[where]
     proc = cli(run_dir, "train.num_iters=2")
     assert proc.returncode == EXIT_REFUSED and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: hydra.run.dir={run_dir} cannot be made a directory (")
@@ -397,8 +418,11 @@ def test_a_run_that_does_not_fit_in_memory_is_refused_naming_its_sizes(composed,
         def __init__(self, *a, **kw):
             raise MemoryError("Unable to allocate 3.64 TiB for an array with shape (1000000000000, 1)")
 
-    with pytest.raises(Refused, match=r"^the run does not fit in memory as configured \(train.buffer_size=\d+, "
-                                      r"policy.rnn_hidden_size=\d+, .*\): Unable to allocate 3.64 TiB"):
+    with pytest.raises(
+        Refused,
+        match=r"^the run does not fit in memory as configured \(train.buffer_size=\d+, "
+        r"policy.rnn_hidden_size=\d+, .*\): Unable to allocate 3.64 TiB",
+    ):
         run(composed(), tmp_path / "r", trainer_cls=Huge)
 
     class Broken(Trainer):
@@ -446,9 +470,12 @@ def test_edited_config_is_refused(cut_run):
     (run_dir / "config.yaml").write_text(text.replace("seed: 0", "seed: 7"))
     # Which of the two was changed cannot be told (a checkpoint of another seed swapped in reads the same): the
     # message gives the fix for each, not only restore-config, which would copy a foreign config over this one.
-    with pytest.raises(Refused, match=r"config.yaml differs from the copy in .*last.pt \(seed: 0 -> 7\): one of "
-                                      r"them was damaged, edited or replaced. If config.yaml was, restore it with "
-                                      r"`python -m pomdp_ffm.launch.rundir restore-config .*`; if the checkpoint was"):
+    with pytest.raises(
+        Refused,
+        match=r"config.yaml differs from the copy in .*last.pt \(seed: 0 -> 7\): one of "
+        r"them was damaged, edited or replaced. If config.yaml was, restore it with "
+        r"`python -m pomdp_ffm.launch.rundir restore-config .*`; if the checkpoint was",
+    ):
         run(cfg, run_dir)
 
 
@@ -658,9 +685,12 @@ def test_a_config_cut_short_at_a_line_is_refused(cut_run, full_run, which):
     # their defaults; the checkpoint's copy has them, so the file is known to be damaged: refused, with the fix.
     run_dir = cut_run[0] if which == "cut" else full_run
     lines = (run_dir / "config.yaml").read_text().splitlines(keepends=True)
-    (run_dir / "config.yaml").write_text("".join(lines[:len(lines) * 3 // 4]))
-    with pytest.raises(Refused, match=r"config.yaml differs from the copy in .*last.pt \(it lacks \d+ key\(s\) that "
-                                      r"the copy has \(.*restore-config"):
+    (run_dir / "config.yaml").write_text("".join(lines[: len(lines) * 3 // 4]))
+    with pytest.raises(
+        Refused,
+        match=r"config.yaml differs from the copy in .*last.pt \(it lacks \d+ key\(s\) that "
+        r"the copy has \(.*restore-config",
+    ):
         run(cut_run[1], run_dir)
     assert rundir_main(["restore-config", str(run_dir)]) == 0
     result = run(cut_run[1], run_dir)
@@ -673,9 +703,12 @@ def test_a_done_file_that_is_not_the_runs_is_refused(cut_run, full_run, done):
     # forged one in an unfinished run (stopped at 600 of 1200 env steps) is refused, not taken as finished.
     run_dir, cfg = cut_run
     (run_dir / "DONE").write_text(done)
-    with pytest.raises(Refused, match=r"DONE (does not say where the run finished|says the run finished at 600 env "
-                                      r"steps, short of its budget of 1200|says the run finished at 1200 env steps, "
-                                      r"but .*last.pt is at 600).*; delete DONE to resume"):
+    with pytest.raises(
+        Refused,
+        match=r"DONE (does not say where the run finished|says the run finished at 600 env "
+        r"steps, short of its budget of 1200|says the run finished at 1200 env steps, "
+        r"but .*last.pt is at 600).*; delete DONE to resume",
+    ):
         run(cfg, run_dir)
     (run_dir / "DONE").unlink()
     run(cfg, run_dir)
@@ -689,8 +722,11 @@ def test_turning_off_the_buffer_at_resume_is_refused(cut_run):
     run_dir, cfg = cut_run
     before = (run_dir / "checkpoints" / "last.pt").read_bytes()
     cfg.checkpoint.save_buffer = False
-    with pytest.raises(Refused, match=r"checkpoint.save_buffer=false would replace .*last.pt, which holds the "
-                                      r"replay buffer this run resumes from"):
+    with pytest.raises(
+        Refused,
+        match=r"checkpoint.save_buffer=false would replace .*last.pt, which holds the "
+        r"replay buffer this run resumes from",
+    ):
         run(cfg, run_dir)
     assert (run_dir / "checkpoints" / "last.pt").read_bytes() == before
 
@@ -704,8 +740,10 @@ def test_a_resume_removes_the_temporary_files_of_a_killed_save(cut_run, full_run
         p.write_bytes(b"x" * 100)
     run(cfg, run_dir)
     assert not any(p.exists() for p in orphans) and read(run_dir).equals(read(full_run))
-    assert "removed 2 half-written file(s) of an attempt that was killed while saving: " \
-           ".progress.csv.12345.tmp (100 bytes), checkpoints/.last.pt.somehost.12345.tmp (100 bytes)" in caplog.text
+    assert (
+        "removed 2 half-written file(s) of an attempt that was killed while saving: "
+        ".progress.csv.12345.tmp (100 bytes), checkpoints/.last.pt.somehost.12345.tmp (100 bytes)" in caplog.text
+    )
 
 
 def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, tmp_path, capsys):
@@ -717,8 +755,10 @@ def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, 
     torch.save(state, run_dir / "checkpoints" / "last.pt")
     assert rundir_main(["restore-config", str(run_dir)]) == 2
     assert f"another version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}" in capsys.readouterr().err
-    assert status(run_dir).startswith(f"damaged: {run_dir / 'checkpoints' / 'last.pt'} was written by another "
-                                      f"version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}")
+    assert status(run_dir).startswith(
+        f"damaged: {run_dir / 'checkpoints' / 'last.pt'} was written by another "
+        f"version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}"
+    )
 
 
 def test_a_failing_close_still_releases_the_lock(composed, tmp_path, monkeypatch):
@@ -780,20 +820,32 @@ def _damage(run_dir: Path, case: str, tmp_path: Path) -> None:
 STATUS_CASES = [
     ("as it is", r"done"),
     ("unfinished", r"resumable"),
-    ("truncated last.pt", r"damaged: \S+/last.pt cannot be read as a tensors-only checkpoint \(.*\): it cannot be "
-                          r"resumed. Delete it .*"),
+    (
+        "truncated last.pt",
+        r"damaged: \S+/last.pt cannot be read as a tensors-only checkpoint \(.*\): it cannot be "
+        r"resumed. Delete it .*",
+    ),
     ("deleted config.yaml", r"damaged: \S+/config.yaml is missing, .*restore-config \S+"),
     ("crafted checkpoint", r"damaged: \S+/last.pt cannot be read as a tensors-only checkpoint .*"),
-    ("another experiment's config", r"damaged: \S+/config.yaml differs from the copy in \S+/last.pt \(seed: 0 -> 3\)"
-                                    r".*"),
+    (
+        "another experiment's config",
+        r"damaged: \S+/config.yaml differs from the copy in \S+/last.pt \(seed: 0 -> 3\)"
+        r".*",
+    ),
     ("counters no run reaches", r"damaged: \S+/last.pt holds counters no run reaches \(env_steps=-5\).*"),
     # A finished run's checkpoint must agree with DONE: one that cannot be read leaves DONE unchecked, so the run is
     # not taken as done (launch/README.md); one deleted (to save space) leaves it checked against config.yaml.
-    ("finished, truncated last.pt", r"damaged: \S+/last.pt cannot be read as a tensors-only checkpoint \(.*\), so "
-                                    r"\S+/DONE cannot be checked against it; .*delete the checkpoint.*"),
+    (
+        "finished, truncated last.pt",
+        r"damaged: \S+/last.pt cannot be read as a tensors-only checkpoint \(.*\), so "
+        r"\S+/DONE cannot be checked against it; .*delete the checkpoint.*",
+    ),
     ("finished, deleted last.pt", r"done"),
-    ("a DONE short of the budget", r"damaged: \S+/DONE says the run finished at 400 env steps, but \S+/last.pt is "
-                                   r"at 800; delete DONE .*"),
+    (
+        "a DONE short of the budget",
+        r"damaged: \S+/DONE says the run finished at 400 env steps, but \S+/last.pt is "
+        r"at 800; delete DONE .*",
+    ),
     ("only DONE", r"damaged: \S+ is finished but config.yaml is missing.*"),
     ("a plain file", r"damaged: \S+/run is not a directory"),
 ]
@@ -815,7 +867,7 @@ def test_status_is_what_a_start_would_do(finished, tmp_path, case, expected):
     if got.startswith("damaged: "):
         with pytest.raises(Refused) as e:
             run(cfg, run_dir)
-        assert str(e.value) == got[len("damaged: "):]
+        assert str(e.value) == got[len("damaged: ") :]
         assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
     else:
         assert run(cfg, run_dir)["skipped"] == (got == "done")

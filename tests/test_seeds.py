@@ -1,4 +1,5 @@
 """Several seeds in one process (seeds=[...]): each seed is the run it would be alone, in its own directory."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -7,15 +8,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hang import HANG_S
+from test_trainer import collect
 
 from pomdp_ffm.launch.grid import combined_status, sweep_jobs
-from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.launch.rundir import RunDir
 from pomdp_ffm.launch.start import seed_dirs
+from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
-from test_trainer import collect
-from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
         run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
         axis, solo = tmp_path / "axis" / f"seed-{k}", tmp_path / "solo" / f"seed-{k}"
         pd.testing.assert_frame_equal(read(axis), read(solo), check_exact=True)
-        assert "seed: %d\n" % k in (axis / "config.yaml").read_text()
+        assert f"seed: {k}\n" in (axis / "config.yaml").read_text()
         assert (axis / "DONE").exists() and RunDir(axis).status() == "done"
     # Each experiment.log holds its own seed's lines only.
     logs = [(tmp_path / "axis" / f"seed-{k}" / "experiment.log").read_text() for k in (0, 1)]
@@ -75,8 +76,9 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
     run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0")
     for k in (0, 1):
         run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
-        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"),
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"), check_exact=True
+        )
     # A seed run alone can continue or skip a directory the axis wrote, and the axis one a seed wrote alone.
     assert run(composed(*overrides, "seed=1", "resume=true"), tmp_path / "axis" / "seed-1")["skipped"]
     out = run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "solo" / "seed-0")
@@ -115,8 +117,10 @@ def test_seed_settings_are_checked(composed, tmp_path):
         run(composed("seeds=[0,0]"), tmp_path / "seed-0")
     with pytest.raises(Refused, match=r"needs a run directory with a path component seed-0"):
         run(composed("seeds=[0,1]"), tmp_path / "somewhere")
-    assert seed_dirs(Path("runs/T/a_m/seed-0/2026"), 0, [0, 2]) == [Path("runs/T/a_m/seed-0/2026"),
-                                                                    Path("runs/T/a_m/seed-2/2026")]
+    assert seed_dirs(Path("runs/T/a_m/seed-0/2026"), 0, [0, 2]) == [
+        Path("runs/T/a_m/seed-0/2026"),
+        Path("runs/T/a_m/seed-2/2026"),
+    ]
 
 
 def test_the_paper_grid_as_32_seed_axis_jobs(tmp_path, capsys):
@@ -124,8 +128,10 @@ def test_the_paper_grid_as_32_seed_axis_jobs(tmp_path, capsys):
     grid = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grid)
     assert grid.main(["--seed-axis", "--dry-run", "--root", str(tmp_path / "grid")]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == \
-        "32 jobs (160 runs): 0 done, 0 running, 0 damaged, 0 failed, 0 resumable, 32 new"
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == "32 jobs (160 runs): 0 done, 0 running, 0 damaged, 0 failed, 0 resumable, 32 new"
+    )
     jobs = sweep_jobs(["experiment=paper", f"hydra.sweep.dir={tmp_path / 'grid'}", *grid.SEED_AXIS])
     assert all([d.name for d in j.run_dirs] == [f"seed-{k}" for k in range(5)] for j in jobs)
     assert combined_status(["done", "new"]) == "resumable" and combined_status(["done"] * 5) == "done"
@@ -140,9 +146,24 @@ def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "experiment=smoke", "seed=0", "seeds=[0,1]",
-                           "seq_model=gru", f"hydra/launcher={launcher}", f"hydra.sweep.dir={tmp_path / 'sw'}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_S)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pomdp_ffm.train",
+            "experiment=smoke",
+            "seed=0",
+            "seeds=[0,1]",
+            "seq_model=gru",
+            f"hydra/launcher={launcher}",
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.parent.name for p in (tmp_path / "sw").glob("*/*/*/DONE")) == ["seed-0", "seed-1"]
 
@@ -154,31 +175,44 @@ def joint_with(monkeypatch, make):
     from pomdp_ffm import joint as joint_mod
 
     made = []
-    monkeypatch.setattr(joint_mod, "joint_runner",
-                        lambda trainers: made.append(make(trainers)) or made[-1] if len(trainers) > 1 else None)
+    monkeypatch.setattr(
+        joint_mod,
+        "joint_runner",
+        lambda trainers: made.append(make(trainers)) or made[-1] if len(trainers) > 1 else None,
+    )
     return made
 
 
-@pytest.mark.parametrize("overrides", [
-    ("algo=sac", "seq_model=ffm"), pytest.param(("algo=td3", "seq_model=lstm"), marks=pytest.mark.slow),  # (8 s)
-    ("env=HopperMJ-V-v0", "algo=td3", "policy.td3.policy_delay=2", "seq_model=mlp",
-     "train.num_updates_per_iter=0.1", "train.num_iters=1")],
-    ids=["sac-ffm", "td3-lstm", "td3-mlp-falls"])
-def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(composed, tmp_path, monkeypatch,
-                                                                            overrides):
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("algo=sac", "seq_model=ffm"),
+        pytest.param(("algo=td3", "seq_model=lstm"), marks=pytest.mark.slow),  # (8 s)
+        (
+            "env=HopperMJ-V-v0",
+            "algo=td3",
+            "policy.td3.policy_delay=2",
+            "seq_model=mlp",
+            "train.num_updates_per_iter=0.1",
+            "train.num_iters=1",
+        ),
+    ],
+    ids=["sac-ffm", "td3-lstm", "td3-mlp-falls"],
+)
+def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(composed, tmp_path, monkeypatch, overrides):
     # The joint path runs on CUDA only; here on a CPU, once through the runner's logic (the Python stand-in for
     # graphs) and once eagerly (each seed's update in turn within the joint round): the same logs, the same
     # number of updates as the seed alone, and a stop and resume in between changes nothing, not a bit (a resumed
     # process acts and updates on weights laid out as before).
-    from pomdp_ffm.graph import UpdateRunner
     from test_graph import PythonGraphs
+
+    from pomdp_ffm.graph import UpdateRunner
 
     overrides = ("train.num_iters=4", "device=cpu", *overrides)
     eager = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "eager" / "seed-0")
     assert eager and all(not r.graphed for r in eager)
-    graphs = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], backend=PythonGraphs(),
-                                                             warmup=2))
+    graphs = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], backend=PythonGraphs(), warmup=2))
 
     class StopOnSeed2(Trainer):
         def end_burst(self):
@@ -197,8 +231,9 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
     if not any(o.startswith("env=") for o in overrides):  # Pendulum's episodes all have one length
         run(composed(*overrides, "seed=1"), tmp_path / "solo" / "seed-1")
         solo = read(tmp_path / "solo" / "seed-1")
-        assert solo["z/rl_steps"].dropna().tolist() == \
-            read(tmp_path / "eager" / "seed-1")["z/rl_steps"].dropna().tolist()
+        assert (
+            solo["z/rl_steps"].dropna().tolist() == read(tmp_path / "eager" / "seed-1")["z/rl_steps"].dropna().tolist()
+        )
 
 
 def _trainers_with_data(run_cfg, tmp_path, overrides=(), n=3):
@@ -222,8 +257,7 @@ def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, length
         t.start_burst(n)
     bursts = [t.burst for t in trainers]
     runners, rounds = [], min(lengths)
-    joint = JointBursts(lambda ts: runners.append(UpdateRunner([t.agent for t in ts], cuda_graph=False))
-                        or runners[-1])
+    joint = JointBursts(lambda ts: runners.append(UpdateRunner([t.agent for t in ts], cuda_graph=False)) or runners[-1])
     assert joint.run([0, 1, 2], trainers)
     assert [b.done for b in bursts] == [rounds] * 3
     assert all(t.agent.num_updates == rounds == t.timers["n_joint_updates"] for t in trainers)
@@ -260,8 +294,15 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
     from pomdp_ffm.launch.rundir import load_checkpoint
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
-    overrides = ("env=HopperMJ-V-v0", "algo=sac", "seq_model=gru", "train.num_updates_per_iter=0.1",
-                 "train.num_iters=1", "device=cpu", "seeds=[0,1,2]")
+    overrides = (
+        "env=HopperMJ-V-v0",
+        "algo=sac",
+        "seq_model=gru",
+        "train.num_updates_per_iter=0.1",
+        "train.num_iters=1",
+        "device=cpu",
+        "seeds=[0,1,2]",
+    )
     run(composed(*overrides), tmp_path / "full" / "seed-0")
 
     class StopAtSeed1sSecondEpisode(Trainer):
@@ -276,13 +317,13 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
             return rollout
 
     assert run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopAtSeed1sSecondEpisode)["stopped"]
-    bursts = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["burst"]
-              for k in range(3)]
+    bursts = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["burst"] for k in range(3)]
     assert any(b is not None and 0 < b["done"] < b["n"] for b in bursts), bursts  # some seed stopped mid-burst
     run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
     for k in range(3):
-        pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"),
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"), check_exact=True
+        )
 
 
 def _recording(made: list):
@@ -302,8 +343,16 @@ def test_seeds_with_bursts_of_different_lengths_update_together(composed, tmp_pa
 
     runners = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     made = []
-    overrides = ("env=HopperMJ-V-v0", "algo=td3", "policy.td3.policy_delay=2", "seq_model=gru",
-                 "train.num_updates_per_iter=0.25", "train.num_iters=1", "device=cpu", "seeds=[0,1,2]")
+    overrides = (
+        "env=HopperMJ-V-v0",
+        "algo=td3",
+        "policy.td3.policy_delay=2",
+        "seq_model=gru",
+        "train.num_updates_per_iter=0.25",
+        "train.num_iters=1",
+        "device=cpu",
+        "seeds=[0,1,2]",
+    )
     run(composed(*overrides), tmp_path / "axis" / "seed-0", trainer_cls=_recording(made))
     assert len({t.counters.rollouts for t in made}) > 1  # the seeds' episodes differ
     n = [t.timers["n_updates"] for t in made]
@@ -335,8 +384,18 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
                 solo.append((self.cfg.seed, limit))
             return super().run_updates(limit)
 
-    out = run(composed("algo=td3", f"policy.td3.policy_delay={delay}", "seq_model=mlp", "train.num_iters=3",
-                       "device=cpu", "seeds=[0,1,2]"), tmp_path / "axis" / "seed-0", trainer_cls=OneOff)
+    out = run(
+        composed(
+            "algo=td3",
+            f"policy.td3.policy_delay={delay}",
+            "seq_model=mlp",
+            "train.num_iters=3",
+            "device=cpu",
+            "seeds=[0,1,2]",
+        ),
+        tmp_path / "axis" / "seed-0",
+        trainer_cls=OneOff,
+    )
     assert not out["stopped"]
     assert solo == [(1, delay - 1)]
     alone = [t.timers["n_updates"] - t.timers["n_joint_updates"] for t in made]
@@ -356,8 +415,7 @@ GATHERED_CASES = [
     # evaluation episodes together, and a stochastic evaluation one episode after another
     ("algo=sac", "seq_model=ffm", "env.num_eval_tasks=3", "eval.eval_stochastic=true"),
     # episodes of different lengths (falls): the seeds' rollouts part and meet again
-    ("env=HopperMJ-V-v0", "algo=td3", "seq_model=gru", "env.num_eval_tasks=2",
-     "train.num_iters=2"),
+    ("env=HopperMJ-V-v0", "algo=td3", "seq_model=gru", "env.num_eval_tasks=2", "train.num_iters=2"),
 ]
 
 
@@ -371,13 +429,15 @@ def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, mon
     from pomdp_ffm.rollout import AgentPolicy, Rollout
 
     submit = Rollout.submit
-    monkeypatch.setattr(Rollout, "submit", lambda self: calls.append(isinstance(self.policy, AgentPolicy))
-                        or submit(self))
+    monkeypatch.setattr(
+        Rollout, "submit", lambda self: calls.append(isinstance(self.policy, AgentPolicy)) or submit(self)
+    )
     out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "axis" / "seed-0")
     assert not out["stopped"] and calls and all(calls)  # only the agent's steps are gathered, not the pool's
     for k in (0, 1, 2):
-        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"),
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"), check_exact=True
+        )
 
 
 def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
@@ -389,41 +449,55 @@ def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
         run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
     gathered(monkeypatch)
     answered, receive = [], Rollout.receive
-    monkeypatch.setattr(Rollout, "receive", lambda self: answered.append(
-        any(getattr(env, "runs_elsewhere", False) for env in self.envs)) or receive(self))
-    run(composed(*overrides, "seeds=[0,1]", "eval.workers=true"),
-        tmp_path / "axis" / "seed-0")
+    monkeypatch.setattr(
+        Rollout,
+        "receive",
+        lambda self: answered.append(any(getattr(env, "runs_elsewhere", False) for env in self.envs)) or receive(self),
+    )
+    run(composed(*overrides, "seeds=[0,1]", "eval.workers=true"), tmp_path / "axis" / "seed-0")
     assert any(answered)
     for k in (0, 1):
-        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"),
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"), check_exact=True
+        )
 
 
 def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, monkeypatch):
     # Each seed acts through an ActingRunner on the Python stand-in for graphs, so the axis submits to the
     # runners' graphs and waits: by default the steps are gathered (every seed acts through a runner).
+    from test_graph import PythonGraphs
+
     from pomdp_ffm import trainer as trainer_mod
     from pomdp_ffm.acting_graph import ActingRunner
-    from test_graph import PythonGraphs
 
     overrides = ("algo=sac", "seq_model=gru", "env.num_eval_tasks=3", "device=cpu")
     run(composed(*overrides, "seeds=[0,1]"), tmp_path / "turns" / "seed-0")
     runners = []
-    monkeypatch.setattr(trainer_mod, "make_actor", lambda agent, cuda_graph: runners.append(
-        ActingRunner(agent, backend=PythonGraphs(), warmup=2)) or runners[-1])
+    monkeypatch.setattr(
+        trainer_mod,
+        "make_actor",
+        lambda agent, cuda_graph: runners.append(ActingRunner(agent, backend=PythonGraphs(), warmup=2)) or runners[-1],
+    )
     run(composed(*overrides, "seeds=[0,1]"), tmp_path / "graphs" / "seed-0")
     assert len(runners) == 2 and all(r.replays > 0 and r.captures == 2 for r in runners)
     for k in (0, 1):
-        pd.testing.assert_frame_equal(read(tmp_path / "graphs" / f"seed-{k}"), read(tmp_path / "turns" / f"seed-{k}"),
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            read(tmp_path / "graphs" / f"seed-{k}"), read(tmp_path / "turns" / f"seed-{k}"), check_exact=True
+        )
 
 
 @pytest.mark.parametrize("where", ["collect", pytest.param("evaluate", marks=pytest.mark.slow)])  # (16 s)
 def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_path, monkeypatch, where):
     # A stop arrives while the other seeds are inside an episode or an evaluation: it is acted on once every
     # seed's unit of work is over, so every checkpoint is at a boundary and the resumed logs are the full ones.
-    overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5", "env.num_eval_tasks=2", "device=cpu",
-                 "seeds=[0,1,2]")
+    overrides = (
+        "algo=sac",
+        "seq_model=gru",
+        "train.num_iters=5",
+        "env.num_eval_tasks=2",
+        "device=cpu",
+        "seeds=[0,1,2]",
+    )
     gathered(monkeypatch)
     run(composed(*overrides), tmp_path / "full" / "seed-0")
 
@@ -445,14 +519,14 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
     # Every seed played its episode, or its evaluation, to the end: the stop is taken at the next burst or unit.
     from pomdp_ffm.launch.rundir import load_checkpoint
 
-    at = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["env_steps"]
-          for k in range(3)]
+    at = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["env_steps"] for k in range(3)]
     steps = [pd.read_csv(tmp_path / "cut" / f"seed-{k}" / "progress.csv")["z/env_steps"].max() for k in range(3)]
     assert at == ([800] * 3 if where == "collect" else [600] * 3) and steps == [600] * 3
     run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
     for k in range(3):
-        pd.testing.assert_frame_equal(read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"),
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"), check_exact=True
+        )
 
 
 def test_a_failing_seed_with_gathered_acting(composed, tmp_path, monkeypatch):
@@ -551,8 +625,9 @@ def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, 
     # seed's own updates) and finish gathered with the other seeds' steps. Each seed's log is the one it writes
     # without the deferral: alone (in turns), or in the same joint axis (whose rounds draw from the lead seed's
     # streams, patches/016).
-    from pomdp_ffm.graph import UpdateRunner
     from test_trainer import DURING, Spread
+
+    from pomdp_ffm.graph import UpdateRunner
 
     overrides = ("algo=sac", "seq_model=ffm", "device=cpu", *DURING)
     extra = ["eval.workers=true"] if "workers" in way else []
@@ -569,16 +644,18 @@ def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, 
     if way != "turns":
         assert len(joint) == 2 and all(r is not None for r in joint)
     for k in (0, 1, 2):
-        pd.testing.assert_frame_equal(read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "before" / f"seed-{k}"),
-                                      check_exact=True)
+        pd.testing.assert_frame_equal(
+            read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "before" / f"seed-{k}"), check_exact=True
+        )
 
 
 def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(composed, tmp_path, monkeypatch):
     # The joint rounds advance every seed's deferred evaluation; one that fails there is its own seed's failure,
     # raised in that seed's turn, and the other seeds finish.
+    from test_trainer import DURING, Spread, after_defer
+
     from pomdp_ffm.graph import UpdateRunner
     from pomdp_ffm.launch.rundir import RunDir
-    from test_trainer import DURING, Spread, after_defer
 
     class FailingCopy(Trainer):
         def __init__(self, *a, **kw):
@@ -603,7 +680,10 @@ def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(comp
     gathered(monkeypatch)
     spread = Spread(monkeypatch)
     with pytest.raises(RuntimeError, match="seed 1's evaluation failed"):
-        run(composed("algo=sac", "seq_model=ffm", "device=cpu", *DURING, "seeds=[0,1,2]", "eval.during_updates=true"),
-            tmp_path / "axis" / "seed-0", trainer_cls=FailingCopy)
+        run(
+            composed("algo=sac", "seq_model=ffm", "device=cpu", *DURING, "seeds=[0,1,2]", "eval.during_updates=true"),
+            tmp_path / "axis" / "seed-0",
+            trainer_cls=FailingCopy,
+        )
     assert joint and spread.between > 0
     assert [RunDir(tmp_path / "axis" / f"seed-{k}").status() for k in (0, 1, 2)] == ["done", "failed", "done"]

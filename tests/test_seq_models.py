@@ -1,4 +1,5 @@
 """The registry contract, and FFM's claims: its parallel form equals its recurrence, at any length."""
+
 import math
 
 import pytest
@@ -53,7 +54,8 @@ def test_each_entry_declares_what_others_need(name):
 def test_ffm_names_what_fails_to_compile():
     assert build("ffm", input_size=5, hidden_size=32).compile_failure() == (
         "an FFM of one context column (policy.rnn_hidden_size below 64) fails in inductor on CUDA (torch 2.11); use "
-        "policy.rnn_hidden_size >= 64 or train.compile=false")
+        "policy.rnn_hidden_size >= 64 or train.compile=false"
+    )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -64,7 +66,7 @@ def test_step_by_step_equals_whole_sequence(name):
     y_seq, s_seq = model(x, None)
     state, ys = None, []
     for t in range(40):
-        y, state = model(x[t:t + 1], state)
+        y, state = model(x[t : t + 1], state)
         ys.append(y)
     torch.testing.assert_close(torch.cat(ys), y_seq, rtol=1e-5, atol=1e-5)
     if name != "mlp":
@@ -133,6 +135,7 @@ def test_ffm_explicit_sizes():
 # --------------------------------------------------------------------------------------------------
 # The aggregator against a float64 sequential reference.
 
+
 def sequential_reference(u, gamma, s0):
     u, g, s = u.double(), gamma.to(torch.complex128), s0.to(torch.complex128)
     out = []
@@ -143,8 +146,9 @@ def sequential_reference(u, gamma, s0):
 
 
 def gamma_from(alpha, omega):
-    return torch.polar(torch.exp(-alpha).unsqueeze(1).expand(-1, omega.shape[0]),
-                       omega.unsqueeze(0).expand(alpha.shape[0], -1))
+    return torch.polar(
+        torch.exp(-alpha).unsqueeze(1).expand(-1, omega.shape[0]), omega.unsqueeze(0).expand(alpha.shape[0], -1)
+    )
 
 
 EXTREME_ALPHAS = {
@@ -154,8 +158,10 @@ EXTREME_ALPHAS = {
 }
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="needs a CUDA device"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -230,8 +236,9 @@ def test_custom_backward_passes_gradcheck(method):
     torch.manual_seed(0)
     for T in (1, 17, 40):
         u = torch.randn(T, 2, 3, dtype=torch.float64, requires_grad=True)
-        g = torch.polar(torch.rand(3, 2, dtype=torch.float64) * 0.5 + 0.5,
-                        torch.randn(3, 2, dtype=torch.float64)).requires_grad_()
+        g = torch.polar(
+            torch.rand(3, 2, dtype=torch.float64) * 0.5 + 0.5, torch.randn(3, 2, dtype=torch.float64)
+        ).requires_grad_()
         s0 = torch.randn(2, 3, 2, dtype=torch.complex128, requires_grad=True)
         assert torch.autograd.gradcheck(lambda *a: _LinearRecurrence.apply(*a, method), (u, g, s0))
 
@@ -248,8 +255,10 @@ def test_backward_accepts_expanded_and_conjugate_view_gradients(aggregate):
     S = aggregate(u, g, s0)
     ones = torch.ones(S.shape, dtype=torch.float64)
     G = torch.randn(S.shape, dtype=torch.complex128)
-    for lazy, dense in ((torch.complex(ones[:1], ones[:1]).expand(S.shape), torch.complex(ones, ones)),
-                        (G.conj(), G.conj().resolve_conj())):
+    for lazy, dense in (
+        (torch.complex(ones[:1], ones[:1]).expand(S.shape), torch.complex(ones, ones)),
+        (G.conj(), G.conj().resolve_conj()),
+    ):
         got = torch.autograd.grad(S, (u, g, s0), grad_outputs=lazy, retain_graph=True)
         want = torch.autograd.grad(S, (u, g, s0), grad_outputs=dense, retain_graph=True)
         for a, b in zip(got, want):
@@ -285,7 +294,7 @@ def test_ffm_module_parallel_equals_steps_with_incoming_state(device):
     state, ys = s0, []
     with torch.no_grad():
         for t in range(300):
-            y, state = ffm(x[t:t + 1], state)
+            y, state = ffm(x[t : t + 1], state)
             ys.append(y)
     torch.testing.assert_close(torch.cat(ys), y_seq.detach(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(state, s_seq.detach(), rtol=1e-4, atol=1e-4)
@@ -387,8 +396,11 @@ def test_the_closed_form_takes_no_horizon_whose_bound_underflows_gamma():
     assert torch.isfinite(y_closed).all() and all(torch.isfinite(p.grad).all() for p in ok.parameters())
     ok.aggregator = "loop"
     torch.testing.assert_close(y_closed, ok(x)[0], rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match=rf"decay_horizon={MIN_CLOSED_DECAY_HORIZON - 1} must be >= "
-                                         rf"{MIN_CLOSED_DECAY_HORIZON} with aggregator='closed'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"decay_horizon={MIN_CLOSED_DECAY_HORIZON - 1} must be >= "
+        rf"{MIN_CLOSED_DECAY_HORIZON} with aggregator='closed'",
+    ):
         build("ffm", input_size=4, hidden_size=32, decay_horizon=MIN_CLOSED_DECAY_HORIZON - 1, aggregator="closed")
     build("ffm", input_size=4, hidden_size=32, decay_horizon=1, aggregator="loop")
 
@@ -429,7 +441,9 @@ def test_ablations_build_run_and_train(ablation):
 
 
 def test_unknown_ffm_option_value():
-    with pytest.raises(ValueError, match=r"aggregator='fft' is not one of \['auto', 'loop', 'scan', 'assoc', 'closed'\]"):
+    with pytest.raises(
+        ValueError, match=r"aggregator='fft' is not one of \['auto', 'loop', 'scan', 'assoc', 'closed'\]"
+    ):
         build("ffm", input_size=4, hidden_size=32, aggregator="fft")
 
 

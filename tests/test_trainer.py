@@ -1,4 +1,5 @@
 """The training loop end to end: logs, determinism, resume, bad input."""
+
 import csv
 import math
 import subprocess
@@ -7,13 +8,14 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from hang import HANG_S
 
-from pomdp_ffm.algos import SAC
-from pomdp_ffm.metrics import TIMING as TIME_COLUMNS, columns
 from pomdp_ffm import evaluation as evaluation_module
+from pomdp_ffm.algos import SAC
+from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
+from pomdp_ffm.metrics import columns
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer, TrainingDiverged
-from hang import HANG_S
 
 
 def train(cfg, run_dir, trainer_cls=Trainer):
@@ -93,8 +95,9 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     steps = eval_rows(cut)["z/env_steps"]
     assert steps.is_monotonic_increasing and steps.tolist() == [400, 600, 800, 1000, 1200, 1400]
     # Pendulum is deterministic and every RNG is restored: the resumed run is the uninterrupted one.
-    pd.testing.assert_frame_equal(cut.drop(columns=TIME_COLUMNS), read(tmp_path / "full").drop(columns=TIME_COLUMNS),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        cut.drop(columns=TIME_COLUMNS), read(tmp_path / "full").drop(columns=TIME_COLUMNS), check_exact=True
+    )
 
 
 @pytest.mark.parametrize("task", ["Pendulum-V-v0", "HopperMJ-V-v0"])
@@ -157,8 +160,11 @@ def test_non_finite_loss_stops_with_checkpoint(composed, tmp_path):
             self.agent.update = nan_from_the_second
 
     # The pool's burst is 4 updates: the first non-finite one is found when the burst ends.
-    with pytest.raises(TrainingDiverged, match=r"non-finite loss first at update 2 \(env step 200; the burst ran on "
-                                               r"to update 4.*'qf1_loss': nan"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"non-finite loss first at update 2 \(env step 200; the burst ran on "
+        r"to update 4.*'qf1_loss': nan",
+    ):
         train(composed(), tmp_path / "nan", NaN)
     assert (tmp_path / "nan" / "checkpoints" / "diverged.pt").exists()
     assert "non-finite loss" in (tmp_path / "nan" / "ERROR.txt").read_text()
@@ -178,8 +184,7 @@ def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg
     ops = {}
     summed = [name for name in UPDATE if name not in GRAD_NORMS]
     for n_stats in (2, 5):
-        stats = [{name: torch.tensor((i + 1) / 3 + j / 7) for i, name in enumerate(summed[:n_stats])}
-                 for j in range(3)]
+        stats = [{name: torch.tensor((i + 1) / 3 + j / 7) for i, name in enumerate(summed[:n_stats])} for j in range(3)]
         stats[2]["q_grad_norm"] = torch.tensor(5.0)  # logged as the last value, not summed
         if bad_at is not None:
             stats[bad_at]["qf2_loss"] = torch.tensor(math.inf)
@@ -200,8 +205,9 @@ def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg
 
 
 def test_pybullet_task_end_to_end(composed, tmp_path):
-    cfg = composed("env=HopperBLT-V-v0", "algo=td3", "train.num_iters=1", "train.num_updates_per_iter=0.002",
-                  "eval.log_interval=1")
+    cfg = composed(
+        "env=HopperBLT-V-v0", "algo=td3", "train.num_iters=1", "train.num_updates_per_iter=0.002", "eval.log_interval=1"
+    )
     out = train(cfg, tmp_path / "blt")
     assert out["env_steps"] >= 1000 and out["rollouts"] > 1
     df = read(tmp_path / "blt")
@@ -210,10 +216,23 @@ def test_pybullet_task_end_to_end(composed, tmp_path):
 
 def test_hydra_entry_point_smoke(tmp_path):
     run_dir = tmp_path / "hydra_run"
-    cmd = [sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-P-v0", "algo=td3", "seq_model=lstm",
-           "train.num_iters=2", "train.num_init_rollouts_pool=1", "train.batch_size=4", "train.sampled_seq_len=8",
-           "train.num_updates_per_iter=0.02", "env.num_eval_tasks=1", "eval.log_interval=1", "progress=false",
-           f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pomdp_ffm.train",
+        "env=Pendulum-P-v0",
+        "algo=td3",
+        "seq_model=lstm",
+        "train.num_iters=2",
+        "train.num_init_rollouts_pool=1",
+        "train.batch_size=4",
+        "train.sampled_seq_len=8",
+        "train.num_updates_per_iter=0.02",
+        "env.num_eval_tasks=1",
+        "eval.log_interval=1",
+        "progress=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=HANG_S)
     assert (run_dir / "config.yaml").exists() and not (run_dir / ".hydra").exists()
     assert len(eval_rows(read(run_dir))) == 2
@@ -256,8 +275,11 @@ def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, st
     assert out["stopped"] and out["rl_steps"] == stop_at_update and out["burst"]["done"] > 0
     out = train(composed(*overrides, "resume=true"), tmp_path / "cut")
     assert not out["stopped"] and out["burst"] is None
-    pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
-                                  read(tmp_path / "full").drop(columns=TIME_COLUMNS), check_exact=True)
+    pd.testing.assert_frame_equal(
+        read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
+        read(tmp_path / "full").drop(columns=TIME_COLUMNS),
+        check_exact=True,
+    )
 
 
 def test_length_1_episode_is_counted_but_not_stored(run_cfg, tmp_path, caplog):
@@ -285,11 +307,14 @@ def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path,
     # leaves the training env's RNG where the one-after-another evaluation leaves it.
     # With eval.workers the envs step in worker processes: exactly the episodes played together here.
     results = {}
-    for way, settings in {"one after another": ("eval.episodes_together=false",),
-                          "together": ("eval.episodes_together=true",),
-                          "workers": ("eval.episodes_together=true", "eval.workers=true")}.items():
-        trainer = Trainer(run_cfg(f"env={task}", f"seq_model={seq_model}", "env.num_eval_tasks=4", *settings),
-                          tmp_path / way)
+    for way, settings in {
+        "one after another": ("eval.episodes_together=false",),
+        "together": ("eval.episodes_together=true",),
+        "workers": ("eval.episodes_together=true", "eval.workers=true"),
+    }.items():
+        trainer = Trainer(
+            run_cfg(f"env={task}", f"seq_model={seq_model}", "env.num_eval_tasks=4", *settings), tmp_path / way
+        )
         collect(trainer)  # the training env mid-stream, as at a real evaluation
         result = trainer.evaluator.play(deterministic=True)
         results[way] = (result.ret, result.length, trainer.env.rng_state(), trainer.timers["n_eval_steps"])
@@ -302,7 +327,6 @@ def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path,
     assert r1 == pytest.approx(r0, rel=1e-4, abs=1e-3)
     assert s0 == s1
     assert results["workers"] == results["together"]
-
 
 
 def test_tf32_is_a_switch_off_by_default(run_cfg, tmp_path):
@@ -326,16 +350,22 @@ def test_env_workers_are_refused_only_where_they_would_start(run_cfg, tmp_path, 
     with pytest.raises(ValueError, match="uses 'loky'"):
         Trainer(run_cfg("eval.workers=true", "env.num_eval_tasks=3"), tmp_path / "a")
     with caplog.at_level("WARNING", logger="pomdp_ffm"):
-        Trainer(run_cfg("eval.workers=true", "eval.episodes_together=false", "env.num_eval_tasks=3"),
-                tmp_path / "c").close()
+        Trainer(
+            run_cfg("eval.workers=true", "eval.episodes_together=false", "env.num_eval_tasks=3"), tmp_path / "c"
+        ).close()
     assert any("eval.workers=true changes nothing here" in r.getMessage() for r in caplog.records)
 
 
 # --- eval.during_updates ----------------------------------------------------------------------------------------
 # Evaluations every iteration, a checkpoint every third (those evaluate at once), enough updates per burst for an
 # evaluation's steps to be spread over them.
-DURING = ("train.num_iters=6", "eval.log_interval=1", "checkpoint.interval=3", "env.num_eval_tasks=3",
-          "train.num_updates_per_iter=0.2")
+DURING = (
+    "train.num_iters=6",
+    "eval.log_interval=1",
+    "checkpoint.interval=3",
+    "env.num_eval_tasks=3",
+    "train.num_updates_per_iter=0.2",
+)
 
 
 class Spread:
@@ -378,11 +408,17 @@ class CountDeferred(Trainer):
         after_defer(self, lambda: CountDeferred.deferred.append(self.counters.env_steps))
 
 
-@pytest.mark.parametrize("task,algo,seq_model,way", [
-    ("Pendulum-V-v0", "sac", "ffm", "spread"), ("Pendulum-V-v0", "td3", "gru", "spread"),
-    pytest.param("Pendulum-V-v0", "sac", "lstm", "at the burst's end", marks=pytest.mark.slow),  # (8 s)
-    ("HopperMJ-V-v0", "sac", "ffm", "spread"),
-    ("Pendulum-V-v0", "sac", "gru", "workers"), ("HopperBLT-V-v0", "td3", "ffm", "workers")])
+@pytest.mark.parametrize(
+    "task,algo,seq_model,way",
+    [
+        ("Pendulum-V-v0", "sac", "ffm", "spread"),
+        ("Pendulum-V-v0", "td3", "gru", "spread"),
+        pytest.param("Pendulum-V-v0", "sac", "lstm", "at the burst's end", marks=pytest.mark.slow),  # (8 s)
+        ("HopperMJ-V-v0", "sac", "ffm", "spread"),
+        ("Pendulum-V-v0", "sac", "gru", "workers"),
+        ("HopperBLT-V-v0", "td3", "ffm", "workers"),
+    ],
+)
 def test_evaluation_during_updates_writes_the_same_log(composed, tmp_path, monkeypatch, task, algo, seq_model, way):
     # The evaluation due after a burst, played during the next one with a copy of the actor as it was: the same
     # episodes, the same rows in the same order, the same training (the env's RNG moves on as before).
@@ -395,8 +431,9 @@ def test_evaluation_during_updates_writes_the_same_log(composed, tmp_path, monke
     extra = ("eval.workers=true",) if way == "workers" else ()
     out = train(composed(*overrides, "eval.during_updates=true", *extra), tmp_path / "during", CountDeferred)
     before, during = read(tmp_path / "before"), read(tmp_path / "during")
-    pd.testing.assert_frame_equal(during.drop(columns=TIME_COLUMNS), before.drop(columns=TIME_COLUMNS),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        during.drop(columns=TIME_COLUMNS), before.drop(columns=TIME_COLUMNS), check_exact=True
+    )
     # Deferred: the evaluations at clock iterations 2, 4, 5 (the pool is the first; 3 and 6 are checkpoints, 7 the
     # end). With 200-step episodes the env-step clock counts an iteration per episode.
     if task == "Pendulum-V-v0":
@@ -441,14 +478,20 @@ def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(
     assert eval_rows(rows)["z/env_steps"].tolist()[-1] < out["env_steps"]  # the deferred one, logged at the stop
     out = train(composed(*overrides, "eval.during_updates=true", "resume=true"), tmp_path / "cut")
     assert not out["stopped"]
-    pd.testing.assert_frame_equal(read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
-                                  read(tmp_path / "full").drop(columns=TIME_COLUMNS), check_exact=True)
+    pd.testing.assert_frame_equal(
+        read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
+        read(tmp_path / "full").drop(columns=TIME_COLUMNS),
+        check_exact=True,
+    )
 
 
-@pytest.mark.parametrize("bad,message", [
-    (("eval.eval_stochastic=true",), "needs eval.eval_stochastic=false"),
-    (("eval.episodes_together=false",), "needs eval.episodes_together=true"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (("eval.eval_stochastic=true",), "needs eval.eval_stochastic=false"),
+        (("eval.episodes_together=false",), "needs eval.episodes_together=true"),
+    ],
+)
 def test_evaluation_during_updates_refuses_what_it_cannot_defer(composed, tmp_path, bad, message):
     with pytest.raises(Refused, match=message):
         train(composed("eval.during_updates=true", *bad), tmp_path / "r")
@@ -478,8 +521,7 @@ def test_a_failing_deferred_evaluation_fails_the_run_with_its_own_error(composed
             env.step_wait = dying
 
     with pytest.raises(RuntimeError, match="eval env died"):
-        train(composed("algo=sac", "seq_model=gru", *DURING, "eval.during_updates=true"), tmp_path / "r",
-              EvalEnvDies)
+        train(composed("algo=sac", "seq_model=gru", *DURING, "eval.during_updates=true"), tmp_path / "r", EvalEnvDies)
     assert "eval env died" in (tmp_path / "r" / "ERROR.txt").read_text()
 
 

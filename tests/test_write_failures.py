@@ -1,6 +1,7 @@
 """A run that cannot write its files (a full disk, a file it may not write, something in the way) or whose update
 cannot fit in memory ends with one line naming the file or the value, its exit code, and nothing half-written.
 Injected in-process (as root, chmod stops no write): the failures are the OSErrors the kernel gives."""
+
 from __future__ import annotations
 
 import errno
@@ -13,16 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
+from hang import HANG_S
 from omegaconf import OmegaConf
 
-from conftest import TINY
 from pomdp_ffm import agent as agent_module
 from pomdp_ffm.launch.exits import EXIT_UNWRITABLE
 from pomdp_ffm.launch.start import Refused
 from pomdp_ffm.launch.unwritable import Unwritable
 from pomdp_ffm.train import run
 from pomdp_ffm.trainer import Trainer
-from hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 GRU = ("algo=sac", "seq_model=gru")
@@ -73,8 +74,7 @@ def test_a_read_only_progress_file_at_resume_is_named_and_the_failure_recorded(s
     assert run(cfg, run_dir)["stopped"] is False and (run_dir / "DONE").exists()  # writable again: it resumes
 
 
-def test_a_full_disk_leaves_no_temporary_file_and_records_the_failure_in_attempts_log(composed, tmp_path,
-                                                                                      monkeypatch):
+def test_a_full_disk_leaves_no_temporary_file_and_records_the_failure_in_attempts_log(composed, tmp_path, monkeypatch):
     # torch.save, handed a file object, raises the failed write's OSError as the context of its RuntimeError; the
     # 0-byte temporary of ERROR.txt is what a full disk left before.
     def save(obj, f, *args, **kwargs):
@@ -121,11 +121,17 @@ def test_the_entry_point_says_an_unwritable_file_in_one_line_with_its_exit_code(
     run_dir = tmp_path / "run"
     (run_dir / "attempts.log").mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-V-v0", *TINY, *GRU,
-                           f"hydra.run.dir={run_dir}"], env=env, capture_output=True, text=True, timeout=HANG_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-V-v0", *TINY, *GRU, f"hydra.run.dir={run_dir}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
     assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
-    assert proc.stderr.splitlines() == [f"error: {run_dir / 'attempts.log'} cannot be written (Is a directory); "
-                                        f"move away what is in its way{RERUN}"]
+    assert proc.stderr.splitlines() == [
+        f"error: {run_dir / 'attempts.log'} cannot be written (Is a directory); move away what is in its way{RERUN}"
+    ]
     assert temporaries(run_dir) == [] and not (run_dir / "checkpoints").exists()
 
 
@@ -150,18 +156,26 @@ def test_an_update_that_cannot_fit_in_memory_is_refused_at_the_start(composed, t
         trainer.close()
     fits = lambda b, t: fixed + per_row * b * (t + 1) <= 4 << 30
     # The window too long (the issue's case), then the batch too large: each named, with the largest that fits.
-    for overrides, limit in ((("train.sampled_seq_len=1000000",), "train.sampled_seq_len"),
-                             (("train.batch_size=1000000", "train.sampled_seq_len=8"), "train.batch_size")):
+    for overrides, limit in (
+        (("train.sampled_seq_len=1000000",), "train.sampled_seq_len"),
+        (("train.batch_size=1000000", "train.sampled_seq_len=8"), "train.batch_size"),
+    ):
         with pytest.raises(Refused) as e:
             run(composed(*GRU, *overrides), run_dir)
         msg = str(e.value)
         t, b = (1_000_000, 4) if limit == "train.sampled_seq_len" else (8, 1_000_000)
-        m = re.fullmatch(rf"train.sampled_seq_len={t} with train.batch_size={b} needs about [\d.]+ GiB for an update, "
-                         rf"more than the 4.0 GiB of host memory available; {limit} <= (\d+) fits", msg)
+        m = re.fullmatch(
+            rf"train.sampled_seq_len={t} with train.batch_size={b} needs about [\d.]+ GiB for an update, "
+            rf"more than the 4.0 GiB of host memory available; {limit} <= (\d+) fits",
+            msg,
+        )
         assert m is not None, msg
         n = int(m.group(1))
-        assert (fits(4, n) and not fits(4, n + 1)) if limit == "train.sampled_seq_len" else \
-            (fits(n, 8) and not fits(n + 1, 8))
+        assert (
+            (fits(4, n) and not fits(4, n + 1))
+            if limit == "train.sampled_seq_len"
+            else (fits(n, 8) and not fits(n + 1, 8))
+        )
         assert not run_dir.exists()
 
 
@@ -181,7 +195,8 @@ def test_a_log_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(
     handler.handle(record)
     handler.close()
     assert capsys.readouterr().err.splitlines() == [
-        f"warning: {tmp_path / 'experiment.log'} cannot be written (No space left on device): records left out"]
+        f"warning: {tmp_path / 'experiment.log'} cannot be written (No space left on device): records left out"
+    ]
 
 
 def test_restore_config_says_an_unwritable_file_or_a_refusal_in_one_line_with_its_exit_code(tmp_path, capsys):
@@ -195,19 +210,29 @@ def test_restore_config_says_an_unwritable_file_or_a_refusal_in_one_line_with_it
     run.config.mkdir()  # (as an immutable config.yaml would refuse its replacement)
     # A real process: the exit code and stderr are what `python -m pomdp_ffm.launch.rundir` gives, no traceback.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pomdp_ffm.launch.rundir", "restore-config", str(run.path)], env=env,
-                          capture_output=True, text=True, timeout=HANG_S, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pomdp_ffm.launch.rundir", "restore-config", str(run.path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        check=False,
+    )
     assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
-    assert proc.stderr.splitlines() == [(f"error: {run.config} cannot be written (Is a directory); "
-                                         "move away what is in its way, then rerun")]
+    assert proc.stderr.splitlines() == [
+        (f"error: {run.config} cannot be written (Is a directory); move away what is in its way, then rerun")
+    ]
     assert temporaries(run.path) == [] and proc.stdout == ""
 
     run.config.rmdir()
     torch.save({"format": CHECKPOINT_FORMAT + 1, "config": {"seed": 0}}, run.checkpoint)
     assert rundir_main(["restore-config", str(run.path)]) == EXIT_REFUSED
     assert capsys.readouterr().err.splitlines() == [
-        (f"error: {run.checkpoint} was written by another version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}, "
-         f"this one reads {CHECKPOINT_FORMAT}): its config copy is not used")]
+        (
+            f"error: {run.checkpoint} was written by another version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}, "
+            f"this one reads {CHECKPOINT_FORMAT}): its config copy is not used"
+        )
+    ]
     assert not run.config.exists()
     run.checkpoint.unlink()
     assert rundir_main(["restore-config", str(run.path)]) == EXIT_REFUSED

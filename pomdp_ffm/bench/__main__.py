@@ -4,6 +4,7 @@ process (docs/benchmarks.md).
 ``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
 seq_model=ffm --steps 3000``; so do ``eval`` (``python -m pomdp_ffm.bench eval env=Pendulum-V-v0``) and
 ``overlap`` (``python -m pomdp_ffm.bench overlap env=HalfCheetahBLT-V-v0 eval.workers=true --updates 200``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ def _number(cast, ok, must: str):
         if not ok(value):
             raise argparse.ArgumentTypeError(f"{value} must be {must}")
         return value
+
     return parse
 
 
@@ -59,28 +61,37 @@ def main(argv=None) -> None:
     p.add_argument("--csv", help="also write the rows to this CSV file")
     p.add_argument("--steps", type=_count, default=3000, help="loop: env steps to train for (default 3000)")
     p.add_argument("--updates", type=_count, default=200, help="overlap: updates in the burst (default 200)")
-    p.add_argument("--seeds", type=_count, nargs="+",
-                   help="update, act: also the seed axis for these seed counts (e.g. 1 5 10 20)")
-    p.add_argument("--compile", action="store_true",
-                   help="update: eager against torch.compile (train.compile), SAC/TD3 x FFM/GRU, compile times, "
-                        "kernels")
-    p.add_argument("--project", metavar="TASK",
-                   help="loop: also project the full budget of TASK (e.g. HopperBLT-V-v0) from this run's acting, "
-                        "update and evaluation costs, with --env-step-ms as its env step cost")
-    p.add_argument("--env-step-ms", type=_ms,
-                   help="loop, with --project: TASK's env step cost in ms, measured where its env runs")
+    p.add_argument(
+        "--seeds", type=_count, nargs="+", help="update, act: also the seed axis for these seed counts (e.g. 1 5 10 20)"
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="update: eager against torch.compile (train.compile), SAC/TD3 x FFM/GRU, compile times, kernels",
+    )
+    p.add_argument(
+        "--project",
+        metavar="TASK",
+        help="loop: also project the full budget of TASK (e.g. HopperBLT-V-v0) from this run's acting, "
+        "update and evaluation costs, with --env-step-ms as its env step cost",
+    )
+    p.add_argument(
+        "--env-step-ms", type=_ms, help="loop, with --project: TASK's env step cost in ms, measured where its env runs"
+    )
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if "=" not in o]
     if args.compile and args.which != "update":
         p.error("--compile goes with `update` only")
     if bad or (overrides and args.which not in ("loop", "eval", "overlap")):
-        p.error(f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop`, `eval` and `overlap` take "
-                "key=value overrides)")
+        p.error(
+            f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop`, `eval` and `overlap` take "
+            "key=value overrides)"
+        )
     if args.which == "loop" and (args.project is None) != (args.env_step_ms is None):
         p.error("--project and --env-step-ms go together")
     from ..envs import get_task  # (here: after the re-exec, as every import of the training stack)
-    from ..launch.start import Refused
     from ..launch.precheck import precheck
+    from ..launch.start import Refused
     from ..trainer import resolve_device
     from .memory import variants
 

@@ -19,6 +19,7 @@ microseconds per seed-step, two ways:
 docs/benchmarks.md has the measurements ("GPU: the update and the acting step as CUDA graphs", "Several seeds in
 one process").
 """
+
 from __future__ import annotations
 
 import copy
@@ -74,8 +75,9 @@ def run(repeats: int, device: torch.device) -> list[Row]:
             ways["graph"] = ActingRunner(agent)
             ways["cpu-copy"] = CpuActing(agent)
         med = interleaved_medians({k: (lambda a=a: episode(a)) for k, a in ways.items()}, repeats, device)
-        rows += [Row("acting", f"HopperBLT-V_B1_sac_{model}", k, "step_us", v / INNER * 1e6, "us")
-                 for k, v in med.items()]
+        rows += [
+            Row("acting", f"HopperBLT-V_B1_sac_{model}", k, "step_us", v / INNER * 1e6, "us") for k, v in med.items()
+        ]
     return rows
 
 
@@ -110,7 +112,8 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models
                                 waits[k] = policy.submit(OBSERVS[t + 1], actions[k], REWARD, states[k], None)
 
             med = interleaved_medians({"separate": separate, "gathered": gathered}, repeats, device)
-            rows += [Row("acting-seeds", f"HopperBLT-V_B1_sac_{model}_S{S}", k, "seed_step_us",
-                         v / (INNER * S) * 1e6, "us") for k, v in med.items()]
+            rows += [
+                Row("acting-seeds", f"HopperBLT-V_B1_sac_{model}_S{S}", k, "seed_step_us", v / (INNER * S) * 1e6, "us")
+                for k, v in med.items()
+            ]
     return rows
-

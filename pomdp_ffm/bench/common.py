@@ -1,26 +1,28 @@
 """Timing helpers shared by the benchmarks."""
+
 from __future__ import annotations
 
 import collections
 import csv
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
 Row = collections.namedtuple("Row", "benchmark shape model metric value unit")  # value: a float, the rest strings
 
 
-def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device: torch.device,
-                        warmup: int = 2, inner: int = 1) -> dict[str, float]:
+def interleaved_medians(
+    fns: dict[str, Callable[[], None]], repeats: int, device: torch.device, warmup: int = 2, inner: int = 1
+) -> dict[str, float]:
     """Median seconds per call of each function, timed round-robin so drift hits all variants alike.
 
     The starting variant rotates from round to round: on a GPU the first call after the previous round's last
     variant ran measurably slower (one H200 showed the same FFM variant 20-60% slower in the first slot)."""
+
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -31,7 +33,7 @@ def interleaved_medians(fns: dict[str, Callable[[], None]], repeats: int, device
     names = list(fns)
     times: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(repeats):
-        for k in names[r % len(names):] + names[: r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             sync()
             t0 = time.perf_counter()
             for _ in range(inner):
@@ -73,8 +75,10 @@ class DispatchedOps(TorchDispatchMode):
         if self.optimisers:
             self._hooks = []
         else:
-            self._hooks = [register_optimizer_step_pre_hook(lambda *_: self._stepping.append(1)),
-                           register_optimizer_step_post_hook(lambda *_: self._stepping.pop())]
+            self._hooks = [
+                register_optimizer_step_pre_hook(lambda *_: self._stepping.append(1)),
+                register_optimizer_step_post_hook(lambda *_: self._stepping.pop()),
+            ]
         return entered
 
     def __exit__(self, *exc):

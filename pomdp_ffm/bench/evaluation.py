@@ -1,6 +1,7 @@
 """``bench eval``: ways to play an evaluation; ``bench overlap``: an evaluation after or during a burst of updates;
 timed interleaved (docs/benchmarks.md, "Evaluation" and "Evaluation during the next burst"). For ``overlap``, prefer a
 task whose episodes run to the time limit (HalfCheetah): others' lengths change as the actor trains."""
+
 from __future__ import annotations
 
 import tempfile
@@ -9,8 +10,8 @@ import gymnasium
 import numpy as np
 
 from ..envs import EnvInWorker, make_env
-from ..rollout import AgentPolicy, RandomPolicy, play_episodes
 from ..launch.rundir import RunDir
+from ..rollout import AgentPolicy, RandomPolicy, play_episodes
 from ..trainer import Trainer
 from .common import Row, interleaved_medians
 from .loop import compose_run
@@ -36,13 +37,17 @@ def run(overrides: list[str], repeats: int, device: str, threads: int | None) ->
     single = make_env(task, seed=0)
     envs = [make_env(task, seed=i) for i in range(n)]
     workers = [EnvInWorker(task, seed=i) for i in range(n)]
-    sync, asyn = (v([lambda: make_env(task) for _ in range(n)]) for v in (gymnasium.vector.SyncVectorEnv,
-                                                                         gymnasium.vector.AsyncVectorEnv))
-    fns = {"one-after-another": lambda: [play_episodes([single], policy, record=False) for _ in range(n)],
-           "together": lambda: play_episodes(envs, policy, record=False),
-           "workers": lambda: play_episodes(workers, policy, record=False),
-           "sync-vector": lambda: _vector_episodes(sync, policy, n),
-           "async-vector": lambda: _vector_episodes(asyn, policy, n)}
+    sync, asyn = (
+        v([lambda: make_env(task) for _ in range(n)])
+        for v in (gymnasium.vector.SyncVectorEnv, gymnasium.vector.AsyncVectorEnv)
+    )
+    fns = {
+        "one-after-another": lambda: [play_episodes([single], policy, record=False) for _ in range(n)],
+        "together": lambda: play_episodes(envs, policy, record=False),
+        "workers": lambda: play_episodes(workers, policy, record=False),
+        "sync-vector": lambda: _vector_episodes(sync, policy, n),
+        "async-vector": lambda: _vector_episodes(asyn, policy, n),
+    }
     try:
         med = interleaved_medians(fns, repeats, trainer.device, warmup=1)
     finally:
@@ -73,12 +78,18 @@ def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, t
         evaluator.rest()
 
     evaluation()  # builds the actor's copy and its acting
-    fns = {"updates": burst, "evaluation": evaluation, "after": lambda: (burst(), evaluation()),
-           "during": lambda: evaluation(meanwhile=burst)}
+    fns = {
+        "updates": burst,
+        "evaluation": evaluation,
+        "after": lambda: (burst(), evaluation()),
+        "during": lambda: evaluation(meanwhile=burst),
+    }
     try:
         med = interleaved_medians(fns, repeats, trainer.device, warmup=1)
     finally:
         trainer.close()
-    shape = (f"{cfg.env.env_name} {cfg.policy.algo_name}+{cfg.policy.seq_model} {updates} updates, "
-             f"{cfg.env.num_eval_tasks} eval episodes{' eval.workers' if cfg.eval.workers else ''}")
+    shape = (
+        f"{cfg.env.env_name} {cfg.policy.algo_name}+{cfg.policy.seq_model} {updates} updates, "
+        f"{cfg.env.num_eval_tasks} eval episodes{' eval.workers' if cfg.eval.workers else ''}"
+    )
     return [Row("overlap", shape, k, "seconds", v, "s") for k, v in med.items()]

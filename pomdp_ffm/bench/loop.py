@@ -14,6 +14,7 @@ agent's are (an untrained one falls early, so the measured episodes are shorter)
 A run stopped by a signal (e.g. a ``timeout`` around the benchmark) reports the part it ran, marked, and the
 command exits 75 (docs/benchmarks.md, "The training loop").
 """
+
 from __future__ import annotations
 
 import math
@@ -50,11 +51,19 @@ def full_budget(cfg: RunConfig, max_len: int) -> dict[str, float]:
     pool = max_len * t.num_init_rollouts_pool
     iter_len, steps = env_step_budget(t, max_len)
     ratio = t.num_updates_per_iter
-    updates = (int(pool * ratio) + t.num_iters * math.ceil(iter_len * ratio) if isinstance(ratio, float)
-               else t.num_iters * ratio)
+    updates = (
+        int(pool * ratio) + t.num_iters * math.ceil(iter_len * ratio)
+        if isinstance(ratio, float)
+        else t.num_iters * ratio
+    )
     evals = (steps // iter_len) // cfg.eval.log_interval
-    return {"pool_steps": pool, "steps": steps - pool, "updates": updates, "evals": evals,
-            "eval_steps": evals * cfg.env.num_eval_tasks * max_len}
+    return {
+        "pool_steps": pool,
+        "steps": steps - pool,
+        "updates": updates,
+        "evals": evals,
+        "eval_steps": evals * cfg.env.num_eval_tasks * max_len,
+    }
 
 
 def _project(budget: dict, costs: tuple) -> dict[str, float]:
@@ -91,8 +100,14 @@ def run(overrides: list[str], steps: int, device, threads: int | None) -> dict:
             max_len = get_task(full_cfg.env.env_name).max_episode_steps
             iter_len, _ = env_step_budget(full_cfg.train, max_len)
             iters = max(1, math.ceil(steps / iter_len) - 1)
-            short = [*overrides, "train.num_init_rollouts_pool=1", f"train.num_iters={iters}", "eval.log_interval=1",
-                     "checkpoint.interval=1000000", "eval.save_interval=-1"]
+            short = [
+                *overrides,
+                "train.num_init_rollouts_pool=1",
+                f"train.num_iters={iters}",
+                "eval.log_interval=1",
+                "checkpoint.interval=1000000",
+                "eval.save_interval=-1",
+            ]
             cfg = compose_run(short, device, threads, typed=False)
             # The entry point's own path; with seeds=[...] the seed axis (its directories: .../seed-<k>).
             t0 = time.perf_counter()
@@ -118,8 +133,15 @@ def run(overrides: list[str], steps: int, device, threads: int | None) -> dict:
         "eval": tm["eval"] / max(n_eval_steps, 1),
         "eval_act": tm["eval_act"] / max(n_eval_steps, 1),
     }
-    parts = {"env": tm["env"], "act": tm["act"], "sample": tm["sample"], "update": tm["update"], "eval": tm["eval"],
-             "pool": tm["pool_act"] + tm["pool_env"], "once": tm["once"]}
+    parts = {
+        "env": tm["env"],
+        "act": tm["act"],
+        "sample": tm["sample"],
+        "update": tm["update"],
+        "eval": tm["eval"],
+        "pool": tm["pool_act"] + tm["pool_env"],
+        "once": tm["once"],
+    }
     # once: building the trainers and the final checkpoint, not projected; other: what no part timed (the
     # entry point's checks and files, logging, the loop's own bookkeeping), not projected either
     parts["other"] = max(wall - sum(parts.values()), 0.0)
@@ -162,17 +184,23 @@ def _print_projected(projected: dict[str, float], missing: set[str]) -> None:
 
 def report(r: dict) -> None:
     runs = f" x {r['seeds']} seeds in one process" if r["seeds"] > 1 else ""
-    print(f"\n{r['task']} {r['model']}{runs}: {r['steps']} env steps, {r['n_updates']} updates, {r['n_evals']} "
-          f"evaluations ({r['n_eval_steps']} eval steps) in {r['wall']:.1f} s -> "
-          f"{r['steps'] / r['wall']:.1f} env steps/s")
+    print(
+        f"\n{r['task']} {r['model']}{runs}: {r['steps']} env steps, {r['n_updates']} updates, {r['n_evals']} "
+        f"evaluations ({r['n_eval_steps']} eval steps) in {r['wall']:.1f} s -> "
+        f"{r['steps'] / r['wall']:.1f} env steps/s"
+    )
     if r["stopped"]:
-        print("  STOPPED by a signal before the planned steps: the numbers are those of the part it ran (a short "
-              "part's costs include its warm-up)")
+        print(
+            "  STOPPED by a signal before the planned steps: the numbers are those of the part it ran (a short "
+            "part's costs include its warm-up)"
+        )
     if r["seeds"] > 1:
         # Outside joint rounds: a seed left alone once the others have finished, or seeds without a joint runner.
         none = "; the seeds take turns on a CPU or without train.cuda_graph" if not r["n_joint_updates"] else ""
-        print(f"  updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']} "
-              f"({100 * r['n_joint_updates'] / max(r['n_updates'], 1):.1f} %{none})")
+        print(
+            f"  updates in joint rounds: {r['n_joint_updates']} of {r['n_updates']} "
+            f"({100 * r['n_joint_updates'] / max(r['n_updates'], 1):.1f} %{none})"
+        )
     print("\n  share of the time")
     for k, v in r["parts"].items():
         print(f"    {k:<8} {v:8.2f} s  {100 * v / r['wall']:5.1f} %")
@@ -181,6 +209,7 @@ def report(r: dict) -> None:
 
     def cost(part: str, seconds: float, note: str = "") -> str:
         return "    not reached by this run" if part in missing else f"{1e3 * seconds:8.3f} ms{note}"
+
     print("\n  cost per unit")
     print(f"    env step      {cost('env steps', per['env'])}")
     print(f"    acting step   {cost('acting', per['act'])}")
@@ -189,8 +218,10 @@ def report(r: dict) -> None:
     print(f"    eval step     {cost('evaluation (upper bound)', per['eval'], eval_note)}")
     b = r["budget"]
     of_runs = f" of the {r['seeds']} runs" if r["seeds"] > 1 else ""
-    print(f"\n  projected for the full budget{of_runs}: {b['pool_steps'] + b['steps']:,} env steps, {b['updates']:,} "
-          f"updates, {b['evals']} evaluations")
+    print(
+        f"\n  projected for the full budget{of_runs}: {b['pool_steps'] + b['steps']:,} env steps, {b['updates']:,} "
+        f"updates, {b['evals']} evaluations"
+    )
     _print_projected(r["projected"], missing)
 
 
@@ -209,9 +240,11 @@ def report_projection(r: dict, task: str, env_step_ms: float, device: str, threa
     costs = (env_s, env_s, per["act"], per["update"], per["eval_act"] + env_s)
     projected = {k: (0.0 if k in missing else v) for k, v in _project(budget, costs).items()}
     of_runs = f"{r['seeds']} runs of " if r["seeds"] > 1 else ""
-    print(f"\n  projected for {of_runs}{task} ({budget['pool_steps'] + budget['steps']:,} env steps, "
-          f"{budget['updates']:,} updates, {budget['evals']} evaluations of "
-          f"{budget['eval_steps'] // max(budget['evals'], 1):,} steps at most) with its env step at "
-          f"{env_step_ms:.3f} ms and this run's other costs")
+    print(
+        f"\n  projected for {of_runs}{task} ({budget['pool_steps'] + budget['steps']:,} env steps, "
+        f"{budget['updates']:,} updates, {budget['evals']} evaluations of "
+        f"{budget['eval_steps'] // max(budget['evals'], 1):,} steps at most) with its env step at "
+        f"{env_step_ms:.3f} ms and this run's other costs"
+    )
     _print_projected(projected, missing)
     return projected

@@ -3,6 +3,7 @@
 All variants run in one process, warmed up, then timed in interleaved rounds so that machine noise hits
 every variant alike; medians are reported with ratios to nn.GRU (docs/benchmarks.md, "Memory models").
 """
+
 from __future__ import annotations
 
 import torch

@@ -21,12 +21,13 @@ CUDA.
 ``--compile``: eager against torch.compile (``run_compiled``). docs/benchmarks.md has the measurements ("One full
 update", "Several seeds in one process").
 """
+
 from __future__ import annotations
 
 import copy
 import functools
 import itertools
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -49,21 +50,33 @@ def make_agent(model: str, algo: str, seed: int, device: torch.device) -> Recurr
 
 def random_batch(rng: np.random.Generator) -> Batch:
     f = lambda *s: rng.standard_normal(s).astype(np.float32)
-    return Batch(observs=f(SEQ, BATCH, OBS), actions=np.tanh(f(SEQ, BATCH, ACT)), rewards=f(SEQ, BATCH, 1),
-                 terminals=np.zeros((SEQ, BATCH, 1), np.float32), next_observs=f(SEQ, BATCH, OBS),
-                 masks=np.ones((SEQ, BATCH, 1), np.float32))
+    return Batch(
+        observs=f(SEQ, BATCH, OBS),
+        actions=np.tanh(f(SEQ, BATCH, ACT)),
+        rewards=f(SEQ, BATCH, 1),
+        terminals=np.zeros((SEQ, BATCH, 1), np.float32),
+        next_observs=f(SEQ, BATCH, OBS),
+        masks=np.ones((SEQ, BATCH, 1), np.float32),
+    )
 
 
 def _counted(fns: dict[str, Callable[[int], object]]) -> dict[str, Callable[[], object]]:
     """Each function, called with the number of its earlier calls (which picks its batches)."""
-    return {k: (lambda fn=fn, calls=itertools.count(): fn(next(calls))) for k, fn in fns.items()}
+    counted = {}
+    for k, fn in fns.items():
+        calls = itertools.count()
+        counted[k] = lambda fn=fn, calls=calls: fn(next(calls))
+    return counted
 
 
 def run(repeats: int, device: torch.device) -> list[Row]:
     rng = np.random.default_rng(0)
     batches = [random_batch(rng) for _ in range(4)]
-    agents = {f"{algo}_{model}": make_agent(model, algo, 0, device)
-              for algo in ("sac", "td3") for model in ("ffm", "gru", "lstm")}
+    agents = {
+        f"{algo}_{model}": make_agent(model, algo, 0, device)
+        for algo in ("sac", "td3")
+        for model in ("ffm", "gru", "lstm")
+    }
     flops = {}
     for name, agent in agents.items():
         # Counted on a CPU copy: on CUDA, nn.GRU/nn.LSTM run as one cuDNN op that the counter has no
@@ -84,8 +97,11 @@ def run(repeats: int, device: torch.device) -> list[Row]:
     fns = _counted({k: (lambda i, u=u: u(batches[i % len(batches)])) for k, u in updates.items()})
     med = interleaved_medians(fns, repeats, device, warmup=3)
     for k, v in med.items():
-        rows += [row(k, "update_ms", v * 1e3, "ms"), row(k, "updates_per_s", 1.0 / v, "1/s"),
-                 row(k, "achieved_gflop_s", flops[k.removesuffix("+graph")] / v, "GFLOP/s")]
+        rows += [
+            row(k, "update_ms", v * 1e3, "ms"),
+            row(k, "updates_per_s", 1.0 / v, "1/s"),
+            row(k, "achieved_gflop_s", flops[k.removesuffix("+graph")] / v, "GFLOP/s"),
+        ]
     rows += [row(k, "graph_speedup", med[k] / med[f"{k}+graph"], "x") for k in agents if f"{k}+graph" in med]
     # A plain fp32 matmul's rate at the update's typical size: [B*(T+1), 256] @ [256, 256].
     a = torch.randn(BATCH * (SEQ + 1), 256, device=device)
@@ -184,16 +200,20 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
     # (suffix, compiled, graph, FFM's aggregator)
     variants = [("", False, False, "auto"), ("+compile", True, False, "auto")]
     if cuda:
-        variants += [("+graph", False, True, "auto"), ("+compile+graph", True, True, "auto"),
-                     ("+compile-scan+graph", True, True, "scan")]
+        variants += [
+            ("+graph", False, True, "auto"),
+            ("+compile+graph", True, True, "auto"),
+            ("+compile-scan+graph", True, True, "scan"),
+        ]
     for algo, model in itertools.product(("sac", "td3"), ("ffm", "gru")):
         name = f"{algo}_{model}"
         for suffix, compiled, graph, aggregator in variants:
             if (compiled and model != "ffm") or (aggregator == "scan" and algo != "sac"):
                 continue
             torch.manual_seed(0)
-            agent = RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name=algo,
-                                                          ffm=FFMConfig(aggregator=aggregator))).to(device)
+            agent = RecurrentAgent(
+                OBS, ACT, PolicyConfig(seq_model=model, algo_name=algo, ffm=FFMConfig(aggregator=aggregator))
+            ).to(device)
             runner = UpdateRunner(agent, cuda_graph=graph, compile=compiled)
             try:
                 if compiled and not graph:  # the first compiled variant of this architecture: time its compile
@@ -223,16 +243,22 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
     med = interleaved_medians(fns, repeats, device, warmup=2)
     rows += [Row("update-compile", SHAPE, k, "update_ms", v * 1e3, "ms") for k, v in med.items()]
     for S in seed_counts or []:
-        runners = {f"together{suffix}": UpdateRunner([make_agent("ffm", "sac", k, device) for k in range(S)],
-                                                     cuda_graph=cuda, compile=compiled)
-                   for suffix, compiled in (("", False), ("+compile", True))}
-        fns = _counted({k: (lambda i, r=r: r.update_all([batches[(i + j) % 4] for j in range(S)]))
-                        for k, r in runners.items()})
+        runners = {
+            f"together{suffix}": UpdateRunner(
+                [make_agent("ffm", "sac", k, device) for k in range(S)], cuda_graph=cuda, compile=compiled
+            )
+            for suffix, compiled in (("", False), ("+compile", True))
+        }
+        fns = _counted(
+            {k: (lambda i, r=r: r.update_all([batches[(i + j) % 4] for j in range(S)])) for k, r in runners.items()}
+        )
         for fn in fns.values():
             for _ in range(WARMUP_UPDATES + 2):
                 fn()
         med = interleaved_medians(fns, repeats, device, warmup=1)
         for k, v in med.items():
-            rows += [Row("update-compile", f"{SHAPE}_sac_ffm_S{S}", k, "round_ms", v * 1e3, "ms"),
-                     Row("update-compile", f"{SHAPE}_sac_ffm_S{S}", k, "ms_per_seed_update", v * 1e3 / S, "ms")]
+            rows += [
+                Row("update-compile", f"{SHAPE}_sac_ffm_S{S}", k, "round_ms", v * 1e3, "ms"),
+                Row("update-compile", f"{SHAPE}_sac_ffm_S{S}", k, "ms_per_seed_update", v * 1e3 / S, "ms"),
+            ]
     return rows

@@ -7,6 +7,7 @@ status is ``start.status``, the checks a start makes (reading only), so a status
 
 Also here: how a sweep ended (``SweepOutcomes``), and ``python -m pomdp_ffm.launch.grid status <dir>...``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -132,9 +133,11 @@ def sweep_jobs(overrides: list[str], statuses: bool = True) -> list[Job]:
     jobs_overrides, cfg = job_overrides(overrides)
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     subdir = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)["subdir"]
-    base = {"env": {"env_name": cfg.env.env_name},
-            "policy": {"algo_name": cfg.policy.algo_name, "seq_model": cfg.policy.seq_model},
-            "seed": cfg.seed}
+    base = {
+        "env": {"env_name": cfg.env.env_name},
+        "policy": {"algo_name": cfg.policy.algo_name, "seq_model": cfg.policy.seq_model},
+        "seed": cfg.seed,
+    }
     jobs = []
     for job in jobs_overrides:
         values = OmegaConf.create(base)
@@ -213,13 +216,19 @@ class SweepOutcomes(Callback):
         for r in records:
             if r["kind"] in ("refused", "failed"):
                 print(f"{r['kind']}: {r['dir']}: {r['why']}", file=sys.stderr)
-        print(f"{n['finished']} finished, {n['refused']} refused, {n['failed']} failed"
-              + (f", {n['stopped']} stopped" if n["stopped"] else ""), file=sys.stderr, flush=True)
+        print(
+            f"{n['finished']} finished, {n['refused']} refused, {n['failed']} failed"
+            + (f", {n['stopped']} stopped" if n["stopped"] else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.launch.grid", description="Where run directories stand, by the "
-                                 "checks a start makes (launch/README.md, Statuses).")
+    ap = argparse.ArgumentParser(
+        prog="python -m pomdp_ffm.launch.grid",
+        description="Where run directories stand, by the checks a start makes (launch/README.md, Statuses).",
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     st = sub.add_parser("status", help="print each run directory's status; exit 2 where one is missing or damaged")
     st.add_argument("dirs", nargs="+", help="run directories, or folders of seed-<k> run directories")
@@ -231,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         if not d.is_dir() or any(p.exists() for p in (run.config, run.checkpoint, run.done)):
             seeds = []
         else:
-            seeds = sorted((p for p in d.iterdir() if re.fullmatch(r"seed-\d+", p.name) and p.is_dir()),
-                           key=lambda p: int(p.name[5:]))
+            seeds = sorted(
+                (p for p in d.iterdir() if re.fullmatch(r"seed-\d+", p.name) and p.is_dir()),
+                key=lambda p: int(p.name[5:]),
+            )
         dirs = seeds or [d]
         job = Job([], d, dirs, [status(p) for p in dirs])
         missing = not seeds and job.status == "new" and not d.exists()

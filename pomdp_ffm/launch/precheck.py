@@ -32,8 +32,11 @@ def _one_line(e: Exception) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if "Available options in" in text:  # an unknown config-group choice: name the choices
         head = lines[0].replace("In 'config': ", "")
-        options = [ln.strip() for ln in text.split("Available options in", 1)[1].splitlines()[1:]
-                   if ln.startswith("\t") and "provider=" not in ln]
+        options = [
+            ln.strip()
+            for ln in text.split("Available options in", 1)[1].splitlines()[1:]
+            if ln.startswith("\t") and "provider=" not in ln
+        ]
         return f"{head}; the choices are {', '.join(options)}"
     cause = e.__cause__
     why = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
@@ -84,8 +87,12 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
         # (unless it runs one job at a time, in this process, or in threads); the others run them in processes of
         # Python's own.
         launcher = composed.hydra.launcher
-        loky = (multirun and launcher_name(composed.hydra) == "JoblibLauncher" and launcher.get("n_jobs") != 1
-                and launcher.get("backend") in (None, "loky"))
+        loky = (
+            multirun
+            and launcher_name(composed.hydra) == "JoblibLauncher"
+            and launcher.get("n_jobs") != 1
+            and launcher.get("backend") in (None, "loky")
+        )
         for job, job_cfg in job_configs(every):
             try:
                 if validate(job_cfg).eval_in_workers():

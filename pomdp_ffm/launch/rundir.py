@@ -1,6 +1,7 @@
 """The run directory: the one place that knows its file names, its status, its lock and its checkpoints.
-``python -m pomdp_ffm.launch.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy (exit codes
-as a run's: 2 refused, nothing written; 74 a file cannot be written)."""
+``python -m pomdp_ffm.launch.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy (exit
+codes as a run's: 2 refused, nothing written; 74 a file cannot be written)."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,9 +16,10 @@ import socket
 import sys
 import warnings
 import zipfile
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .unwritable import Unwritable, writing
 
@@ -49,9 +51,11 @@ class LockLost(RunDirError):
     """The run's lock file was removed or replaced while this process held it: another process may be training in
     the directory now, so this one writes nothing more there (not even ERROR.txt or attempts.log)."""
 
-    def __init__(self, run: "RunDir", what: str):
-        super().__init__(f"refusing to write {what} in {run.path}: its lock file was removed or replaced while this "
-                         "process held it, so another process may be training here too")
+    def __init__(self, run: RunDir, what: str):
+        super().__init__(
+            f"refusing to write {what} in {run.path}: its lock file was removed or replaced while this "
+            "process held it, so another process may be training here too"
+        )
         self.fix = f"check that no other process trains there (`python -m pomdp_ffm.launch.grid status {run.path}`)"
 
 
@@ -129,8 +133,12 @@ class RunDir:
     def checkpoint_files(self) -> list[Path]:
         """Every checkpoint of the run: the resume checkpoint first, then the others, newest first."""
         found = [self.checkpoint] if self.checkpoint.is_file() else []
-        others = [p for sub in (self.SNAPSHOTS, "checkpoints") for p in (self.path / sub).glob("*.pt")
-                  if p.is_file() and p not in found]
+        others = [
+            p
+            for sub in (self.SNAPSHOTS, "checkpoints")
+            for p in (self.path / sub).glob("*.pt")
+            if p.is_file() and p not in found
+        ]
         return found + sorted(others, key=lambda p: p.stat().st_mtime, reverse=True)
 
     def remove_stale_temps(self) -> list[tuple[str, int]]:
@@ -163,8 +171,11 @@ class RunDir:
             return None
         except NotADirectoryError:  # the run directory, or a folder above it, is a file: name that file
             file = next((p for p in (self.path, *self.path.parents) if p.exists()), self.path)
-            raise RunDirError(f"{self.path} is not a directory" if file == self.path else
-                              f"{file} is a file where a folder of {self.path} belongs") from None
+            raise RunDirError(
+                f"{self.path} is not a directory"
+                if file == self.path
+                else f"{file} is a file where a folder of {self.path} belongs"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -181,8 +192,10 @@ class RunDir:
             raise self._in_use(holder)
 
     def _in_use(self, holder: str) -> RunDirError:
-        return RunDirError(f"{self.path} is in use by {holder}: another process is training in it; wait for it to "
-                           "finish or stop it first")
+        return RunDirError(
+            f"{self.path} is in use by {holder}: another process is training in it; wait for it to "
+            "finish or stop it first"
+        )
 
     def acquire(self) -> str | None:
         """Take the lock (an flock on .lock) or raise naming the holder; a dead holder's is taken over, with a note."""
@@ -227,8 +240,9 @@ class RunDir:
             os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()} since={stamp}\n".encode(), 0)
         except OSError as e:  # (a full disk): nothing can be written here, and the lock is not kept
             self.release(untouched=True)
-            raise RunDirError(f"{path} cannot be written ({e.strerror}); "
-                              f"{Unwritable(e.errno, e.strerror).fix}") from None
+            raise RunDirError(
+                f"{path} cannot be written ({e.strerror}); {Unwritable(e.errno, e.strerror).fix}"
+            ) from None
         return f"took over the lock of {_describe(previous)}, which ended without releasing it" if previous else None
 
     def _make_folders(self) -> list[Path]:
@@ -266,6 +280,7 @@ class RunDir:
     def save(self, obj: Any, target: Path) -> Path:
         def write(tmp: Path) -> None:
             import torch  # here, not at the top: analysis reads run directories without paying for torch
+
             with open(tmp, "wb") as f:  # (a file object: torch then raises the write's OSError)
                 torch.save(obj, f)
 
@@ -279,8 +294,11 @@ class RunDir:
         self._require_lock(self.ATTEMPTS)
         # The scheduler's id of this attempt: SLURM array task, SLURM job, or submitit's local job.
         job = os.environ.get("SLURM_ARRAY_JOB_ID")
-        job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else \
-            os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "-"
+        job = (
+            f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+            if job
+            else os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "-"
+        )
         stamp = datetime.datetime.now().isoformat(timespec="seconds")
         with writing(self.path / self.ATTEMPTS), open(self.path / self.ATTEMPTS, "a") as f:
             f.write(f"{stamp} host={socket.gethostname()} pid={os.getpid()} job={job} {event}\n")
@@ -338,13 +356,13 @@ def other_format(path: Path, state: dict) -> str | None:
     checks config.yaml against it, restore-config writes it) is then not used either."""
     if (fmt := state.get("format")) == CHECKPOINT_FORMAT and isinstance(state.get("config"), dict):
         return None
-    return (f"{path} was written by another version of pomdp-ffm (format {fmt!r}, this one reads "
-            f"{CHECKPOINT_FORMAT})")
+    return f"{path} was written by another version of pomdp-ffm (format {fmt!r}, this one reads {CHECKPOINT_FORMAT})"
 
 
 def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
     """A checkpoint, loaded tensors-only (a downloaded tree of runs cannot run code); else CheckpointError."""
     import torch
+
     path = Path(path)
     try:
         with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then refuses
@@ -352,8 +370,16 @@ def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) ->
             state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist") from None
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError,
-            AttributeError, TypeError) as e:
+    except (
+        pickle.UnpicklingError,
+        RuntimeError,
+        EOFError,
+        zipfile.BadZipFile,
+        ValueError,
+        OSError,
+        AttributeError,
+        TypeError,
+    ) as e:
         raise CheckpointError(f"{path} cannot be read as a tensors-only checkpoint ({_why(e)})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint dict")
@@ -390,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from .exits import EXIT_OK, EXIT_REFUSED, EXIT_UNWRITABLE
+
     ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.launch.rundir", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("restore-config", help="rewrite config.yaml from the resume checkpoint's copy").add_argument("dir")

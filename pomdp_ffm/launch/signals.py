@@ -15,6 +15,7 @@ and starts the others. Under submitit every job is its own process and gets its 
 Workers end with the process that started them, even one killed by SIGKILL (``WorkerSignals``,
 ``end_with_parent``), so that no orphan trains on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,7 +49,7 @@ class StopSignals:
         self._warning_caught = (signum, frame)
         self.request(signum)
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         try:
             for sig in STOP_SIGNALS:
                 self._old[sig] = signal.signal(sig, self.request)
@@ -148,7 +149,7 @@ class SweepSignals:
                 # start no job); a stop that came before any worker existed would otherwise reach no job.
                 self._forward()
 
-    def __enter__(self) -> "SweepSignals":
+    def __enter__(self) -> SweepSignals:
         try:
             for sig in STOP_SIGNALS:
                 self._old[sig] = signal.signal(sig, self._on_stop)
@@ -161,6 +162,7 @@ class SweepSignals:
             resource_tracker.ensure_running()
             with contextlib.suppress(ImportError):  # no joblib: no joblib launcher either
                 from joblib.externals.loky.backend import resource_tracker as loky_tracker
+
                 loky_tracker.ensure_running()
             self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             self._watcher = threading.Thread(target=self._watch, name="sweep-signals", daemon=True)
@@ -190,7 +192,7 @@ class WorkerSignals(SweepSignals):
         self.busy = False  # a job in hand: a stop lets it checkpoint before the worker exits
         self.parent = getattr(multiprocessing.parent_process(), "pid", None)  # None: jobs run here (n_jobs=1)
 
-    def __enter__(self) -> "WorkerSignals":
+    def __enter__(self) -> WorkerSignals:
         super().__enter__()
         unblock_in_worker()
         if self.parent is not None:
@@ -253,6 +255,7 @@ def env_worker(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, aut
     reports the closed pipe down that pipe, and the failed send as two tracebacks on the terminal, one per worker.
     (Here, not in the caller's module: the forkserver has imported this one, so a worker starts without imports.)"""
     from gymnasium.vector.async_vector_env import _async_worker
+
     try:
         _async_worker(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, autoreset_mode, semaphore)
     except (BrokenPipeError, ConnectionResetError):  # (what sending on a pipe the other end closed raises)

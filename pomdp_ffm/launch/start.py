@@ -1,4 +1,5 @@
 """A start of a run directory (train.py, seeds.py): checked by ``plan`` reading only, then locked and written."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,9 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 from ..agent import DoesNotFit
 from ..config import RunConfig, as_read_now, check_known_keys, flat_keys, learning_settings, yaml_problem
 from ..envs import get_task
-from .rundir import CheckpointError, LockLost, RunDir, RunDirError, Status, load_checkpoint, other_format, set_aside
 from ..trainer import Outcome, Trainer, TrainingDiverged, env_step_budget, resolve_device
+from .rundir import CheckpointError, LockLost, RunDir, RunDirError, Status, load_checkpoint, other_format, set_aside
 from .unwritable import Unwritable, writing
+
 
 class Action(str, Enum):
     """What a start does with a run directory (``plan``): train from scratch, continue from its checkpoint, or skip
@@ -47,9 +49,11 @@ def seed_dirs(job_dir: Path, seed: int, seeds: list[int]) -> list[Path]:
     name, parts = f"seed-{seed}", job_dir.parts
     where = [i for i, p in enumerate(parts) if p == name]
     if not where:
-        raise Refused(f"seeds={seeds} needs a run directory with a path component {name} to name each seed's "
-                      f"sibling (as the presets' .../seed-${{seed}} does); got {job_dir}")
-    return [Path(*parts[:where[-1]], f"seed-{k}", *parts[where[-1] + 1:]) for k in seeds]
+        raise Refused(
+            f"seeds={seeds} needs a run directory with a path component {name} to name each seed's "
+            f"sibling (as the presets' .../seed-${{seed}} does); got {job_dir}"
+        )
+    return [Path(*parts[: where[-1]], f"seed-{k}", *parts[where[-1] + 1 :]) for k in seeds]
 
 
 def seed_config(cfg: DictConfig, k: int) -> DictConfig:
@@ -61,8 +65,11 @@ def seed_config(cfg: DictConfig, k: int) -> DictConfig:
 def config_differences(stored: dict, current: dict) -> list[str]:
     """Training-relevant keys whose values differ, as 'key: stored -> current' lines."""
     a, b = learning_settings(stored), learning_settings(current, like=stored)
-    return [f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
-            for key in sorted(set(a) | set(b)) if a.get(key, "<absent>") != b.get(key, "<absent>")]
+    return [
+        f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
+        for key in sorted(set(a) | set(b))
+        if a.get(key, "<absent>") != b.get(key, "<absent>")
+    ]
 
 
 def validate(cfg: DictConfig) -> RunConfig:
@@ -78,7 +85,9 @@ def validate(cfg: DictConfig) -> RunConfig:
 
 def _restore_hint(run: RunDir) -> str:
     if run.checkpoint.exists():
-        return f"restore it from the checkpoint's copy with `python -m pomdp_ffm.launch.rundir restore-config {run.path}`"
+        return (
+            f"restore it from the checkpoint's copy with `python -m pomdp_ffm.launch.rundir restore-config {run.path}`"
+        )
     return "there is no checkpoint to restore it from: put it back from a backup, or choose another run directory"
 
 
@@ -95,17 +104,21 @@ def _stored_config(run: RunDir) -> dict:
 
 def _refuse_other_experiment(run: RunDir, stored: dict, composed: dict, what: str) -> None:
     if diffs := config_differences(stored, composed):
-        raise RunDirError(f"{run.path} {what} a different config ({RunDir.CONFIG}); continuing it with this one would "
-                          "mix two experiments. Choose another directory (hydra.run.dir=... / hydra.sweep.dir=...). "
-                          "Differences:  " + ";  ".join(diffs))
+        raise RunDirError(
+            f"{run.path} {what} a different config ({RunDir.CONFIG}); continuing it with this one would "
+            "mix two experiments. Choose another directory (hydra.run.dir=... / hydra.sweep.dir=...). "
+            "Differences:  " + ";  ".join(diffs)
+        )
 
 
 def _load_resume_checkpoint(run: RunDir) -> dict:
     try:
         state = load_checkpoint(run.checkpoint, mmap=True)  # tensors are read when used, not all up front
     except CheckpointError as e:
-        raise RunDirError(f"{e}: it cannot be resumed. Delete it to start this run again from scratch, or "
-                          "choose another run directory") from None
+        raise RunDirError(
+            f"{e}: it cannot be resumed. Delete it to start this run again from scratch, or "
+            "choose another run directory"
+        ) from None
     if (why := other_format(run.checkpoint, state)) is not None:
         raise RunDirError(f"{why}; resume it with that version, or delete it to start again")
     return state
@@ -119,9 +132,11 @@ def _load_finished_checkpoint(run: RunDir) -> dict | None:
     try:
         state = load_checkpoint(run.checkpoint, mmap=True)
     except CheckpointError as e:
-        raise RunDirError(f"{e}, so {run.done} cannot be checked against it; if the run finished as {RunDir.DONE} "
-                          f"says, delete the checkpoint (the run is then checked against {RunDir.CONFIG} alone), else "
-                          f"delete {RunDir.DONE} and the checkpoint to train it again") from None
+        raise RunDirError(
+            f"{e}, so {run.done} cannot be checked against it; if the run finished as {RunDir.DONE} "
+            f"says, delete the checkpoint (the run is then checked against {RunDir.CONFIG} alone), else "
+            f"delete {RunDir.DONE} and the checkpoint to train it again"
+        ) from None
     if other_format(run.checkpoint, state) is not None:
         return None
     return state
@@ -130,18 +145,27 @@ def _load_finished_checkpoint(run: RunDir) -> dict | None:
 def _check_config_file(run: RunDir, state: dict) -> None:
     """A key config.yaml lacks (as a file cut short would) or a setting that differs from the checkpoint's copy."""
     if not run.config.exists():
-        raise RunDirError(f"{run.config} is missing, so the checkpoint cannot be checked against it; "
-                          f"{_restore_hint(run)}")
+        raise RunDirError(
+            f"{run.config} is missing, so the checkpoint cannot be checked against it; {_restore_hint(run)}"
+        )
     stored = _stored_config(run)
     missing = sorted(set(flat_keys(state["config"])) - set(flat_keys(stored)))
     diffs = config_differences(state["config"], stored)
     if missing or diffs:
-        what = [f"it lacks {len(missing)} key(s) that the copy has ({', '.join(missing[:4])}"
-                f"{', ...' if len(missing) > 4 else ''})"] if missing else []
-        raise RunDirError(f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(what + diffs)}): one "
-                          "of them was damaged, edited or replaced. If config.yaml was, restore it with "
-                          f"`python -m pomdp_ffm.launch.rundir restore-config {run.path}`; if the checkpoint was (another "
-                          "run's), put this run's back, or delete it to start this run again")
+        what = (
+            [
+                f"it lacks {len(missing)} key(s) that the copy has ({', '.join(missing[:4])}"
+                f"{', ...' if len(missing) > 4 else ''})"
+            ]
+            if missing
+            else []
+        )
+        raise RunDirError(
+            f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(what + diffs)}): one "
+            "of them was damaged, edited or replaced. If config.yaml was, restore it with "
+            f"`python -m pomdp_ffm.launch.rundir restore-config {run.path}`; if the checkpoint was (another "
+            "run's), put this run's back, or delete it to start this run again"
+        )
 
 
 def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[Action, dict | None]:
@@ -149,13 +173,16 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[Action, dict 
     budget = env_step_budget(run_cfg.train, get_task(run_cfg.env.env_name).max_episode_steps)[1]
     if not run_cfg.resume:
         if any(p.exists() for p in (run.done, run.checkpoint, run.progress, run.config)):
-            raise RunDirError(f"{run.path} already holds a run; pass resume=true to continue it or choose "
-                              "another run directory")
+            raise RunDirError(
+                f"{run.path} already holds a run; pass resume=true to continue it or choose another run directory"
+            )
         return Action.FRESH, None
     if run.done.exists():
         if not run.config.exists():
-            raise RunDirError(f"{run.path} is finished but {RunDir.CONFIG} is missing, so it cannot be checked "
-                              f"against this config; {_restore_hint(run)}")
+            raise RunDirError(
+                f"{run.path} is finished but {RunDir.CONFIG} is missing, so it cannot be checked "
+                f"against this config; {_restore_hint(run)}"
+            )
         state = _load_finished_checkpoint(run)
         if state is not None:
             _check_config_file(run, state)
@@ -164,8 +191,10 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[Action, dict 
         text = run.done.read_text(errors="replace").strip()
         fix = f"delete {RunDir.DONE} to resume the run from its checkpoint, or start it again in another directory"
         if (m := re.fullmatch(r"env_steps=(\d+)", text)) is None:
-            raise RunDirError(f"{run.done} does not say where the run finished ({text[:40]!r}, where a finished run's "
-                              f"says env_steps=<N>), so it may not be this run's; {fix}")
+            raise RunDirError(
+                f"{run.done} does not say where the run finished ({text[:40]!r}, where a finished run's "
+                f"says env_steps=<N>), so it may not be this run's; {fix}"
+            )
         steps = int(m.group(1))
         at = steps if state is None else (state.get("counters") or {}).get("env_steps")
         if at != steps or steps < budget:
@@ -175,24 +204,33 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[Action, dict 
     if run.checkpoint.exists():
         state = _load_resume_checkpoint(run)
         if state.get("buffer") is None:
-            raise RunDirError(f"{run.checkpoint} was saved without its replay buffer (checkpoint.save_buffer=false), "
-                              "so the run cannot be resumed faithfully; delete it to start this run again, or "
-                              "choose another run directory")
+            raise RunDirError(
+                f"{run.checkpoint} was saved without its replay buffer (checkpoint.save_buffer=false), "
+                "so the run cannot be resumed faithfully; delete it to start this run again, or "
+                "choose another run directory"
+            )
         _check_config_file(run, state)
         _refuse_other_experiment(run, state["config"], composed, "was started with")
         if not run_cfg.checkpoint.save_buffer:
-            raise RunDirError(f"checkpoint.save_buffer=false would replace {run.checkpoint}, which holds the replay "
-                              "buffer this run resumes from, with checkpoints that cannot be resumed; resume it "
-                              "with checkpoint.save_buffer=true")
+            raise RunDirError(
+                f"checkpoint.save_buffer=false would replace {run.checkpoint}, which holds the replay "
+                "buffer this run resumes from, with checkpoints that cannot be resumed; resume it "
+                "with checkpoint.save_buffer=true"
+            )
         # The checkpoint's clocks must be counts this run could reach: whole numbers from 0, env steps within budget.
         counters = state.get("counters") if isinstance(state.get("counters"), dict) else {}
-        bad = [f"{k}={counters.get(k)!r}" for k in ("env_steps", "rollouts", "rl_steps")
-               if type(counters.get(k)) is not int or counters[k] < 0]
+        bad = [
+            f"{k}={counters.get(k)!r}"
+            for k in ("env_steps", "rollouts", "rl_steps")
+            if type(counters.get(k)) is not int or counters[k] < 0
+        ]
         if not bad and counters["env_steps"] > budget:
             bad = [f"env_steps={counters['env_steps']} past the run's budget of {budget}"]
         if bad:
-            raise RunDirError(f"{run.checkpoint} holds counters no run reaches ({', '.join(bad)}), so it was damaged "
-                              "or crafted; delete it to start this run again, or choose another run directory")
+            raise RunDirError(
+                f"{run.checkpoint} holds counters no run reaches ({', '.join(bad)}), so it was damaged "
+                "or crafted; delete it to start this run again, or choose another run directory"
+            )
         return Action.RESUME, state
     if run.config.exists():
         _refuse_other_experiment(run, _stored_config(run), composed, "was started with")
@@ -231,8 +269,9 @@ class RunLog(logging.FileHandler):
             super().handleError(record)  # (a bug in a log call)
         elif not getattr(self, "warned", False):
             self.warned = True
-            print(f"warning: {self.baseFilename} cannot be written ({e.strerror or e}): records left out",
-                  file=sys.stderr)
+            print(
+                f"warning: {self.baseFilename} cannot be written ({e.strerror or e}): records left out", file=sys.stderr
+            )
 
 
 def check_untouched(run: RunDir, run_cfg: RunConfig, composed: dict) -> None:
@@ -240,7 +279,7 @@ def check_untouched(run: RunDir, run_cfg: RunConfig, composed: dict) -> None:
     plan(run, run_cfg, composed)
 
 
-def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer, **needs) -> "Attempt":
+def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer, **needs) -> Attempt:
     """Validate, build the trainer, check, lock and plan again; else Refused, nothing written, the lock released. A
     finished run is skipped without building a trainer (its env, buffer and agent would be built for nothing)."""
     run_cfg, composed, run = validate(cfg), OmegaConf.to_container(cfg, resolve=True), RunDir(run_dir)
@@ -264,9 +303,11 @@ def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Train
         if not (isinstance(e, MemoryError) or re.search(r"(can't|cannot) allocate memory|not enough memory", str(e))):
             raise
         t, p = run_cfg.train, run_cfg.policy
-        raise Refused(f"the run does not fit in memory as configured (train.buffer_size={t.buffer_size}, "
-                      f"policy.rnn_hidden_size={p.rnn_hidden_size}, policy.dqn_layers={list(p.dqn_layers)}, "
-                      f"policy.policy_layers={list(p.policy_layers)}): {_first_line(e)}") from None
+        raise Refused(
+            f"the run does not fit in memory as configured (train.buffer_size={t.buffer_size}, "
+            f"policy.rnn_hidden_size={p.rnn_hidden_size}, policy.dqn_layers={list(p.dqn_layers)}, "
+            f"policy.policy_layers={list(p.policy_layers)}): {_first_line(e)}"
+        ) from None
     try:  # (a refused start writes nothing, not even the lock file; under the lock no other start changes it)
         trainer.agent.check_update_fits(run_cfg.train, trainer.seq_len)
         check_untouched(run, run_cfg, composed)
@@ -323,30 +364,46 @@ class Attempt:
         if self.stale:  # said here, once the run's own log is open (and only by a start that goes ahead)
             log.warning("%s: %s", run.path, self.stale)
         if temps := run.remove_stale_temps():
-            log.warning("%s: removed %d half-written file(s) of an attempt that was killed while saving: %s",
-                        run.path, len(temps), ", ".join(f"{name} ({size} bytes)" for name, size in temps))
+            log.warning(
+                "%s: removed %d half-written file(s) of an attempt that was killed while saving: %s",
+                run.path,
+                len(temps),
+                ", ".join(f"{name} ({size} bytes)" for name, size in temps),
+            )
         if not self.trainer.cfg.checkpoint.save_buffer:
-            log.warning("%s: checkpoint.save_buffer=false: %s will hold no replay buffer, so this run cannot be "
-                        "resumed after a stop or a crash", run.path, RunDir.CHECKPOINT)
+            log.warning(
+                "%s: checkpoint.save_buffer=false: %s will hold no replay buffer, so this run cannot be "
+                "resumed after a stop or a crash",
+                run.path,
+                RunDir.CHECKPOINT,
+            )
         with writing(run.error):
             run.error.unlink(missing_ok=True)
         if self.action == Action.FRESH:
             if run.progress.exists():  # rows of a run killed before its first checkpoint: kept, not continued
                 with open(run.progress) as f:
                     n = max(sum(1 for _ in f) - 1, 0)
-                log.warning("%s held %d row(s) of an attempt that stopped before its first checkpoint; they cannot "
-                            "be continued, so the run starts again (the rows are kept in %s)", run.progress, n,
-                            set_aside(run.progress, "no-checkpoint").name)
+                log.warning(
+                    "%s held %d row(s) of an attempt that stopped before its first checkpoint; they cannot "
+                    "be continued, so the run starts again (the rows are kept in %s)",
+                    run.progress,
+                    n,
+                    set_aside(run.progress, "no-checkpoint").name,
+                )
             run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(self.composed)))
         run.record_attempt("start")
 
     def end(self, outcome: Outcome) -> dict:
         c = outcome.counters
         if outcome.stopped:
-            saved = "checkpoint saved" if self.trainer.cfg.checkpoint.save_buffer else \
-                "checkpoint saved without its replay buffer: it cannot be resumed"
-            log.info("stopped by signal %d at %d env steps, %d updates; %s", outcome.signal, c.env_steps, c.rl_steps,
-                     saved)
+            saved = (
+                "checkpoint saved"
+                if self.trainer.cfg.checkpoint.save_buffer
+                else "checkpoint saved without its replay buffer: it cannot be resumed"
+            )
+            log.info(
+                "stopped by signal %d at %d env steps, %d updates; %s", outcome.signal, c.env_steps, c.rl_steps, saved
+            )
             self.run.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps ({saved})")
         else:
             if self.trainer.metrics.num_eval_rows == 0:
@@ -390,5 +447,3 @@ class Attempt:
                 log.removeHandler(self.handler)
                 self.handler.close()
             self.run.release()
-
-

@@ -1,4 +1,5 @@
 """A file that cannot be written: one line naming it and the fix (exits.EXIT_UNWRITABLE), not a traceback."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,14 @@ class Unwritable(OSError):
     @property
     def fix(self) -> str:
         space, in_way = "free some space", "move away what is in its way"
-        return {errno.ENOSPC: space, errno.EDQUOT: space, errno.EFBIG: space, errno.EISDIR: in_way,
-                errno.ENOTDIR: in_way, errno.EEXIST: in_way}.get(self.errno, "make it writable")
+        return {
+            errno.ENOSPC: space,
+            errno.EDQUOT: space,
+            errno.EFBIG: space,
+            errno.EISDIR: in_way,
+            errno.ENOTDIR: in_way,
+            errno.EEXIST: in_way,
+        }.get(self.errno, "make it writable")
 
 
 @contextlib.contextmanager

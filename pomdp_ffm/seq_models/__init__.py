@@ -2,6 +2,7 @@
 maps ``x[T, B, 64], state`` (None: zeros) to ``y[T, B, 128], state``. A model declares what others need of it on its
 class (base.SeqModel); ``register`` adds one from outside the package, before pomdp_ffm.config is imported where it
 has an option section."""
+
 from __future__ import annotations
 
 import inspect
@@ -61,5 +62,19 @@ def drop_caches(*modules: nn.Module) -> None:
         m.drop_caches()
 
 
-__all__ = ["ABLATIONS", "FFM", "GRU", "LSTM", "MLP", "SeqModel", "State", "available", "build", "drop_caches", "get",
-           "options", "register", "unregister"]
+__all__ = [
+    "ABLATIONS",
+    "FFM",
+    "GRU",
+    "LSTM",
+    "MLP",
+    "SeqModel",
+    "State",
+    "available",
+    "build",
+    "drop_caches",
+    "get",
+    "options",
+    "register",
+    "unregister",
+]

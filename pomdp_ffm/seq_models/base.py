@@ -2,6 +2,7 @@
 ``y[T, B, hidden_size]`` and the last step's state (None: a fresh zero state), which callers never look inside:
 what they need of a model or its state (its option section, its memory cost, its caches, its state's tensors) they
 ask the model's class here, so that a new model is its module and its conf file."""
+
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -40,7 +41,7 @@ class SeqModel(nn.Module):
     def bound_(self) -> None:
         """Project the parameters into their allowed range after a write, in place, with no host read."""
 
-    def bounded_by_owner(self, owner: bool = True) -> "SeqModel":
+    def bounded_by_owner(self, owner: bool = True) -> SeqModel:
         """Leave ``bound_`` to the owner after each of its writes, not a check per call; ``owner=False`` undoes."""
         return self
 
@@ -67,5 +68,6 @@ class SeqModel(nn.Module):
 
     def _check_input(self, x: torch.Tensor) -> None:
         if x.dim() != 3 or x.shape[-1] != self.input_size:
-            raise ValueError(f"{type(self).__name__} expects input of shape [T, B, {self.input_size}], "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(
+                f"{type(self).__name__} expects input of shape [T, B, {self.input_size}], got {tuple(x.shape)}"
+            )

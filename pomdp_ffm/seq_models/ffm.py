@@ -11,6 +11,7 @@ with gamma = exp(-alpha) exp(i omega)^T, alpha in R+^m the decay and omega in R^
 SAC's temperature nor the RL discount). l1, l2, l4, l5 are fused into one Linear (``pre``) like the reference.
 The aggregator's evaluation (loop, scan, closed) is pomdp_ffm/seq_models/recurrence.py's.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,9 +34,14 @@ DECAY_CONTEXT_PRODUCTS = ("outer", "hadamard")
 # The paper's ablation table as ``build("ffm", **ABLATIONS[name])`` options: a removed gate is fixed open, "none"
 # fixes omega (NC) or alpha (ND) at zero, "fixed" leaves the initial values untrained.
 ABLATIONS: dict[str, dict] = {
-    "FFM": {}, "FFM-NI": {"input_gate": False}, "FFM-NO": {"output_gate": False},
-    "FFM-NC": {"context": "none"}, "FFM-FC": {"context": "fixed"}, "FFM-ND": {"decay": "none"},
-    "FFM-FD": {"decay": "fixed"}, "FFM-HP": {"decay_context_product": "hadamard"},
+    "FFM": {},
+    "FFM-NI": {"input_gate": False},
+    "FFM-NO": {"output_gate": False},
+    "FFM-NC": {"context": "none"},
+    "FFM-FC": {"context": "fixed"},
+    "FFM-ND": {"decay": "none"},
+    "FFM-FD": {"decay": "fixed"},
+    "FFM-HP": {"decay_context_product": "hadamard"},
 }
 
 _F64_MAX_LOG = math.log(torch.finfo(torch.float64).max)
@@ -64,7 +70,7 @@ def context_period(omega):
     return 2 * math.pi / abs(omega)
 
 
-def _bound_after_load(module: "FFM", _keys) -> None:
+def _bound_after_load(module: FFM, _keys) -> None:
     module.bound_()  # load_state_dict wrote alpha: bound it in either mode, as the reference's next call would
 
 
@@ -72,19 +78,25 @@ def ffm_sizes(hidden_size: int, context_size: int | None = None, memory_size: in
     """The reference experiments' sizing: c = h // 32, m = h // c, so that m * c = h."""
     c = hidden_size // 32 if context_size is None else context_size
     if c < 1:
-        raise ValueError(f"FFM cannot split hidden_size={hidden_size}: context_size = hidden_size // 32 = {c}; "
-                         f"use a hidden size that is a multiple of 32 (32, 64, 96, 128, 256, ...) or pass context_size")
+        raise ValueError(
+            f"FFM cannot split hidden_size={hidden_size}: context_size = hidden_size // 32 = {c}; "
+            f"use a hidden size that is a multiple of 32 (32, 64, 96, 128, 256, ...) or pass context_size"
+        )
     m = hidden_size // c if memory_size is None else memory_size
     if m < 1 or (memory_size is None and m * c != hidden_size):
-        raise ValueError(f"FFM cannot split hidden_size={hidden_size} into memory_size x context_size: "
-                         f"c={c}, m={m}, m*c={m * c}; use a multiple of 32 (32, 64, 96, 128, 256, ...) "
-                         f"or pass both context_size and memory_size")
+        raise ValueError(
+            f"FFM cannot split hidden_size={hidden_size} into memory_size x context_size: "
+            f"c={c}, m={m}, m*c={m * c}; use a multiple of 32 (32, 64, 96, 128, 256, ...) "
+            f"or pass both context_size and memory_size"
+        )
     return m, c
 
 
 _SIZE_OR_NULL = must(lambda v: v is None or v >= 1, "null (derived from policy.rnn_hidden_size) or >= 1")
-_STEP_RANGE = must(lambda v: v is None or (len(v) == 2 and all(math.isfinite(x) for x in v) and 0 < v[0] <= v[1]),
-                   "null or [low, high] in steps with 0 < low <= high, both finite, e.g. [32,104]")
+_STEP_RANGE = must(
+    lambda v: v is None or (len(v) == 2 and all(math.isfinite(x) for x in v) and 0 < v[0] <= v[1]),
+    "null or [low, high] in steps with 0 < low <= high, both finite, e.g. [32,104]",
+)
 
 
 @dataclass
@@ -116,17 +128,21 @@ class FFMConfig:
         if self.max_period < self.min_period:
             raise ValueError(f"{key}.max_period={self.max_period!r} must be >= {key}.min_period={self.min_period!r}")
         if self.aggregator == "closed" and self.decay_horizon < MIN_CLOSED_DECAY_HORIZON:
-            raise ValueError(f"{key}.decay_horizon={self.decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} "
-                             f"with {key}.aggregator=closed (a shorter one lets the decay underflow gamma, whose "
-                             "log the closed form takes); the other aggregators take any")
+            raise ValueError(
+                f"{key}.decay_horizon={self.decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} "
+                f"with {key}.aggregator=closed (a shorter one lets the decay underflow gamma, whose "
+                "log the closed form takes); the other aggregators take any"
+            )
 
     def check_chosen(self, key: str, policy) -> None:
         """The rules tying the section to the policy's other fields, where FFM is policy.seq_model."""
         try:
             ffm_sizes(policy.rnn_hidden_size, self.context_size, self.memory_size)
         except ValueError as err:
-            raise ValueError(f"policy.rnn_hidden_size={policy.rnn_hidden_size} with {key}.context_size="
-                             f"{self.context_size}, memory_size={self.memory_size}: {err}") from None
+            raise ValueError(
+                f"policy.rnn_hidden_size={policy.rnn_hidden_size} with {key}.context_size="
+                f"{self.context_size}, memory_size={self.memory_size}: {err}"
+            ) from None
 
 
 class FFM(SeqModel):
@@ -135,30 +151,52 @@ class FFM(SeqModel):
     see alpha bounded: standalone, ``forward`` clamps an out-of-range value (a host read); owner-managed
     (``bounded_by_owner()``), the owner calls ``bound_()`` after each write; ``load_state_dict`` clamps in both
     (patches/014)."""
+
     name, label, color, options_config = "ffm", "FFM", "#d55e00", FFMConfig
     # On CUDA, compiled updates of FFM were measured faster than eager ones (docs/benchmarks.md)
     compile_pays = True
 
-    def __init__(self, input_size: int, hidden_size: int, context_size: int | None = None,
-                 memory_size: int | None = None, max_period: float = 128, min_period: float = 1, beta: float = 0.01,
-                 decay_horizon: int = 1024, decay_bound: bool = True, input_gate: bool = True,
-                 output_gate: bool = True, context: str = "learned", decay: str = "learned",
-                 decay_context_product: str = "outer", aggregator: str = "auto",
-                 init_trace_range: tuple[float, float] | None = None,
-                 init_period_range: tuple[float, float] | None = None):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        context_size: int | None = None,
+        memory_size: int | None = None,
+        max_period: float = 128,
+        min_period: float = 1,
+        beta: float = 0.01,
+        decay_horizon: int = 1024,
+        decay_bound: bool = True,
+        input_gate: bool = True,
+        output_gate: bool = True,
+        context: str = "learned",
+        decay: str = "learned",
+        decay_context_product: str = "outer",
+        aggregator: str = "auto",
+        init_trace_range: tuple[float, float] | None = None,
+        init_period_range: tuple[float, float] | None = None,
+    ):
         super().__init__()
-        for name, value, allowed in (("context", context, PARAM_MODES), ("decay", decay, PARAM_MODES),
-                                     ("decay_context_product", decay_context_product, DECAY_CONTEXT_PRODUCTS),
-                                     ("aggregator", aggregator, AGGREGATORS)):
+        for name, value, allowed in (
+            ("context", context, PARAM_MODES),
+            ("decay", decay, PARAM_MODES),
+            ("decay_context_product", decay_context_product, DECAY_CONTEXT_PRODUCTS),
+            ("aggregator", aggregator, AGGREGATORS),
+        ):
             if value not in allowed:
                 raise ValueError(f"FFM option {name}={value!r} is not one of {list(allowed)}")
-        if isinstance(decay_horizon, bool) or not isinstance(decay_horizon, int) \
-                or not 1 <= decay_horizon <= MAX_DECAY_HORIZON:
+        if (
+            isinstance(decay_horizon, bool)
+            or not isinstance(decay_horizon, int)
+            or not 1 <= decay_horizon <= MAX_DECAY_HORIZON
+        ):
             raise ValueError(f"FFM option decay_horizon={decay_horizon!r} must be an int in [1, {MAX_DECAY_HORIZON}]")
         if aggregator == "closed" and decay_horizon < MIN_CLOSED_DECAY_HORIZON:
-            raise ValueError(f"FFM option decay_horizon={decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} with "
-                             "aggregator='closed' (a shorter one lets the decay underflow gamma, whose log the "
-                             "closed form takes); the other aggregators take any")
+            raise ValueError(
+                f"FFM option decay_horizon={decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} with "
+                "aggregator='closed' (a shorter one lets the decay underflow gamma, whose log the "
+                "closed form takes); the other aggregators take any"
+            )
         self.input_size, self.hidden_size = input_size, hidden_size
         self.memory_size, self.context_size = m, c = ffm_sizes(hidden_size, context_size, memory_size)
         self.input_gate, self.output_gate, self.aggregator = input_gate, output_gate, aggregator
@@ -216,11 +254,13 @@ class FFM(SeqModel):
 
     def compile_failure(self) -> str | None:
         if self.context_size == 1:
-            return ("an FFM of one context column (policy.rnn_hidden_size below 64) fails in inductor on CUDA "
-                    "(torch 2.11); use policy.rnn_hidden_size >= 64 or train.compile=false")
+            return (
+                "an FFM of one context column (policy.rnn_hidden_size below 64) fails in inductor on CUDA "
+                "(torch 2.11); use policy.rnn_hidden_size >= 64 or train.compile=false"
+            )
         return None
 
-    def bounded_by_owner(self, owner: bool = True) -> "FFM":
+    def bounded_by_owner(self, owner: bool = True) -> FFM:
         self._owner_bounds = owner
         return self
 
@@ -275,5 +315,7 @@ class FFM(SeqModel):
         return context_period(self.omega.detach()).cpu()
 
     def extra_repr(self) -> str:
-        return (f"input_size={self.input_size}, hidden_size={self.hidden_size}, memory_size={self.memory_size}, "
-                f"context_size={self.context_size}, aggregator={self.aggregator}")
+        return (
+            f"input_size={self.input_size}, hidden_size={self.hidden_size}, memory_size={self.memory_size}, "
+            f"context_size={self.context_size}, aggregator={self.aggregator}"
+        )

@@ -1,4 +1,5 @@
 """GRU and LSTM: torch's fused modules with the reference initialisation."""
+
 from __future__ import annotations
 
 import torch
@@ -47,6 +48,7 @@ class LSTM(_TorchRNN):
 class MLP(SeqModel):
     """A memoryless Linear + ReLU per step, inside the recurrent agent and sequence buffer: not the reference's
     Markovian baseline (patches/012-mlp-is-not-the-markovian-baseline.md)."""
+
     name, label, color = "mlp", "MLP", "#7f7f7f"
 
     def __init__(self, input_size: int, hidden_size: int):

@@ -8,10 +8,23 @@ import numpy as np
 from hang import HANG_S
 
 SAC_HEADER = [
-    "rl_loss/qf1_loss", "rl_loss/qf2_loss", "rl_loss/policy_loss", "rl_loss/policy_entropy", "rl_loss/alpha",
-    "rl_loss/q_grad_norm", "rl_loss/q_rnn_grad_norm", "rl_loss/pi_grad_norm", "rl_loss/pi_rnn_grad_norm",
-    "z/env_steps", "z/rollouts", "z/rl_steps", "metrics/total_steps_eval", "metrics/return_eval_total",
-    "metrics/success_rate_eval", "z/time_cost", "z/fps",
+    "rl_loss/qf1_loss",
+    "rl_loss/qf2_loss",
+    "rl_loss/policy_loss",
+    "rl_loss/policy_entropy",
+    "rl_loss/alpha",
+    "rl_loss/q_grad_norm",
+    "rl_loss/q_rnn_grad_norm",
+    "rl_loss/pi_grad_norm",
+    "rl_loss/pi_rnn_grad_norm",
+    "z/env_steps",
+    "z/rollouts",
+    "z/rl_steps",
+    "metrics/total_steps_eval",
+    "metrics/return_eval_total",
+    "metrics/success_rate_eval",
+    "z/time_cost",
+    "z/fps",
 ]
 
 
@@ -27,8 +40,18 @@ def progress_text(steps, returns, header=SAC_HEADER) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_our_run(root: Path, task: str, algo: str, model: str, seed: int, steps, returns,
-                  done: bool = True, config: bool = True, stamp: str = "2026-01-01_00-00-00") -> Path:
+def write_our_run(
+    root: Path,
+    task: str,
+    algo: str,
+    model: str,
+    seed: int,
+    steps,
+    returns,
+    done: bool = True,
+    config: bool = True,
+    stamp: str = "2026-01-01_00-00-00",
+) -> Path:
     run = root / task / f"{algo}_{model}" / f"seed-{seed}" / stamp
     run.mkdir(parents=True)
     (run / "progress.csv").write_text(progress_text(steps, returns))
@@ -41,12 +64,35 @@ def write_our_run(root: Path, task: str, algo: str, model: str, seed: int, steps
     return run
 
 
-def write_reference_run(root: Path, family: str, obs: str, algo: str, model: str, seed: int | None,
-                        steps, returns, stamp: str, agent: str | None = None, config: bool = True) -> Path:
+def write_reference_run(
+    root: Path,
+    family: str,
+    obs: str,
+    algo: str,
+    model: str,
+    seed: int | None,
+    steps,
+    returns,
+    stamp: str,
+    agent: str | None = None,
+    config: bool = True,
+) -> Path:
     """A run in the reference's layout; ``agent`` is its algorithm folder (default ``<algo>_<model>``, e.g.
     ``oracle_sac_gru``); without ``config`` it has no variant_*.yml, as the FFM fork's copied logs."""
-    run = (root / "logs" / "pomdp" / family / obs / (agent or f"{algo}_{model}") / "gamma-0.99" / "len-64"
-           / "bs-64" / "freq-1.0" / "oar" / stamp)
+    run = (
+        root
+        / "logs"
+        / "pomdp"
+        / family
+        / obs
+        / (agent or f"{algo}_{model}")
+        / "gamma-0.99"
+        / "len-64"
+        / "bs-64"
+        / "freq-1.0"
+        / "oar"
+        / stamp
+    )
     run.mkdir(parents=True)
     (run / "progress.csv").write_text(progress_text(steps, returns))
     if not config:
@@ -63,8 +109,19 @@ def steps_grid(n: int = 20, start: int = 12_000, interval: int = 4_000) -> np.nd
     return start + interval * np.arange(n)
 
 
-PUBLISHED_HEADER = ["env_steps", "return", "q_rnn_grad_norm", "pi_rnn_grad_norm", "trial", "method", "RL", "Encoder",
-                    "Len", "Inputs", "Arch"]
+PUBLISHED_HEADER = [
+    "env_steps",
+    "return",
+    "q_rnn_grad_norm",
+    "pi_rnn_grad_norm",
+    "trial",
+    "method",
+    "RL",
+    "Encoder",
+    "Len",
+    "Inputs",
+    "Arch",
+]
 
 
 def published_variant(rl, encoder="gru", length=64, inputs="oar", arch="separate", **trials):
@@ -85,8 +142,11 @@ def write_published(root: Path, family: str, obs: str, *groups, start=12_000, in
         for trial, returns in g["trials"].items():
             for k, r in enumerate(returns):
                 diag = ["0.5", "0.25"] if g["method"] == "ours" else ["", ""]
-                lines.append(",".join([str(start + interval * k), f"{round(float(r), 2)}", *diag, trial, g["method"],
-                                       *g["tags"]]))
+                lines.append(
+                    ",".join(
+                        [str(start + interval * k), f"{round(float(r), 2)}", *diag, trial, g["method"], *g["tags"]]
+                    )
+                )
     path = root / family / obs / "final.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -131,5 +191,11 @@ def run_cli(*args, cwd):
     root = str(Path(analysis.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     env["MPLBACKEND"] = "Agg"
-    return subprocess.run([sys.executable, "-m", "analysis", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=HANG_S)
+    return subprocess.run(
+        [sys.executable, "-m", "analysis", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )

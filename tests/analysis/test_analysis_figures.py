@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from analysis_synth import steps_grid, write_our_run, write_reference_run
+from hang import HANG_S
 
 import analysis
 from analysis import aggregate, bench, curves, decay, figures, load, stats
-from analysis_synth import steps_grid, write_our_run, write_reference_run
-from hang import HANG_S
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -52,16 +52,21 @@ def small_tree(tmp_path_factory):
                     if model == "ffm":
                         a = rng.uniform(0.01, 0.5, 8)
                         _save_ffm_checkpoint(run, a, rng.uniform(0.05, 1.0, 2), a / 10, rng.uniform(0.05, 1.0, 2))
-    write_reference_run(root, "HopperBLT", "P", "sac", "gru", 0, steps_grid(12), np.arange(12.0) * 50,
-                        "05-09:12-34:56.78")
+    write_reference_run(
+        root, "HopperBLT", "P", "sac", "gru", 0, steps_grid(12), np.arange(12.0) * 50, "05-09:12-34:56.78"
+    )
     (root / "broken").mkdir()
     (root / "broken" / "progress.csv").write_text("")
     bench_csv = root.parent / "bench.csv"
     lines = ["benchmark,shape,model,metric,value,unit"]
     for shape, scale in (("T64_B64_in64_h128", 1), ("T256_B64_in64_h128", 4)):
         for model, v in (("ffm", 10.0), ("gru", 30.0), ("lstm", 33.0)):
-            lines += [f"memory,{shape},{model},fwd_bwd_ms,{v * scale},ms", f"memory,{shape},{model},act_us,{v},us",
-                      f"memory,{shape},{model},peak_mem_mb,{v * 2},MB", f"update,{shape},{model},update_ms,{v * 3},ms"]
+            lines += [
+                f"memory,{shape},{model},fwd_bwd_ms,{v * scale},ms",
+                f"memory,{shape},{model},act_us,{v},us",
+                f"memory,{shape},{model},peak_mem_mb,{v * 2},MB",
+                f"update,{shape},{model},update_ms,{v * 3},ms",
+            ]
     bench_csv.write_text("\n".join(lines) + "\n")
     return root, bench_csv
 
@@ -157,8 +162,9 @@ def _run_cli(*args, cwd):
     # Run the package under test even if another checkout is installed in the environment.
     env["PYTHONPATH"] = str(Path(analysis.__file__).resolve().parent.parent)
     env["MPLBACKEND"] = "Agg"
-    return subprocess.run([sys.executable, "-m", "analysis", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=HANG_S)
+    return subprocess.run(
+        [sys.executable, "-m", "analysis", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S
+    )
 
 
 @pytest.mark.slow  # (23 s; test_cli_single_command_and_options runs the same command in the default suite)
@@ -168,12 +174,26 @@ def test_cli_end_to_end(small_tree, tmp_path):
     res = _run_cli(str(root), "--out", str(out), "--bench", str(bench_csv), "--resamples", "200", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     expected = [
-        "tables/runs.csv", "tables/runs.parquet", "tables/summary_runmax.md", "tables/scores_runmax.csv",
-        "tables/bars_runmax.csv", "figures/bars_runmax.png", "figures/bars_runmax.pdf",
-        "figures/lines_runmax_sac.png", "figures/lines_runmax_td3.png", "tables/lines_runmax.csv",
-        "figures/aggregate_runmax.png", "tables/aggregate_runmax.md", "figures/profile_runmax.png",
-        "tables/probability_of_improvement.md", "figures/decay_HopperBLT-P_sac.png", "tables/decay_values.csv",
-        "figures/efficiency.png", "tables/efficiency.md", "report.md", "issues.csv",
+        "tables/runs.csv",
+        "tables/runs.parquet",
+        "tables/summary_runmax.md",
+        "tables/scores_runmax.csv",
+        "tables/bars_runmax.csv",
+        "figures/bars_runmax.png",
+        "figures/bars_runmax.pdf",
+        "figures/lines_runmax_sac.png",
+        "figures/lines_runmax_td3.png",
+        "tables/lines_runmax.csv",
+        "figures/aggregate_runmax.png",
+        "tables/aggregate_runmax.md",
+        "figures/profile_runmax.png",
+        "tables/probability_of_improvement.md",
+        "figures/decay_HopperBLT-P_sac.png",
+        "tables/decay_values.csv",
+        "figures/efficiency.png",
+        "tables/efficiency.md",
+        "report.md",
+        "issues.csv",
     ]
     for rel in expected:
         p = out / rel
@@ -199,19 +219,34 @@ def test_cli_end_to_end(small_tree, tmp_path):
 def test_cli_single_command_and_options(small_tree, tmp_path):
     root, _ = small_tree
     out = tmp_path / "o"
-    res = _run_cli("bars", str(root), "--out", str(out), "--metric", "last20", "--resamples", "100",
-                   "--formats", "png", "--no-cache", cwd=tmp_path)
+    res = _run_cli(
+        "bars",
+        str(root),
+        "--out",
+        str(out),
+        "--metric",
+        "last20",
+        "--resamples",
+        "100",
+        "--formats",
+        "png",
+        "--no-cache",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert (out / "figures" / "bars_last20.png").stat().st_size > 0
     assert not (out / "figures" / "bars_last20.pdf").exists()
     assert not (out / ".cache").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--resamples", "0"], "--resamples must be positive, got 0"),
-    (["--formats", "png,jpg"], "'jpg'"),
-    (["--metric", "best"], "invalid choice: 'best'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--resamples", "0"], "--resamples must be positive, got 0"),
+        (["--formats", "png,jpg"], "'jpg'"),
+        (["--metric", "best"], "invalid choice: 'best'"),
+    ],
+)
 def test_cli_rejects_bad_options(small_tree, tmp_path, args, message):
     root, _ = small_tree
     res = _run_cli(str(root), "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
@@ -230,8 +265,19 @@ def test_cli_seed_reproducible(small_tree, tmp_path):
     root, _ = small_tree
     outs = []
     for name, seed in (("a", "5"), ("b", "5"), ("c", "6")):
-        res = _run_cli("aggregate", str(root), "--out", str(tmp_path / name), "--seed", seed, "--resamples", "300",
-                       "--formats", "png", cwd=tmp_path)
+        res = _run_cli(
+            "aggregate",
+            str(root),
+            "--out",
+            str(tmp_path / name),
+            "--seed",
+            seed,
+            "--resamples",
+            "300",
+            "--formats",
+            "png",
+            cwd=tmp_path,
+        )
         assert res.returncode == 0, res.stderr
         outs.append(pd.read_csv(tmp_path / name / "tables" / "aggregate_runmax.csv"))
     pd.testing.assert_frame_equal(outs[0], outs[1])
@@ -243,18 +289,30 @@ def test_decay_reads_both_checkpoint_layouts(tmp_path):
     # save/agent_*.pt snapshots under state["agent"]. Both are tensors-only and both are read.
     import pandas as pd
     import torch
-    agent = {"actor.encoder.memory.alpha": torch.tensor([math.log(100) / 20.0]),
-             "actor.encoder.memory.omega": torch.tensor([2 * math.pi / 8.0])}
+
+    agent = {
+        "actor.encoder.memory.alpha": torch.tensor([math.log(100) / 20.0]),
+        "actor.encoder.memory.omega": torch.tensor([2 * math.pi / 8.0]),
+    }
     resume = tmp_path / "resume"
     (resume / "checkpoints").mkdir(parents=True)
-    torch.save({"agent": {"modules": agent, "optim": {"actor": {"state": {}, "param_groups": []}}, "num_updates": 3},
-                "rng": {"torch": torch.get_rng_state()}, "counters": {"env_steps": 100}},
-               resume / "checkpoints" / "last.pt")
+    torch.save(
+        {
+            "agent": {"modules": agent, "optim": {"actor": {"state": {}, "param_groups": []}}, "num_updates": 3},
+            "rng": {"torch": torch.get_rng_state()},
+            "counters": {"env_steps": 100},
+        },
+        resume / "checkpoints" / "last.pt",
+    )
     snap = tmp_path / "snap"
     (snap / "save").mkdir(parents=True)
     torch.save({"agent": agent}, snap / "save" / "agent_3_perf-120.000.pt")
-    runs = pd.DataFrame([{"run_id": r.name, "run_dir": str(r), "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm"}
-                         for r in (resume, snap)])
+    runs = pd.DataFrame(
+        [
+            {"run_id": r.name, "run_dir": str(r), "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm"}
+            for r in (resume, snap)
+        ]
+    )
     values, problems = decay.load_decay(runs, beta=0.01)
     assert problems == []
     for rid, name in (("resume", "last.pt"), ("snap", "agent_3_perf-120.000.pt")):
@@ -267,19 +325,33 @@ def test_decay_reads_the_reference_snapshots_parameters(tmp_path):
     # the paper's commit, ffa later); its snapshots are the agent's bare state dict, target networks included.
     import pandas as pd
     import torch
+
     a, b = -math.log(100) / torch.tensor([[[20.0, 50.0]]]), 2 * math.pi / torch.tensor([[[8.0]]])
     run = tmp_path / "logs" / "pomdp" / "HopperBLT" / "P" / "sac_ffm" / "05-09:12-34:56.78"
     (run / "save").mkdir(parents=True)
-    torch.save({"actor.rnn.ffa.a": a, "actor.rnn.ffa.b": b, "critic.rnn.ffm.a": a, "critic.rnn.ffm.b": b,
-                "critic_target.rnn.ffa.a": 5 * a, "actor.rnn.pre.weight": torch.ones(2, 2)},
-               run / "save" / "agent_10_perf100.000.pt")
-    runs = pd.DataFrame([{"run_id": "r", "run_dir": str(run), "task": "HopperBLT-P-v0", "algo": "sac",
-                          "model": "ffm@ref"}])
+    torch.save(
+        {
+            "actor.rnn.ffa.a": a,
+            "actor.rnn.ffa.b": b,
+            "critic.rnn.ffm.a": a,
+            "critic.rnn.ffm.b": b,
+            "critic_target.rnn.ffa.a": 5 * a,
+            "actor.rnn.pre.weight": torch.ones(2, 2),
+        },
+        run / "save" / "agent_10_perf100.000.pt",
+    )
+    runs = pd.DataFrame(
+        [{"run_id": "r", "run_dir": str(run), "task": "HopperBLT-P-v0", "algo": "sac", "model": "ffm@ref"}]
+    )
     values, problems = decay.load_decay(runs, beta=0.01)
     assert problems == []
     got = values.groupby(["module", "param"])["steps"].apply(lambda s: sorted(s.round(3)))  # float32 weights
-    assert got.to_dict() == {("actor", "alpha"): [20.0, 50.0], ("actor", "omega"): [8.0],
-                             ("critic", "alpha"): [20.0, 50.0], ("critic", "omega"): [8.0]}
+    assert got.to_dict() == {
+        ("actor", "alpha"): [20.0, 50.0],
+        ("actor", "omega"): [8.0],
+        ("critic", "alpha"): [20.0, 50.0],
+        ("critic", "omega"): [8.0],
+    }
 
 
 def test_decay_skips_checkpoints_the_safe_loader_refuses(tmp_path):
@@ -287,13 +359,18 @@ def test_decay_skips_checkpoints_the_safe_loader_refuses(tmp_path):
     # warning, and the run's snapshot is used instead.
     import pandas as pd
     import torch
+
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "save").mkdir()
-    torch.save({"agent": {"actor.encoder.memory.alpha": torch.tensor([1.0])}, "rng": np.random.get_state()},
-               run / "checkpoints" / "last.pt")
-    torch.save({"agent": {"actor.encoder.memory.alpha": torch.tensor([math.log(100) / 20.0])}},
-               run / "save" / "agent_1_perf0.000.pt")
+    torch.save(
+        {"agent": {"actor.encoder.memory.alpha": torch.tensor([1.0])}, "rng": np.random.get_state()},
+        run / "checkpoints" / "last.pt",
+    )
+    torch.save(
+        {"agent": {"actor.encoder.memory.alpha": torch.tensor([math.log(100) / 20.0])}},
+        run / "save" / "agent_1_perf0.000.pt",
+    )
     runs = pd.DataFrame([{"run_id": "r", "run_dir": str(run), "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm"}])
     values, problems = decay.load_decay(runs, beta=0.01)
     assert [(p, k) for p, k, _ in problems] == [(str(run / "checkpoints" / "last.pt"), "warning")]
@@ -318,7 +395,15 @@ def test_decay_tables_use_the_models_own_timescales(product):
     with torch.no_grad():
         ffm.omega[..., 0] = -ffm.omega[..., 1]  # (a negative frequency: its period is that of |omega|)
     for beta in (0.01, 0.1, 0.9):
-        np.testing.assert_allclose(decay.timescales("alpha", ffm.alpha.detach().numpy().reshape(-1), beta),
-                                   ffm.trace_durability(beta).numpy().reshape(-1), rtol=1e-15, atol=0)
-    np.testing.assert_allclose(decay.timescales("omega", ffm.omega.detach().numpy().reshape(-1)),
-                               ffm.context_periods().numpy().reshape(-1), rtol=1e-15, atol=0)
+        np.testing.assert_allclose(
+            decay.timescales("alpha", ffm.alpha.detach().numpy().reshape(-1), beta),
+            ffm.trace_durability(beta).numpy().reshape(-1),
+            rtol=1e-15,
+            atol=0,
+        )
+    np.testing.assert_allclose(
+        decay.timescales("omega", ffm.omega.detach().numpy().reshape(-1)),
+        ffm.context_periods().numpy().reshape(-1),
+        rtol=1e-15,
+        atol=0,
+    )

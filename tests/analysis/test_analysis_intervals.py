@@ -6,33 +6,49 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from analysis_synth import steps_grid, write_our_run, write_reference_run
 from matplotlib.container import ErrorbarContainer
 from scipy import stats as sps
 
 from analysis import aggregate, curves, figures, load, stats
-from analysis_synth import steps_grid, write_our_run, write_reference_run
 
 # --------------------------------------------------------------------------- one task set per algorithm
 
 
 def _frame(groups):
     """{(algo, model): {task: [scores]}} -> a row per run, the score doubling as its normalised score."""
-    return pd.DataFrame([{"task": task, "algo": algo, "model": model, "run_id": f"{algo}/{model}/{task}/{i}",
-                          "score": v, "norm_score": v}
-                         for (algo, model), per_task in groups.items() for task, vals in per_task.items()
-                         for i, v in enumerate(vals)])
+    return pd.DataFrame(
+        [
+            {
+                "task": task,
+                "algo": algo,
+                "model": model,
+                "run_id": f"{algo}/{model}/{task}/{i}",
+                "score": v,
+                "norm_score": v,
+            }
+            for (algo, model), per_task in groups.items()
+            for task, vals in per_task.items()
+            for i, v in enumerate(vals)
+        ]
+    )
 
 
 SAC_FFM = {"A-P-v0": [0.6, 0.7], "B-P-v0": [0.1, 0.2], "C-P-v0": [0.95, 1.0]}
 SAC_GRU = {"A-P-v0": [0.1, 0.2], "B-P-v0": [0.3, 0.4], "C-P-v0": [0.5, 0.9]}
 # TD3's GRU lacks task C: that narrows TD3's report, never SAC's.
-TASK_SETS = _frame({("sac", "ffm"): SAC_FFM, ("sac", "gru"): SAC_GRU,
-                    ("td3", "ffm"): SAC_FFM, ("td3", "gru"): {k: SAC_GRU[k] for k in ("A-P-v0", "B-P-v0")}})
+TASK_SETS = _frame(
+    {
+        ("sac", "ffm"): SAC_FFM,
+        ("sac", "gru"): SAC_GRU,
+        ("td3", "ffm"): SAC_FFM,
+        ("td3", "gru"): {k: SAC_GRU[k] for k in ("A-P-v0", "B-P-v0")},
+    }
+)
 
 
 def test_the_common_task_set_is_per_algorithm():
-    assert aggregate.common_task_sets(TASK_SETS) == {"sac": {"A-P-v0", "B-P-v0", "C-P-v0"},
-                                                     "td3": {"A-P-v0", "B-P-v0"}}
+    assert aggregate.common_task_sets(TASK_SETS) == {"sac": {"A-P-v0", "B-P-v0", "C-P-v0"}, "td3": {"A-P-v0", "B-P-v0"}}
     agg, notes = aggregate.aggregate_scores(TASK_SETS, n_resamples=200, seed=0)
     sac = agg[agg.algo == "sac"].set_index(["model", "metric"])
     assert set(sac["n_tasks"]) == {3} and set(sac["tasks"]) == {"A-P-v0 B-P-v0 C-P-v0"}
@@ -67,8 +83,9 @@ def test_the_probability_of_improvement_and_profile_use_the_aggregates_task_set(
 
 def test_a_task_without_constants_stays_in_the_probability_of_improvement():
     # The raw scores compare where the normalised ones cannot: the aggregate leaves X out for every group.
-    frame = _frame({("sac", "ffm"): {"A-P-v0": [0.6], "X-V-v0": [5.0]}, ("sac", "gru"): {"A-P-v0": [0.1],
-                                                                                          "X-V-v0": [6.0]}})
+    frame = _frame(
+        {("sac", "ffm"): {"A-P-v0": [0.6], "X-V-v0": [5.0]}, ("sac", "gru"): {"A-P-v0": [0.1], "X-V-v0": [6.0]}}
+    )
     frame.loc[frame.task == "X-V-v0", "norm_score"] = np.nan
     agg, notes = aggregate.aggregate_scores(frame, n_resamples=20)
     assert set(agg["tasks"]) == {"A-P-v0"} and not any("not shared" in n for n in notes)
@@ -87,11 +104,22 @@ def _tree(root, order, stamp):
     for t, (family, obs) in enumerate(TASKS):
         for m, model in enumerate(("ffm", "gru")):
             for k, seed in enumerate(order):
-                write_our_run(root, f"{family}-{obs}-v0", "sac", model, seed, steps_grid(10), CURVES[t, m, k],
-                              stamp=stamp)
+                write_our_run(
+                    root, f"{family}-{obs}-v0", "sac", model, seed, steps_grid(10), CURVES[t, m, k], stamp=stamp
+                )
         for k, seed in enumerate(order):
-            write_reference_run(root, family, obs, "sac", "gru", None, steps_grid(10), CURVES[t, 1, k] + 7.0,
-                                f"{stamp}-{seed}", config=False)
+            write_reference_run(
+                root,
+                family,
+                obs,
+                "sac",
+                "gru",
+                None,
+                steps_grid(10),
+                CURVES[t, 1, k] + 7.0,
+                f"{stamp}-{seed}",
+                config=False,
+            )
     table, _ = load.build_table([root])
     return load.separate_sources(table)
 
@@ -106,7 +134,8 @@ def _intervals(table):
         "aggregate": agg,
         "poi": aggregate.compare_models(scores, ("gru",), n_resamples=500, seed=1),
         "profile": aggregate.profile_of_aggregate(norm, agg, n_taus=11, n_resamples=300, seed=1),
-        "band": band}
+        "band": band,
+    }
 
 
 def test_renamed_folders_of_identical_data_give_identical_intervals(tmp_path):
@@ -128,8 +157,10 @@ def test_resampling_order_is_by_value():
     rng = np.random.default_rng(0)
     per_task = [np.array([5.0, 1.0, 3.0])]
     again = [np.array([3.0, 5.0, 1.0])]
-    assert np.array_equal(aggregate.stratified_resample(per_task, 20, np.random.default_rng(0))[0],
-                          aggregate.stratified_resample(again, 20, rng)[0])
+    assert np.array_equal(
+        aggregate.stratified_resample(per_task, 20, np.random.default_rng(0))[0],
+        aggregate.stratified_resample(again, 20, rng)[0],
+    )
 
 
 # --------------------------------------------------------------------------- BCa and the last bits of the scores
@@ -141,8 +172,9 @@ FIVE = np.array([625.9169679910789, 642.4464770384317, 582.8542632787828, 216.09
 def _bootstrap_distribution(x, seed=0):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sps.bootstrap((np.sort(x),), np.mean, n_resamples=10_000, method="percentile",
-                             rng=np.random.default_rng(seed)).bootstrap_distribution
+        return sps.bootstrap(
+            (np.sort(x),), np.mean, n_resamples=10_000, method="percentile", rng=np.random.default_rng(seed)
+        ).bootstrap_distribution
 
 
 def test_the_scores_exercise_rounding_level_ties():
@@ -190,6 +222,7 @@ def test_bca_is_scipys_where_the_arithmetic_is_exact():
 
 # --------------------------------------------------------------------------- a single run in the figures
 
+
 @pytest.fixture
 def drawn(monkeypatch):
     """The figures the plot functions make, kept open instead of saved."""
@@ -207,13 +240,24 @@ def drawn(monkeypatch):
 
 def _error_bars(ax):
     """The ((x0, y0), (x1, y1)) ends of every error bar drawn on ``ax``."""
-    return [tuple(map(tuple, seg)) for c in ax.containers if isinstance(c, ErrorbarContainer)
-            for seg in c.lines[2][0].get_segments()]
+    return [
+        tuple(map(tuple, seg))
+        for c in ax.containers
+        if isinstance(c, ErrorbarContainer)
+        for seg in c.lines[2][0].get_segments()
+    ]
 
 
 def test_a_single_run_bar_is_marked_and_has_no_error_bar(drawn):
-    scores = pd.DataFrame({"task": "HopperBLT-P-v0", "algo": "sac", "model": ["ffm"] * 3 + ["gru"],
-                           "run_id": list("abcd"), "score": [100.0, 200.0, 300.0, 150.0]})
+    scores = pd.DataFrame(
+        {
+            "task": "HopperBLT-P-v0",
+            "algo": "sac",
+            "model": ["ffm"] * 3 + ["gru"],
+            "run_id": list("abcd"),
+            "score": [100.0, 200.0, 300.0, 150.0],
+        }
+    )
     summary = stats.summarize(scores, n_resamples=200, seed=0)
     figures.plot_task_bars(summary, scores, "unused", "Best eval return")
     ax = drawn[0].axes[0]
@@ -231,17 +275,25 @@ def test_a_single_run_bar_is_marked_and_has_no_error_bar(drawn):
 
 
 def test_without_single_runs_nothing_is_marked(drawn):
-    scores = pd.DataFrame({"task": "HopperBLT-P-v0", "algo": "sac", "model": "ffm", "run_id": list("ab"),
-                           "score": [100.0, 200.0]})
+    scores = pd.DataFrame(
+        {"task": "HopperBLT-P-v0", "algo": "sac", "model": "ffm", "run_id": list("ab"), "score": [100.0, 200.0]}
+    )
     figures.plot_task_bars(stats.summarize(scores, n_resamples=100), scores, "unused", "Best eval return")
     assert not drawn[0].axes[0].texts
     assert not any(figures.SINGLE_RUN in t.get_text() for t in drawn[0].legends[0].get_texts())
 
 
 def test_an_aggregate_of_single_runs_is_marked_not_drawn_as_a_zero_width_interval(drawn):
-    agg, _ = aggregate.aggregate_scores(_frame({("sac", "ffm"): {"A-P-v0": [0.5, 0.7], "B-P-v0": [0.2, 0.4]},
-                                                ("sac", "gru"): {"A-P-v0": [0.3], "B-P-v0": [0.1]}}),
-                                        n_resamples=100, seed=0)
+    agg, _ = aggregate.aggregate_scores(
+        _frame(
+            {
+                ("sac", "ffm"): {"A-P-v0": [0.5, 0.7], "B-P-v0": [0.2, 0.4]},
+                ("sac", "gru"): {"A-P-v0": [0.3], "B-P-v0": [0.1]},
+            }
+        ),
+        n_resamples=100,
+        seed=0,
+    )
     figures.plot_aggregate(agg, "unused")
     for ax in drawn[0].axes:
         bars = _error_bars(ax)

@@ -2,9 +2,9 @@ import os
 
 import pandas as pd
 import pytest
+from analysis_synth import SAC_HEADER, progress_text, steps_grid, write_our_run, write_reference_run
 
 from analysis import columns, load, rundirs, runmeta, stats
-from analysis_synth import SAC_HEADER, progress_text, steps_grid, write_our_run, write_reference_run
 
 
 def _reasons(report, kind=None):
@@ -19,16 +19,19 @@ def _only(report, fragment, kind=None):
 
 @pytest.fixture
 def tree(tmp_path):
-    """Two models x 3 seeds of ours on Hopper-P plus two reference-layout GRU runs; runmax = 100*(seed+1) (+1 for ffm)."""
+    """Two models x 3 seeds of ours on Hopper-P plus two reference-layout GRU runs; runmax = 100*(seed+1) (+1 for
+    ffm)."""
     root = tmp_path / "runs"
     for model, bonus in (("ffm", 1.0), ("gru", 0.0)):
         for seed in range(3):
             best = 100.0 * (seed + 1) + bonus
-            write_our_run(root, "HopperBLT-P-v0", "sac", model, seed, steps_grid(4), [0.0, best, best / 2, 1.0],
-                          done=seed != 2)
+            write_our_run(
+                root, "HopperBLT-P-v0", "sac", model, seed, steps_grid(4), [0.0, best, best / 2, 1.0], done=seed != 2
+            )
     write_reference_run(root, "HopperBLT", "P", "sac", "gru", 0, steps_grid(3), [1.0, 50.0, 2.0], "05-09:12-34:56.78")
-    write_reference_run(root, "HopperBLT", "P", "sac", "gru", None, steps_grid(3), [1.0, 70.0, 2.0],
-                        "05-10:12-34:56.78")
+    write_reference_run(
+        root, "HopperBLT", "P", "sac", "gru", None, steps_grid(3), [1.0, 70.0, 2.0], "05-10:12-34:56.78"
+    )
     return root
 
 
@@ -69,8 +72,17 @@ def test_damaged_files_are_reported_not_fatal(tmp_path):
     good = write_our_run(root, "WalkerBLT-V-v0", "td3", "gru", 0, steps_grid(3), [1.0, 2.0, 3.0])
 
     def make(name, text, config=True):
-        run = write_our_run(root, "WalkerBLT-V-v0", "td3", "ffm", 10 + len(os.listdir(root / "WalkerBLT-V-v0")),
-                            [], [], stamp=name, config=config)
+        run = write_our_run(
+            root,
+            "WalkerBLT-V-v0",
+            "td3",
+            "ffm",
+            10 + len(os.listdir(root / "WalkerBLT-V-v0")),
+            [],
+            [],
+            stamp=name,
+            config=config,
+        )
         (run / "progress.csv").write_text(text)
         return run
 
@@ -192,8 +204,9 @@ def _reference_run(root, name, returns, stamp, seq_model="gru", seed=0, after=("
         run = run / part
     run.mkdir(parents=True)
     (run / "progress.csv").write_text(progress_text(steps_grid(len(returns)), returns))
-    (run / "variant_1.yml").write_text(f"seed: {seed}\nenv:\n  env_name: HopperBLT-P-v0\npolicy:\n"
-                                       f"  seq_model: {seq_model}\n  algo_name: sac\n")
+    (run / "variant_1.yml").write_text(
+        f"seed: {seed}\nenv:\n  env_name: HopperBLT-P-v0\npolicy:\n  seq_model: {seq_model}\n  algo_name: sac\n"
+    )
     return run
 
 
@@ -202,16 +215,27 @@ def test_reference_runs_of_other_agents_are_their_own_groups(tmp_path):
     # would count them as more GRU seeds (an oracle run's returns are several times higher).
     for i, name in enumerate(["sac_gru", "sac_gru", "oracle_sac_gru", "sac_2gru", "sac_gru_shared"]):
         _reference_run(tmp_path, name, [1.0, 500.0], f"05-09:12-00:0{i}.00", seed=i)
-    _reference_run(tmp_path, "Markovian_sac", [1.0, 450.0], "05-09:12-00:09.00", seq_model="mlp",
-                   after=("gamma-0.99",))
+    _reference_run(tmp_path, "Markovian_sac", [1.0, 450.0], "05-09:12-00:09.00", seq_model="mlp", after=("gamma-0.99",))
     _reference_run(tmp_path, "oracle_sac", [1.0, 2400.0], "05-09:12-00:08.00", seq_model="mlp", after=("gamma-0.99",))
     table, report = load.build_table([tmp_path])
     runs = table.drop_duplicates("run_id")
     assert sorted(runs["model"].value_counts().items()) == [
-        ("gru", 2), ("gru+2layer", 1), ("gru+oracle", 1), ("gru+shared", 1), ("markovian", 1), ("oracle", 1)]
+        ("gru", 2),
+        ("gru+2layer", 1),
+        ("gru+oracle", 1),
+        ("gru+shared", 1),
+        ("markovian", 1),
+        ("oracle", 1),
+    ]
     labels = set(load.separate_sources(table)["model_label"])
-    assert labels == {"GRU (ref)", "GRU (ref, oracle)", "GRU (ref, 2 layers)", "GRU (ref, shared memory)",
-                      "Markovian (ref)", "Oracle (ref)"}
+    assert labels == {
+        "GRU (ref)",
+        "GRU (ref, oracle)",
+        "GRU (ref, 2 layers)",
+        "GRU (ref, shared memory)",
+        "Markovian (ref)",
+        "Oracle (ref)",
+    }
     assert not report.warnings, _reasons(report)
 
 
@@ -225,8 +249,9 @@ def test_the_references_gru_mlp_runs_are_its_gru_without_a_word(tmp_path):
 def test_a_failed_and_a_diverged_run_are_named_with_their_status(tmp_path):
     runs = {}
     for seed, status in enumerate(["done", "failed", "diverged", "unfinished"]):
-        runs[status] = write_our_run(tmp_path, "HopperBLT-P-v0", "sac", "ffm", seed, steps_grid(3), [1.0, 2.0, 3.0],
-                                     done=status == "done")
+        runs[status] = write_our_run(
+            tmp_path, "HopperBLT-P-v0", "sac", "ffm", seed, steps_grid(3), [1.0, 2.0, 3.0], done=status == "done"
+        )
     (runs["failed"] / "ERROR.txt").write_text("Traceback ...\nRuntimeError: CUDA out of memory\n")
     (runs["diverged"] / "ERROR.txt").write_text("Traceback ...\nTrainingDiverged: non-finite critic loss\n")
     (runs["diverged"] / "checkpoints").mkdir()
@@ -235,12 +260,23 @@ def test_a_failed_and_a_diverged_run_are_named_with_their_status(tmp_path):
     status = table.drop_duplicates("run_id").set_index("seed")["status"].to_dict()
     assert status == {0: "done", 1: "failed", 2: "diverged", 3: "unfinished"}
     # A failed run being continued by a process that holds its lock is running, whatever its last attempt left.
+    import subprocess
+    import sys
+
     from pomdp_ffm.launch.rundir import RunDir
-    import subprocess, sys
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
-                               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
-                               "print('held', flush=True); time.sleep(60)", str(runs["failed"] / RunDir.LOCK)],
-                              stdout=subprocess.PIPE, text=True)
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; "
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(60)",
+            str(runs["failed"] / RunDir.LOCK),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         table, _ = load.build_table([tmp_path])
@@ -257,7 +293,9 @@ def test_runs_pooled_in_one_group_that_differ_in_a_setting_are_warned_about(tmp_
         run = write_our_run(tmp_path, "HopperBLT-P-v0", "sac", "ffm", seed, steps_grid(3), [1.0, 2.0, 3.0])
         (run / "config.yaml").write_text(
             f"seed: {seed}\ndevice: {device}\nenv:\n  env_name: HopperBLT-P-v0\n"
-            f"policy:\n  algo_name: sac\n  seq_model: ffm\n  lr: {lr}\neval:\n  save_interval: {snapshots}\n")
+            f"policy:\n  algo_name: sac\n  seq_model: ffm\n  lr: {lr}\neval:\n  save_interval: {snapshots}\n"
+        )
+
     ours(0, 0.0003), ours(1, 0.0003, device="cuda", snapshots=1), ours(2, 0.001)
     _, report = load.build_table([tmp_path])
     hits = _only(report, "HopperBLT-P-v0/sac_ffm (ours)", "warning")
@@ -272,8 +310,15 @@ def test_runs_pooled_in_one_group_that_differ_in_a_setting_are_warned_about(tmp_
     # The reference's run name holds its settings: the fork's long-sequence configs are another experiment.
     ref = tmp_path / "ref"
     _reference_run(ref, "sac_ffm", [1.0, 2.0], "05-09:12-00:00.00", seq_model="ffm")
-    _reference_run(ref, "sac_ffm", [1.0, 2.0], "05-09:12-00:01.00", seq_model="ffm", seed=1,
-                   after=("gamma-0.99", "len-1024", "bs-4"))
+    _reference_run(
+        ref,
+        "sac_ffm",
+        [1.0, 2.0],
+        "05-09:12-00:01.00",
+        seq_model="ffm",
+        seed=1,
+        after=("gamma-0.99", "len-1024", "bs-4"),
+    )
     _, report = load.build_table([ref])
     hits = _only(report, "(reference)", "warning")
     assert "gamma-0.99/len-1024/bs-4" in hits[0] and "gamma-0.99/len-64/bs-64" in hits[0]
@@ -301,12 +346,21 @@ def test_a_cached_status_follows_the_runs_lock(tmp_path):
 
     from pomdp_ffm.launch.rundir import RunDir
 
-    run = write_our_run(tmp_path / "runs", "HopperBLT-P-v0", "sac", "ffm", 0, steps_grid(3), [1.0, 2.0, 3.0],
-                        done=False)
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
-                               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
-                               "print('held', flush=True); time.sleep(60)", str(run / RunDir.LOCK)],
-                              stdout=subprocess.PIPE, text=True)
+    run = write_our_run(
+        tmp_path / "runs", "HopperBLT-P-v0", "sac", "ffm", 0, steps_grid(3), [1.0, 2.0, 3.0], done=False
+    )
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; "
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(60)",
+            str(run / RunDir.LOCK),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         table, _ = load.load_runs([tmp_path / "runs"], cache_dir=tmp_path / "cache")

@@ -1,10 +1,11 @@
 """A report is written whole or not at all: it is built beside the previous one and swapped in at the end, so that
 bad input or a failure half-way leaves the previous report as it was (and a folder the command made, nothing)."""
+
 import numpy as np
 import pytest
+from analysis_synth import steps_grid, write_our_run
 
 from analysis import cli
-from analysis_synth import steps_grid, write_our_run
 
 
 @pytest.fixture
@@ -17,16 +18,19 @@ def tree(tmp_path):
 
 
 def snapshot(out):
-    return {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and ".cache" not in
-            p.parts}
+    return {
+        p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and ".cache" not in p.parts
+    }
 
 
 def test_max_steps_below_every_first_evaluation_is_one_line_and_writes_nothing(tree, tmp_path, capsys):
     out = tmp_path / "report"
     assert cli.main([str(tree), "--out", str(out), "--max-steps", "1000", "--resamples", "50"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == ("error: --max-steps 1000 is below every run's first evaluation (the earliest is at 12000 env "
-                       "steps): nothing would be left to analyse")
+    assert err[-1] == (
+        "error: --max-steps 1000 is below every run's first evaluation (the earliest is at 12000 env "
+        "steps): nothing would be left to analyse"
+    )
     assert not out.exists()
 
 
@@ -47,8 +51,9 @@ def test_a_failure_half_way_leaves_the_previous_report(tree, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("where", ["a read-only --out", "a full disk half-way"])
-def test_an_output_that_cannot_be_written_is_one_line_and_leaves_the_previous_report(tree, tmp_path, monkeypatch,
-                                                                                    capsys, where):
+def test_an_output_that_cannot_be_written_is_one_line_and_leaves_the_previous_report(
+    tree, tmp_path, monkeypatch, capsys, where
+):
     import errno
 
     from pomdp_ffm.launch.exits import EXIT_UNWRITABLE
@@ -58,12 +63,14 @@ def test_an_output_that_cannot_be_written_is_one_line_and_leaves_the_previous_re
     before = snapshot(out)
     capsys.readouterr()
     if where == "a read-only --out":  # (as root, chmod stops no write: the kernel's error, injected)
+
         def mkdtemp(prefix, dir):
             raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}x")
 
         monkeypatch.setattr(cli.tempfile, "mkdtemp", mkdtemp)
         said = f"error: the report cannot be written ({out}/.new-report-x): Permission denied; "
     else:
+
         def full(ctx):
             raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -71,6 +78,7 @@ def test_an_output_that_cannot_be_written_is_one_line_and_leaves_the_previous_re
         said = "error: the report cannot be written: No space left on device; "
     assert cli.main([str(tree), "--out", str(out), "--resamples", "50"]) == EXIT_UNWRITABLE
     assert capsys.readouterr().err.splitlines() == [
-        said + "the previous report in --out is unchanged: free some space or make --out writable, then rerun"]
+        said + "the previous report in --out is unchanged: free some space or make --out writable, then rerun"
+    ]
     assert snapshot(out) == before
     assert sorted(p.name for p in out.iterdir()) == sorted({".cache", *(p.parts[0] for p in before)})

@@ -14,11 +14,15 @@ def _scores(rows):
 
 # --------------------------------------------------------------------------- bootstrap_ci
 
+
 @pytest.mark.parametrize("dist", ["normal", "exponential", "bimodal"])
 def test_ci_brackets_point_estimate(dist):
     rng = np.random.default_rng(1)
-    x = {"normal": rng.normal(5, 2, 5), "exponential": rng.exponential(3, 7),
-         "bimodal": np.r_[rng.normal(0, 1, 3), rng.normal(10, 1, 3)]}[dist]
+    x = {
+        "normal": rng.normal(5, 2, 5),
+        "exponential": rng.exponential(3, 7),
+        "bimodal": np.r_[rng.normal(0, 1, 3), rng.normal(10, 1, 3)],
+    }[dist]
     mean, lo, hi, method = stats.bootstrap_ci(x, n_resamples=2000, seed=0)
     assert mean == pytest.approx(np.mean(x))
     assert lo < mean < hi
@@ -41,8 +45,7 @@ def test_ci_matches_scipy_and_normal_theory():
     mean, lo, hi, _ = stats.bootstrap_ci(x, confidence=0.95, n_resamples=3000, seed=7)
     # The runs are resampled in value order (stats.resampling_order); no two resampled means of 400 normal draws
     # tie, so the interval is scipy's BCa bit for bit.
-    ref = sps.bootstrap((np.sort(x),), np.mean, confidence_level=0.95, n_resamples=3000,
-                        rng=np.random.default_rng(7))
+    ref = sps.bootstrap((np.sort(x),), np.mean, confidence_level=0.95, n_resamples=3000, rng=np.random.default_rng(7))
     assert (lo, hi) == (ref.confidence_interval.low, ref.confidence_interval.high)
     # A normal sample's 95% CI of the mean is about mean +- 1.96 s / sqrt(n).
     half = 1.96 * x.std(ddof=1) / math.sqrt(len(x))
@@ -81,11 +84,25 @@ def test_summarize_groups_and_counts():
 
 # --------------------------------------------------------------------------- per-run scores
 
+
 def _run_table(returns, steps=None, run_id="r0", task="HopperBLT-P-v0"):
     steps = np.arange(len(returns)) * 4000 + 12000 if steps is None else np.asarray(steps)
-    return pd.DataFrame({"run_id": run_id, "source": "ours", "task": task, "algo": "sac", "model": "ffm",
-                         "model_label": "FFM", "seed": 0, "trial": "seed-0", "finished": True, "status": "done",
-                         "env_steps": steps.astype(float), "eval_return": np.asarray(returns, float)})
+    return pd.DataFrame(
+        {
+            "run_id": run_id,
+            "source": "ours",
+            "task": task,
+            "algo": "sac",
+            "model": "ffm",
+            "model_label": "FFM",
+            "seed": 0,
+            "trial": "seed-0",
+            "finished": True,
+            "status": "done",
+            "env_steps": steps.astype(float),
+            "eval_return": np.asarray(returns, float),
+        }
+    )
 
 
 def test_runmax_is_best_eval_and_respects_max_steps():
@@ -118,9 +135,15 @@ def test_unknown_metric_is_named():
 
 # --------------------------------------------------------------------------- normalisation and aggregates
 
+
 def test_normalize_oracle_random_and_excluded_tasks():
-    sc = _scores([("HopperBLT-P-v0", "sac", "ffm", "a", 2434.0), ("HopperBLT-P-v0", "sac", "ffm", "b", 19.9634),
-                  ("HopperMJ-V-v0", "sac", "ffm", "c", 100.0)])
+    sc = _scores(
+        [
+            ("HopperBLT-P-v0", "sac", "ffm", "a", 2434.0),
+            ("HopperBLT-P-v0", "sac", "ffm", "b", 19.9634),
+            ("HopperMJ-V-v0", "sac", "ffm", "c", 100.0),
+        ]
+    )
     out, notes = stats.normalize(sc)
     assert out["norm_score"].iloc[:2].tolist() == pytest.approx([1.0, 0.0])
     assert math.isnan(out["norm_score"].iloc[2])
@@ -144,14 +167,26 @@ def _norm_frame(values_by_group):
     for (algo, model), per_task in values_by_group.items():
         for task, vals in per_task.items():
             for i, v in enumerate(vals):
-                rows.append({"task": task, "algo": algo, "model": model, "run_id": f"{model}{task}{i}",
-                             "score": v, "norm_score": v})
+                rows.append(
+                    {
+                        "task": task,
+                        "algo": algo,
+                        "model": model,
+                        "run_id": f"{model}{task}{i}",
+                        "score": v,
+                        "norm_score": v,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def test_aggregate_known_values_and_reproducible():
-    norm = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.8, 0.9, 1.0], "B-P-v0": [0.1, 0.2, 0.3]},
-                        ("sac", "gru"): {"A-P-v0": [0.5, 0.5, 0.5], "B-P-v0": [0.5, 0.5, 0.5]}})
+    norm = _norm_frame(
+        {
+            ("sac", "ffm"): {"A-P-v0": [0.8, 0.9, 1.0], "B-P-v0": [0.1, 0.2, 0.3]},
+            ("sac", "gru"): {"A-P-v0": [0.5, 0.5, 0.5], "B-P-v0": [0.5, 0.5, 0.5]},
+        }
+    )
     agg, notes = aggregate.aggregate_scores(norm, n_resamples=500, seed=3)
     ffm = agg[(agg.model == "ffm")].set_index("metric")
     assert ffm.loc["Mean", "value"] == pytest.approx(0.55)
@@ -177,15 +212,20 @@ def test_optimality_gap_caps_scores_at_the_oracle_and_weights_tasks_equally():
     assert gap["ci_low"] <= gap["value"] <= gap["ci_high"]
     # With as many runs per task, it is rliable's 1 - mean(min(scores, 1)) over all runs.
     even = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.5, 1.5], "B-P-v0": [0.2, 0.4]}})
-    assert aggregate.aggregate_scores(even, n_resamples=10)[0].set_index("metric").loc["Optimality gap", "value"] \
-        == pytest.approx(1 - np.mean(np.minimum([0.5, 1.5, 0.2, 0.4], 1)))
+    assert aggregate.aggregate_scores(even, n_resamples=10)[0].set_index("metric").loc[
+        "Optimality gap", "value"
+    ] == pytest.approx(1 - np.mean(np.minimum([0.5, 1.5, 0.2, 0.4], 1)))
 
 
 def test_profile_thresholds_come_from_the_aggregated_groups_only():
-    norm = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.2, 1.2], "B-P-v0": [0.5]},
-                        ("sac", "gru"): {"A-P-v0": [0.1, 0.3], "B-P-v0": [0.4]},
-                        # Another agent far above the Oracle on a task the model groups do not share.
-                        ("sac", "gru+oracle@ref"): {"C-P-v0": [3.0]}})
+    norm = _norm_frame(
+        {
+            ("sac", "ffm"): {"A-P-v0": [0.2, 1.2], "B-P-v0": [0.5]},
+            ("sac", "gru"): {"A-P-v0": [0.1, 0.3], "B-P-v0": [0.4]},
+            # Another agent far above the Oracle on a task the model groups do not share.
+            ("sac", "gru+oracle@ref"): {"C-P-v0": [3.0]},
+        }
+    )
     agg, _ = aggregate.aggregate_scores(norm, n_resamples=50)
     assert set(agg["model"]) == {"ffm", "gru"}
     prof = aggregate.profile_of_aggregate(norm, agg, n_taus=7, n_resamples=50)
@@ -196,19 +236,25 @@ def test_profile_thresholds_come_from_the_aggregated_groups_only():
 
 
 def test_aggregate_restricts_to_common_tasks_with_note():
-    norm = _norm_frame({("sac", "ffm"): {"A-P-v0": [0.5, 0.6], "B-P-v0": [0.1, 0.2]},
-                        ("sac", "gru"): {"A-P-v0": [0.4, 0.3]}})
+    norm = _norm_frame(
+        {("sac", "ffm"): {"A-P-v0": [0.5, 0.6], "B-P-v0": [0.1, 0.2]}, ("sac", "gru"): {"A-P-v0": [0.4, 0.3]}}
+    )
     agg, notes = aggregate.aggregate_scores(norm, n_resamples=100, seed=0)
     assert set(agg["n_tasks"]) == {1}
     assert any("B-P-v0" in n for n in notes)
 
 
 def test_probability_of_improvement_known_answers():
-    rows = [("A-P-v0", "sac", "ffm", "f1", 10.0), ("A-P-v0", "sac", "ffm", "f2", 11.0),
-            ("A-P-v0", "sac", "gru", "g1", 1.0), ("A-P-v0", "sac", "gru", "g2", 2.0),
-            # Task B: ffm {1, 3} vs gru {2}: one win, one loss -> 0.5.
-            ("B-P-v0", "sac", "ffm", "f3", 1.0), ("B-P-v0", "sac", "ffm", "f4", 3.0),
-            ("B-P-v0", "sac", "gru", "g3", 2.0)]
+    rows = [
+        ("A-P-v0", "sac", "ffm", "f1", 10.0),
+        ("A-P-v0", "sac", "ffm", "f2", 11.0),
+        ("A-P-v0", "sac", "gru", "g1", 1.0),
+        ("A-P-v0", "sac", "gru", "g2", 2.0),
+        # Task B: ffm {1, 3} vs gru {2}: one win, one loss -> 0.5.
+        ("B-P-v0", "sac", "ffm", "f3", 1.0),
+        ("B-P-v0", "sac", "ffm", "f4", 3.0),
+        ("B-P-v0", "sac", "gru", "g3", 2.0),
+    ]
     out = aggregate.probability_of_improvement(_scores(rows), n_resamples=500, seed=0)
     r = out.iloc[0]
     assert r["value"] == pytest.approx((1.0 + 0.5) / 2)
@@ -227,9 +273,14 @@ def test_performance_profile_fractions():
 
 # --------------------------------------------------------------------------- curves
 
+
 def test_curves_runmax_step_function_and_band():
-    t = pd.concat([_run_table([1.0, 5.0, 3.0], run_id="a").assign(trial="seed-0"),
-                   _run_table([2.0, 2.0, 8.0], run_id="b").assign(trial="seed-1")])
+    t = pd.concat(
+        [
+            _run_table([1.0, 5.0, 3.0], run_id="a").assign(trial="seed-0"),
+            _run_table([2.0, 2.0, 8.0], run_id="b").assign(trial="seed-1"),
+        ]
+    )
     on_grid = curves.curves_on_grid(t, grid_start=12000, grid_interval=2000)
     a = on_grid[on_grid.run_id == "a"]
     assert a["env_steps"].tolist() == [12000, 14000, 16000, 18000, 20000]
@@ -246,8 +297,17 @@ def test_curve_style_is_validated():
 
 def test_pendulum_curves_use_the_reference_pendulum_grid():
     # eval.sh: Pendulum is merged on a 2000 / 1000 grid with a window of 3, the locomotion tasks on 12000 / 4000.
-    table = pd.DataFrame({"run_id": "r", "task": "Pendulum-V-v0", "algo": "sac", "model": "ffm", "trial": "0",
-                          "env_steps": [2000.0, 3000.0, 4000.0], "eval_return": [-1500.0, -1000.0, -1200.0]})
+    table = pd.DataFrame(
+        {
+            "run_id": "r",
+            "task": "Pendulum-V-v0",
+            "algo": "sac",
+            "model": "ffm",
+            "trial": "0",
+            "env_steps": [2000.0, 3000.0, 4000.0],
+            "eval_return": [-1500.0, -1000.0, -1200.0],
+        }
+    )
     got = curves.curves_on_grid(table, "runmax")
     assert got["env_steps"].tolist() == [2000.0, 3000.0, 4000.0]
     assert got["value"].tolist() == [-1500.0, -1000.0, -1000.0]

@@ -10,16 +10,27 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from analysis_synth import (
+    Payload,
+    progress_text,
+    run_cli,
+    steps_grid,
+    write_our_run,
+    write_payload_checkpoint,
+    write_reference_run,
+)
 
 from analysis import aggregate, bench, curves, figures, load, stats
 from analysis.cache import CACHE_FORMAT, CACHE_VERSION
-from analysis_synth import (Payload, progress_text, run_cli, steps_grid, write_our_run, write_payload_checkpoint,
-                            write_reference_run)
 
 
 def _ffm_state(alpha=(0.2, 0.05), omega=(0.5,)):
-    return {"actor.rnn.memory.alpha": torch.tensor(alpha), "actor.rnn.memory.omega": torch.tensor(omega),
-            "critic.rnn.memory.alpha": torch.tensor(alpha) / 2, "critic.rnn.memory.omega": torch.tensor(omega)}
+    return {
+        "actor.rnn.memory.alpha": torch.tensor(alpha),
+        "actor.rnn.memory.omega": torch.tensor(omega),
+        "critic.rnn.memory.alpha": torch.tensor(alpha) / 2,
+        "critic.rnn.memory.omega": torch.tensor(omega),
+    }
 
 
 def _issues(report, kind="warning"):
@@ -27,6 +38,7 @@ def _issues(report, kind="warning"):
 
 
 # --------------------------------------------------------------------------- the tree the CLI tests share
+
 
 @pytest.fixture(scope="module")
 def trust_tree(tmp_path_factory):
@@ -43,8 +55,9 @@ def trust_tree(tmp_path_factory):
             ret[2] = math.nan  # env step 12000 + 2 * 4000 = 20000
         runs["ffm", seed] = write_our_run(root, "HopperBLT-P-v0", "sac", "ffm", seed, steps_grid(12), ret)
         n = 5 if seed == 0 else 12
-        runs["gru", seed] = write_our_run(root, "HopperBLT-P-v0", "sac", "gru", seed, steps_grid(n),
-                                          np.cumsum(rng.normal(20, 10, n)), done=seed != 0)
+        runs["gru", seed] = write_our_run(
+            root, "HopperBLT-P-v0", "sac", "gru", seed, steps_grid(n), np.cumsum(rng.normal(20, 10, n)), done=seed != 0
+        )
     write_payload_checkpoint(runs["ffm", 0] / "checkpoints" / "last.pt", targets["last"], how="torch")
     write_payload_checkpoint(runs["ffm", 0] / "save" / "agent_1_perf0.pt", targets["snapshot"], how="pickle")
     (runs["ffm", 1] / "checkpoints").mkdir()
@@ -114,6 +127,7 @@ def test_nan_eval_rows_are_dropped_and_counted(tmp_path):
 
 # --------------------------------------------------------------------------- horizons
 
+
 def test_different_horizons_warn_and_the_report_says_which(cli_all):
     _, out, issues, report = cli_all
     hop = issues[(issues["path"] == "HopperBLT-P-v0") & (issues["kind"] == "warning")]
@@ -131,22 +145,45 @@ def test_different_horizons_warn_and_the_report_says_which(cli_all):
 
 def _table(runs):
     """A tidy table from {run_id: (task, model, trial, steps, returns)}."""
-    frames = [pd.DataFrame({"run_id": rid, "source": "ours", "task": task, "algo": "sac", "model": model,
-                            "model_label": model.upper(), "seed": 0, "trial": trial, "finished": True, "status": "done",
-                            "env_steps": np.asarray(steps, float), "eval_return": np.asarray(ret, float)})
-              for rid, (task, model, trial, steps, ret) in runs.items()]
+    frames = [
+        pd.DataFrame(
+            {
+                "run_id": rid,
+                "source": "ours",
+                "task": task,
+                "algo": "sac",
+                "model": model,
+                "model_label": model.upper(),
+                "seed": 0,
+                "trial": trial,
+                "finished": True,
+                "status": "done",
+                "env_steps": np.asarray(steps, float),
+                "eval_return": np.asarray(ret, float),
+            }
+        )
+        for rid, (task, model, trial, steps, ret) in runs.items()
+    ]
     return pd.concat(frames, ignore_index=True)
 
 
 def test_horizons_tolerate_one_eval_interval_and_respect_max_steps():
     long, short = steps_grid(30), steps_grid(9)  # 12000..128000 vs 12000..44000
     jitter = long + np.r_[np.zeros(29), -900.0]  # ends 900 steps early: less than one eval interval
-    same = _table({"a": ("HopperBLT-P-v0", "ffm", "s0", long, np.ones(30)),
-                   "b": ("HopperBLT-P-v0", "gru", "s0", jitter, np.ones(30))})
+    same = _table(
+        {
+            "a": ("HopperBLT-P-v0", "ffm", "s0", long, np.ones(30)),
+            "b": ("HopperBLT-P-v0", "gru", "s0", jitter, np.ones(30)),
+        }
+    )
     groups, problems = stats.horizons(same)
     assert problems == [] and groups["env_steps_max"].tolist() == [128000.0, 127100.0]
-    apart = _table({"a": ("HopperBLT-P-v0", "ffm", "s0", long, np.ones(30)),
-                    "b": ("HopperBLT-P-v0", "gru", "s0", short, np.ones(9))})
+    apart = _table(
+        {
+            "a": ("HopperBLT-P-v0", "ffm", "s0", long, np.ones(30)),
+            "b": ("HopperBLT-P-v0", "gru", "s0", short, np.ones(9)),
+        }
+    )
     groups, problems = stats.horizons(apart)
     assert len(problems) == 1 and problems[0][:2] == ("HopperBLT-P-v0", "warning")
     assert "44000 to 128000" in problems[0][2] and "Shortest: b" in problems[0][2]
@@ -156,23 +193,31 @@ def test_horizons_tolerate_one_eval_interval_and_respect_max_steps():
 
 
 def test_a_run_with_no_evaluation_up_to_max_steps_is_named():
-    late = _table({"a": ("HopperBLT-P-v0", "gru", "s0", steps_grid(5), np.ones(5)),
-                   "b": ("HopperBLT-P-v0", "gru", "s1", 48000 + steps_grid(5), np.ones(5))})
+    late = _table(
+        {
+            "a": ("HopperBLT-P-v0", "gru", "s0", steps_grid(5), np.ones(5)),
+            "b": ("HopperBLT-P-v0", "gru", "s1", 48000 + steps_grid(5), np.ones(5)),
+        }
+    )
     groups, problems = stats.horizons(late, max_steps=40000)
     assert groups["n_runs"].tolist() == [1]
-    assert problems == [("b", "warning", "no evaluation up to --max-steps 40000 (its first is at 60000): left out of "
-                                         "scores and curves")]
+    assert problems == [
+        ("b", "warning", "no evaluation up to --max-steps 40000 (its first is at 60000): left out of scores and curves")
+    ]
 
 
 # --------------------------------------------------------------------------- the learning-curve rule
+
 
 def test_curve_mean_is_over_the_same_runs_up_to_the_shortest_run():
     # The "best so far" of run a stops at 16 evals while b and c go on to 24 with lower returns: a mean over the
     # runs still going would fall where a ends (1812 -> 1784 in the issue). The rule ends the mean there instead.
     grid = steps_grid(24)
-    runs = {"a": ("HopperBLT-P-v0", "ffm", "seed-0", grid[:16], np.linspace(1000, 1900, 16)),
-            "b": ("HopperBLT-P-v0", "ffm", "seed-1", grid, np.linspace(1000, 1780, 24)),
-            "c": ("HopperBLT-P-v0", "ffm", "seed-2", grid, np.linspace(1000, 1790, 24))}
+    runs = {
+        "a": ("HopperBLT-P-v0", "ffm", "seed-0", grid[:16], np.linspace(1000, 1900, 16)),
+        "b": ("HopperBLT-P-v0", "ffm", "seed-1", grid, np.linspace(1000, 1780, 24)),
+        "c": ("HopperBLT-P-v0", "ffm", "seed-2", grid, np.linspace(1000, 1790, 24)),
+    }
     on_grid = curves.curves_on_grid(_table(runs), "runmax")
     band = curves.curve_band(on_grid, n_resamples=200, seed=0)
     assert band["env_steps"].max() == grid[15]  # the shortest run's last evaluation
@@ -181,7 +226,7 @@ def test_curve_mean_is_over_the_same_runs_up_to_the_shortest_run():
     wide = on_grid.pivot(index="run_id", columns="env_steps", values="value")
     assert band["mean"].to_numpy() == pytest.approx(wide[band["env_steps"]].mean(axis=0).to_numpy())
     assert (band["ci_low"] <= band["mean"] + 1e-9).all() and (band["mean"] <= band["ci_high"] + 1e-9).all()
-    (path, kind, reason), = curves.curve_cuts(on_grid)
+    ((path, kind, reason),) = curves.curve_cuts(on_grid)
     assert (path, kind) == ("HopperBLT-P-v0/sac_ffm", "warning")
     assert f"to {grid[15]:.0f} env steps" in reason and "shortest run (a)" in reason
     assert f"b (ends at {grid[-1]:.0f}), c (ends at {grid[-1]:.0f})" in reason
@@ -192,12 +237,19 @@ def test_curve_mean_is_over_the_same_runs_up_to_the_shortest_run():
 
 def test_curve_band_single_run_and_duplicate_seeds():
     grid = steps_grid(4)
-    one = curves.curve_band(curves.curves_on_grid(_table({"a": ("Pendulum-V-v0", "gru", "s0", grid, [1, 3, 2, 5])}),
-                                                grid_start=12000, grid_interval=4000))
+    one = curves.curve_band(
+        curves.curves_on_grid(
+            _table({"a": ("Pendulum-V-v0", "gru", "s0", grid, [1, 3, 2, 5])}), grid_start=12000, grid_interval=4000
+        )
+    )
     assert one["mean"].tolist() == [1, 3, 3, 5] and one["ci_low"].isna().all() and (one["n_runs"] == 1).all()
     # Two runs of one seed (in two run directories) are two runs, not averaged into one.
-    dup = _table({"a": ("Pendulum-V-v0", "gru", "seed-0", grid, [1, 1, 1, 1]),
-                  "b": ("Pendulum-V-v0", "gru", "seed-0", grid, [3, 3, 3, 3])})
+    dup = _table(
+        {
+            "a": ("Pendulum-V-v0", "gru", "seed-0", grid, [1, 1, 1, 1]),
+            "b": ("Pendulum-V-v0", "gru", "seed-0", grid, [3, 3, 3, 3]),
+        }
+    )
     band = curves.curve_band(curves.curves_on_grid(dup, grid_start=12000, grid_interval=4000), n_resamples=100)
     assert (band["n_runs"] == 2).all() and band["mean"].tolist() == [2.0] * 4
 
@@ -215,11 +267,17 @@ def test_cli_curves_follow_the_rule_and_warn(cli_all, trust_tree):
 
 # --------------------------------------------------------------------------- single-run tasks in the aggregate
 
+
 def test_single_run_task_in_aggregate_is_noted():
-    rows = [{"task": t, "algo": "sac", "model": m, "run_id": f"{m}{t}{i}", "score": v, "norm_score": v}
-            for m, per_task in (("ffm", {"A-P-v0": [0.5, 0.6], "B-P-v0": [0.9]}),
-                                ("gru", {"A-P-v0": [0.4, 0.3], "B-P-v0": [0.2, 0.1]}))
-            for t, vals in per_task.items() for i, v in enumerate(vals)]
+    rows = [
+        {"task": t, "algo": "sac", "model": m, "run_id": f"{m}{t}{i}", "score": v, "norm_score": v}
+        for m, per_task in (
+            ("ffm", {"A-P-v0": [0.5, 0.6], "B-P-v0": [0.9]}),
+            ("gru", {"A-P-v0": [0.4, 0.3], "B-P-v0": [0.2, 0.1]}),
+        )
+        for t, vals in per_task.items()
+        for i, v in enumerate(vals)
+    ]
     agg, notes = aggregate.aggregate_scores(pd.DataFrame(rows), n_resamples=100, seed=0)
     assert agg.set_index("model")["single_run_tasks"].to_dict() == {"ffm": "B-P-v0", "gru": ""}
     assert len(notes) == 1 and "sac/ffm" in notes[0] and "B-P-v0" in notes[0] and "single run" in notes[0]
@@ -242,6 +300,7 @@ def test_cli_single_run_task_is_a_warning_and_a_note(cli_all):
 
 # --------------------------------------------------------------------------- loading never runs code
 
+
 def test_payload_is_real(tmp_path):
     # The crafted object does run code when unpickled in full: the tests below mean something.
     target = tmp_path / "control"
@@ -257,8 +316,9 @@ def test_cli_refuses_crafted_checkpoints_without_running_them(cli_all, trust_tre
     issues_decay = pd.read_csv(tmp_path / "out" / "issues.csv")
     for issues in (issues_all, issues_decay):
         refused = issues[issues["reason"].str.contains("refused")]
-        assert sorted(refused["path"]) == sorted(str(runs["ffm", 0] / rel) for rel in
-                                                 ("checkpoints/last.pt", "save/agent_1_perf0.pt"))
+        assert sorted(refused["path"]) == sorted(
+            str(runs["ffm", 0] / rel) for rel in ("checkpoints/last.pt", "save/agent_1_perf0.pt")
+        )
         assert (refused["kind"] == "warning").all()
     for target in targets.values():
         assert not target.exists(), f"{target}: a checkpoint's payload ran"
@@ -299,6 +359,7 @@ def test_cache_is_json_and_a_planted_pickle_never_runs(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- --out and the efficiency legend
 
+
 def test_out_naming_a_file_is_a_one_line_error(tmp_path):
     (tmp_path / "report.txt").write_text("keep me\n")
     res = run_cli(tmp_path, "--out", "report.txt", cwd=tmp_path)
@@ -322,8 +383,11 @@ def test_efficiency_panels_say_which_way_is_better(tmp_path, monkeypatch):
     assert bench.better("update_ms", "ms") == bench.better("peak_mem_mb", "MB") == "lower"
     assert bench.better("updates_per_s", "1/s") == bench.better("achieved_gflop_s", "GFLOP/s") == "higher"
     assert bench.better("new_rate", "steps/s") == "higher" and bench.better("mystery", "") is None
-    rows = [("update", "S", m, metric, v, unit) for m, v in (("ffm", 1.0), ("gru", 2.0))
-            for metric, unit in (("update_ms", "ms"), ("updates_per_s", "1/s"), ("achieved_gflop_s", "GFLOP/s"))]
+    rows = [
+        ("update", "S", m, metric, v, unit)
+        for m, v in (("ffm", 1.0), ("gru", 2.0))
+        for metric, unit in (("update_ms", "ms"), ("updates_per_s", "1/s"), ("achieved_gflop_s", "GFLOP/s"))
+    ]
     summary = bench.summarize_bench(pd.DataFrame(rows, columns=bench.BENCH_COLUMNS))
     figs = []
     monkeypatch.setattr(figures, "_save", lambda fig, base, formats: figs.append(fig) or [])
@@ -340,12 +404,30 @@ def test_efficiency_panels_say_which_way_is_better(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- what the console and labels say
 
+
 def test_last_fraction_and_curve_settings_are_what_the_labels_and_report_say(trust_tree, tmp_path, capsys):
     from analysis import cli
 
     root, _, _ = trust_tree
-    assert cli.main(["table", str(root), "--out", str(tmp_path), "--metric", "last20", "--last-frac", "0.5",
-                     "--window", "4", "--resamples", "50"]) == 0
+    assert (
+        cli.main(
+            [
+                "table",
+                str(root),
+                "--out",
+                str(tmp_path),
+                "--metric",
+                "last20",
+                "--last-frac",
+                "0.5",
+                "--window",
+                "4",
+                "--resamples",
+                "50",
+            ]
+        )
+        == 0
+    )
     report = (tmp_path / "report.md").read_text()
     assert "mean of the last 50% of the smoothed" in report and "20%" not in report
     assert "smoothing window 4 grid points" in report and "start the task's default" in report
@@ -359,12 +441,15 @@ def test_tasks_the_aggregate_leaves_out_are_a_warning_on_the_console(tmp_path, c
         for task in ("HopperBLT-P-v0", "WalkerBLT-V-v0"):
             write_our_run(tmp_path / "runs", task, "sac", "ffm", seed, steps_grid(3), [1.0, 100.0 + seed, 2.0])
         for model in ("ffm", "gru"):
-            write_our_run(tmp_path / "runs", "HopperBLT-P-v0", "td3", model, seed, steps_grid(3),
-                          [1.0, 90.0 + seed, 2.0])
+            write_our_run(
+                tmp_path / "runs", "HopperBLT-P-v0", "td3", model, seed, steps_grid(3), [1.0, 90.0 + seed, 2.0]
+            )
 
     def aggregate_tasks(out):
-        assert cli.main(["aggregate", str(tmp_path / "runs"), "--out", str(out), "--resamples", "50",
-                         "--formats", "png"]) == 0
+        assert (
+            cli.main(["aggregate", str(tmp_path / "runs"), "--out", str(out), "--resamples", "50", "--formats", "png"])
+            == 0
+        )
         agg = pd.read_csv(out / "tables" / "aggregate_runmax.csv")
         return agg.drop_duplicates(["algo", "model"]).set_index(["algo", "model"])["n_tasks"].to_dict()
 
@@ -374,8 +459,12 @@ def test_tasks_the_aggregate_leaves_out_are_a_warning_on_the_console(tmp_path, c
     # A SAC group without it narrows SAC's aggregate, and the console says so.
     for seed in range(2):
         write_our_run(tmp_path / "runs", "HopperBLT-P-v0", "sac", "gru", seed, steps_grid(3), [1.0, 80.0 + seed, 2.0])
-    assert aggregate_tasks(tmp_path / "out2") == {("sac", "ffm"): 1, ("sac", "gru"): 1, ("td3", "ffm"): 1,
-                                                  ("td3", "gru"): 1}
+    assert aggregate_tasks(tmp_path / "out2") == {
+        ("sac", "ffm"): 1,
+        ("sac", "gru"): 1,
+        ("td3", "ffm"): 1,
+        ("td3", "gru"): 1,
+    }
     err = capsys.readouterr().err
     assert "warning: sac_ffm: aggregate (runmax): task(s) WalkerBLT-V-v0 left out, as not every compared sac " in err
     assert "td3_ffm" not in err
@@ -391,11 +480,28 @@ def test_with_pool_sources_the_references_other_agents_do_not_narrow_the_aggrega
     oracle = tmp_path / "ref" / "logs" / "pomdp" / "HopperBLT" / "P" / "oracle_sac_gru" / "gamma-0.99" / "x"
     oracle.mkdir(parents=True)
     (oracle / "progress.csv").write_text(progress_text(steps_grid(3), [1.0, 2000.0, 2.0]))
-    (oracle / "variant_1.yml").write_text("seed: 0\nenv:\n  env_name: HopperBLT-P-v0\npolicy:\n  seq_model: gru\n"
-                                          "  algo_name: sac\n")
+    (oracle / "variant_1.yml").write_text(
+        "seed: 0\nenv:\n  env_name: HopperBLT-P-v0\npolicy:\n  seq_model: gru\n  algo_name: sac\n"
+    )
     out = tmp_path / "out"
-    assert cli.main(["aggregate", str(tmp_path / "ours"), str(tmp_path / "ref"), "--out", str(out), "--pool-sources",
-                     "--resamples", "50", "--formats", "png", "--no-cache"]) == 0
+    assert (
+        cli.main(
+            [
+                "aggregate",
+                str(tmp_path / "ours"),
+                str(tmp_path / "ref"),
+                "--out",
+                str(out),
+                "--pool-sources",
+                "--resamples",
+                "50",
+                "--formats",
+                "png",
+                "--no-cache",
+            ]
+        )
+        == 0
+    )
     agg = pd.read_csv(out / "tables" / "aggregate_runmax.csv")
     assert agg.set_index(["model", "metric"]).loc[("ffm", "IQM"), "n_tasks"] == 2
     assert agg.set_index(["model", "metric"]).loc[("gru+oracle", "IQM"), "n_tasks"] == 1
