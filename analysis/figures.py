@@ -1,122 +1,38 @@
-"""Paper figures, drawn from the tidy DataFrames of :mod:`analysis.stats`.
+"""The score figures, drawn from the tidy DataFrames of :mod:`analysis.stats`, :mod:`analysis.curves` and
+:mod:`analysis.aggregate`: per-task bars, learning curves, aggregates and performance profiles.
 
 Every function takes data frames and an output base path (no extension),
-writes one file per requested format and returns the paths.  Sizes are in
-inches for a 7-inch text width so that fonts stay legible when the figure is
-placed at full width in a paper.
+writes one file per requested format and returns the paths.  Their shared look
+(size, fonts, model order and colours) is :mod:`analysis.figstyle`'s.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from contextlib import contextmanager
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from . import constants as C
+from . import figstyle  # figstyle.save through the module: a test swaps the one save of every figure
+from .aggregate import AGGREGATE_METRICS
+from .figstyle import (
+    DEFAULT_FORMATS,
+    PAPER_WIDTH,
+    model_handles,
+    order_models,
+    order_tasks,
+    paper_style,
+    source_style,
+    task_label,
+)
 
-from . import constants as C  # noqa: E402
-from .aggregate import AGGREGATE_METRICS  # noqa: E402
-from .bench import METRIC_TITLES, better  # noqa: E402
-
-PAPER_WIDTH = 7.0
-DEFAULT_FORMATS = ("png", "pdf")
-_RC = {
-    "font.size": 8,
-    "axes.titlesize": 9,
-    "axes.labelsize": 8.5,
-    "xtick.labelsize": 7.5,
-    "ytick.labelsize": 7.5,
-    "legend.fontsize": 8,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "grid.linewidth": 0.5,
-    "savefig.dpi": 300,
-    "pdf.fonttype": 42,
-}
-# The baselines, the other memories, FFM (the one studied) last.
-_MODEL_ORDER = ["oracle", "markovian", *(m for m in C.MEMORY_MODELS if m != "ffm"), "ffm"]
 # The mark of a group with a single run, which has no interval (drawn as none, never as a zero-width one).
 SINGLE_RUN = "n=1"
-
-
-@contextmanager
-def _paper_style():
-    with plt.rc_context(_RC):
-        yield
-
-
-def _save(fig, base: str | Path, formats=DEFAULT_FORMATS) -> list[Path]:
-    base = Path(base)
-    base.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt in formats:
-        if fmt not in ("png", "pdf", "svg"):
-            raise ValueError(f"unsupported figure format {fmt!r}; use png, pdf or svg")
-        p = base.with_suffix(f".{fmt}")
-        fig.savefig(p, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
-    return paths
-
-
-def _natural_key(text: str):
-    # "T64" before "T256": compare digit runs as numbers.
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
-
-
-def task_label(task: str) -> str:
-    return task[: -len("-v0")] if task.endswith("-v0") else task
-
-
-def order_tasks(tasks) -> list[str]:
-    def key(t):
-        parsed = C.parse_task(t)
-        return (parsed[0], parsed[1]) if parsed else (t, "")
-
-    return sorted(set(tasks), key=key)
-
-
-_SOURCE_ORDER = ("ours", "reference", "published")
-# How a group's source shows beside its memory's colour: bar hatch and line style.
-_SOURCE_STYLE = {"ours": ("", "-"), "reference": ("//", "--"), "published": ("xx", ":")}
-
-
-def source_style(model: str) -> tuple[str, str]:
-    """(bar hatch, line style) of a model's source: plain for ours, dashed for the reference's runs, dotted for
-    published curves."""
-    return _SOURCE_STYLE[C.model_source(model)]
-
-
-def order_models(models) -> list[str]:
-    def key(m):
-        memory = C.memory_of(m)
-        rank = _MODEL_ORDER.index(memory) if memory in _MODEL_ORDER else len(_MODEL_ORDER)
-        return (rank, _SOURCE_ORDER.index(C.model_source(m)), not C.is_model_group(m), m)
-
-    return sorted(set(models), key=key)
-
-
-def _model_handles(models) -> list[Patch]:
-    return [
-        Patch(
-            facecolor=C.model_color(m),
-            edgecolor="black",
-            linewidth=0.5,
-            hatch=source_style(m)[0],
-            label=C.model_label(m),
-        )
-        for m in models
-    ]
 
 
 def _steps_formatter(max_steps: float):
@@ -145,7 +61,7 @@ def plot_task_bars(
     algos = sorted(summary["algo"].unique())
     tasks = order_tasks(summary["task"])
     models = order_models(summary["model"])
-    with _paper_style():
+    with paper_style():
         fig, axes = plt.subplots(
             len(algos), 1, figsize=(PAPER_WIDTH, 2.3 * len(algos) + 0.5), sharex=True, squeeze=False
         )
@@ -215,7 +131,7 @@ def plot_task_bars(
             ha="right" if len(tasks) > 6 else "center",
         )
         ax.set_xlim(-0.6, len(tasks) - 0.4)
-        handles = _model_handles(models)
+        handles = model_handles(models)
         if (summary["n_runs"] == 1).any():
             handles.append(Patch(facecolor="none", edgecolor="none", label=f"{SINGLE_RUN}: one run, no CI"))
         if any(C.reference_for(t) for t in tasks):
@@ -232,7 +148,7 @@ def plot_task_bars(
             title=f"Bars: mean over runs; error bars: {confidence:.0%} bootstrap CI; dots: runs",
         )
         fig.tight_layout()
-        return _save(fig, base, formats)
+        return figstyle.save(fig, base, formats)
 
 
 # --------------------------------------------------------------------------- learning curves
@@ -273,7 +189,7 @@ def plot_curves(
     ncols = min(4, len(tasks))
     nrows = math.ceil(len(tasks) / ncols)
     fmt, xlabel = _steps_formatter(curves["env_steps"].max())
-    with _paper_style():
+    with paper_style():
         fig, axes = plt.subplots(nrows, ncols, figsize=(PAPER_WIDTH, 1.9 * nrows + 0.5), squeeze=False)
         for k, task in enumerate(tasks):
             ax = axes[k // ncols, k % ncols]
@@ -313,7 +229,7 @@ def plot_curves(
             f"shortest run), band = {confidence:.0%} bootstrap CI",
         )
         fig.tight_layout()
-        return _save(fig, base, formats)
+        return figstyle.save(fig, base, formats)
 
 
 # --------------------------------------------------------------------------- aggregates
@@ -330,7 +246,7 @@ def plot_aggregate(
     groups = agg[["algo", "model"]].drop_duplicates()
     model_order = order_models(agg["model"])
     groups = sorted(groups.itertuples(index=False), key=lambda g: (g.algo, model_order.index(g.model)))
-    with _paper_style():
+    with paper_style():
         fig, axes = plt.subplots(
             1, len(metrics), figsize=(PAPER_WIDTH, 0.32 * len(groups) + 0.9), sharey=True, squeeze=False
         )
@@ -369,7 +285,7 @@ def plot_aggregate(
         fig.supxlabel("Normalised score (0 = Random, 1 = Oracle)", fontsize=8.5)
         fig.suptitle(f"Over {n_tasks} task(s); {confidence:.0%} stratified-bootstrap CIs", y=1.0, fontsize=8)
         fig.tight_layout()
-        return _save(fig, base, formats)
+        return figstyle.save(fig, base, formats)
 
 
 def plot_profile(
@@ -380,7 +296,7 @@ def plot_profile(
         raise ValueError("no performance profile to plot (no task with normalisation constants?)")
     algos = sorted(profile["algo"].unique())
     models = order_models(profile["model"])
-    with _paper_style():
+    with paper_style():
         fig, axes = plt.subplots(1, len(algos), figsize=(PAPER_WIDTH, 2.4), sharey=True, squeeze=False)
         for ax, algo in zip(axes[0], algos):
             for model in models:
@@ -403,114 +319,4 @@ def plot_profile(
         axes[0, 0].set_ylabel(r"Fraction of runs with score $> \tau$")
         _model_legend(fig, models, f"Band: {confidence:.0%} stratified-bootstrap CI")
         fig.tight_layout()
-        return _save(fig, base, formats)
-
-
-# --------------------------------------------------------------------------- interpretability
-
-
-def plot_decay(decay: pd.DataFrame, base, title: str, beta: float, formats=DEFAULT_FORMATS) -> list[Path]:
-    """Histograms of trace durability and context period for actor and critic FFMs (log-spaced bins)."""
-    if decay.empty:
-        raise ValueError("no FFM alpha/omega values to plot")
-    panels = [
-        ("t_alpha", rf"Trace durability $t_\alpha$ (steps, $\beta$={beta:g})"),
-        ("t_omega", r"Context period $t_\omega$ (steps)"),
-    ]
-    colors = {"actor": "#0072b2", "critic": "#d55e00"}
-    with _paper_style():
-        fig, axes = plt.subplots(1, 2, figsize=(PAPER_WIDTH, 2.4), squeeze=False)
-        for ax, (quantity, xlabel) in zip(axes[0], panels):
-            d = decay[decay.quantity == quantity]
-            finite = d["steps"][np.isfinite(d["steps"])]
-            n_inf = int((~np.isfinite(d["steps"])).sum())
-            if finite.empty:
-                ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center")
-            else:
-                lo, hi = finite.min(), finite.max()
-                lo, hi = (lo / 2, hi * 2) if lo == hi else (lo, hi)
-                bins = np.geomspace(lo, hi, 31)
-                for module in ("actor", "critic"):
-                    v = d.loc[(d.module == module) & np.isfinite(d["steps"]), "steps"]
-                    if len(v):
-                        ax.hist(
-                            v,
-                            bins=bins,
-                            color=colors[module],
-                            alpha=0.55,
-                            label=f"{module} (n={len(v)})",
-                            edgecolor="black",
-                            linewidth=0.3,
-                        )
-                ax.set_xscale("log")
-                ax.legend(frameon=False)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel("Count")
-            if n_inf:
-                ax.text(
-                    0.98,
-                    0.02,
-                    f"{n_inf} infinite, not shown",
-                    transform=ax.transAxes,
-                    ha="right",
-                    va="bottom",
-                    fontsize=7,
-                )
-        fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
-        return _save(fig, base, formats)
-
-
-# --------------------------------------------------------------------------- efficiency
-
-
-def plot_efficiency(bench: pd.DataFrame, base, formats=DEFAULT_FORMATS) -> list[Path]:
-    """One panel per (benchmark, metric): bars per shape, one per model."""
-    if bench.empty:
-        raise ValueError("no benchmark rows to plot")
-    known = list(METRIC_TITLES)
-    panels = sorted(
-        bench[["benchmark", "metric", "unit"]].drop_duplicates().itertuples(index=False),
-        key=lambda p: (known.index(p.metric) if p.metric in known else len(known), p.benchmark, p.unit),
-    )
-    models = order_models(bench["model"])
-    ncols = min(3, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
-    with _paper_style():
-        fig, axes = plt.subplots(nrows, ncols, figsize=(PAPER_WIDTH, 2.3 * nrows + 0.4), squeeze=False)
-        for k, p in enumerate(panels):
-            ax = axes[k // ncols, k % ncols]
-            d = bench[(bench.benchmark == p.benchmark) & (bench.metric == p.metric) & (bench.unit == p.unit)]
-            shapes = sorted(d["shape"].unique(), key=_natural_key)
-            width = 0.8 / len(models)
-            for j, model in enumerate(models):
-                v = d[d.model == model].set_index("shape")["value"]
-                xs = [i + (j - (len(models) - 1) / 2) * width for i, s in enumerate(shapes) if s in v.index]
-                ax.bar(
-                    xs,
-                    [v[s] for s in shapes if s in v.index],
-                    width * 0.92,
-                    color=C.model_color(model),
-                    edgecolor="black",
-                    linewidth=0.4,
-                )
-            ax.set_xticks(range(len(shapes)))
-            ax.set_xticklabels([s.replace("_", "\n") for s in shapes])
-            direction = better(p.metric, p.unit)
-            ax.set_title(
-                f"{METRIC_TITLES.get(p.metric, p.metric)} [{p.benchmark}]"
-                + (f"\n{direction} is better" if direction else "")
-            )
-            ax.set_ylabel(f"{p.metric} ({p.unit})")
-        for k in range(len(panels), nrows * ncols):
-            axes[k // ncols, k % ncols].set_visible(False)
-        # Which way is better differs per panel (ms, MB: lower; updates/s, GFLOP/s: higher): each title says it.
-        fig.legend(
-            handles=_model_handles(models),
-            loc="lower center",
-            bbox_to_anchor=(0.5, 1.0),
-            ncol=len(models),
-            frameon=False,
-        )
-        fig.tight_layout()
-        return _save(fig, base, formats)
+        return figstyle.save(fig, base, formats)

@@ -25,8 +25,9 @@ from collections import Counter
 from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED
 from pomdp_ffm.launch.grid import kind, show_job, sweep_jobs
 from pomdp_ffm.launch.precheck import precheck
+from pomdp_ffm.launch.rundir import STATUSES
 from pomdp_ffm.launch.signals import STOP_SIGNALS
-from pomdp_ffm.launch.start import STATUSES, Refused
+from pomdp_ffm.launch.start import Refused
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
 # The seed sweep becomes a seed axis: the job named by seed 0 trains seeds 0-4 and writes their sibling directories.

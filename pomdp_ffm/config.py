@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -152,7 +153,7 @@ class RunConfig:
             f"null or a list of distinct seeds in [0, {SEEDS - 1}]",
         ),
     )
-    # Whether CUDA is there is checked when the run starts (trainer.resolve_device).
+    # Whether CUDA is there is checked when the run starts (resolve_device).
     device: str = checked(
         "auto", must(lambda v: re.fullmatch(DEVICE_PATTERN, v) is not None, "one of auto, cpu, cuda, cuda:N")
     )
@@ -174,6 +175,45 @@ class RunConfig:
     def eval_in_workers(self) -> bool:
         e = self.eval  # (workers only where the evaluation plays on copies of the env)
         return bool(e.workers and e.episodes_together and (self.env.num_eval_tasks > 1 or e.during_updates))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    m = re.fullmatch(DEVICE_PATTERN, name)
+    if m is None:
+        raise ValueError(f"device={name!r} is not one of ['auto', 'cpu', 'cuda', 'cuda:N']")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but CUDA is not available here; use device=cpu or device=auto")
+    if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+        raise ValueError(
+            f"device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s), "
+            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
+    return torch.device(name)
+
+
+def env_step_budget(train: TrainConfig, max_len: int) -> tuple[int, int]:
+    """(env steps per iteration of the eval clock, the run's env-step budget) (docs/reference.md#budgets)."""
+    iter_len = train.num_rollouts_per_iter * max_len
+    return iter_len, max_len * train.num_init_rollouts_pool + train.num_iters * iter_len
+
+
+def check_eval_clock(cfg: RunConfig, max_len: int) -> None:
+    """Evaluations end the post-pool iterations whose count is a multiple of eval.log_interval: without one in the
+    budget the run would fail at its end (full-length episodes of ``max_len`` steps; shorter ones only make it
+    earlier)."""
+    t = cfg.train
+    iter_len, budget = env_step_budget(t, max_len)
+    last_iters = budget // iter_len
+    pool_iters = max_len * t.num_init_rollouts_pool // iter_len
+    if last_iters // cfg.eval.log_interval == pool_iters // cfg.eval.log_interval:
+        raise ValueError(
+            f"eval.log_interval={cfg.eval.log_interval} divides none of the iterations "
+            f"{pool_iters + 1}-{last_iters} that follow the initial pool on {cfg.env.env_name} "
+            f"(train.num_iters={t.num_iters}, train.num_init_rollouts_pool={t.num_init_rollouts_pool})"
+            ": no evaluation would ever be logged"
+        )
 
 
 def check_rules(cfg, prefix: str = "") -> None:

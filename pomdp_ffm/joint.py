@@ -1,61 +1,14 @@
-"""What the seeds of one axis (seeds.py) share or run together: each seed's generators, swapped in for its turns
-(``SeedRNG``), bursts run in joint rounds (``JointBursts``), and whether acting steps are gathered (``JointActs``)."""
+"""What the seeds of one axis (seeds.py) run together: bursts in joint rounds (``JointBursts``), and whether acting
+steps are gathered (``JointActs``). Each seed's generators, swapped in for its turns, are rng.SeedRNG."""
 
 from __future__ import annotations
 
-import contextlib
-import random
 import time
-
-import numpy as np
-import torch
 
 from .acting_graph import ActingRunner
 from .graph import UpdateRunner
 from .metrics import summed
-from .trainer import Trainer, host_rng_state
-
-
-class SeedRNG:
-    """One seed's global generators' states, swapped in for its turns; ``keep`` once its trainer is built."""
-
-    def __init__(self):
-        self.state: tuple | None = None
-        self.light = False  # inside a turn that left numpy's and Python's generators alone
-
-    def keep(self, host: tuple | None = None) -> None:
-        """The generators' states now; ``host``: numpy's and Python's, if not the globals'."""
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self.state = (torch.get_rng_state(), cuda, *(host or host_rng_state()))
-
-    def host_state(self) -> tuple:
-        """This seed's numpy and Python states now, for its checkpoints (its kept ones in a light turn)."""
-        return self.state[2:] if self.light else host_rng_state()
-
-    @contextlib.contextmanager
-    def active(self, host: bool = True):
-        """This seed's torch generators swapped in, and with ``host`` numpy's and Python's: those cost ~60 us, more
-        than a GPU acting step, which draws from torch's only (gathered acting checks: ``same_host_rng``)."""
-        torch_state, cuda, np_state, py_state = self.state
-        torch.set_rng_state(torch_state)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        if host:
-            np.random.set_state(np_state)
-            random.setstate(py_state)
-        light, self.light = self.light, not host
-        try:
-            yield
-        finally:
-            self.light = light
-            self.keep(None if host else (np_state, py_state))
-
-
-def same_host_rng(a: tuple, b: tuple) -> bool:
-    (np_a, py_a), (np_b, py_b) = a, b
-    return (
-        py_a == py_b and np_a[0] == np_b[0] and np.array_equal(np_a[1], np_b[1]) and tuple(np_a[2:]) == tuple(np_b[2:])
-    )
+from .trainer import Trainer
 
 
 def joint_runner(trainers: list[Trainer]) -> UpdateRunner | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from .joint import JointActs, JointBursts, SeedRNG, same_host_rng
+from .joint import JointActs, JointBursts
 from .launch.rundir import RunDir, RunDirError
 from .launch.signals import StopSignals
 from .launch.start import (
@@ -32,8 +32,9 @@ from .launch.start import (
     seed_dirs,
     validate,
 )
+from .rng import SeedRNG, host_rng_state, same_host_rng
 from .rollout import Rollout
-from .trainer import StopRequested, Trainer, host_rng_state
+from .trainer import StopRequested, Trainer
 
 log = logging.getLogger("pomdp_ffm")
 

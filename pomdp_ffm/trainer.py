@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -19,11 +18,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from . import rng as rngs
 from .acting_graph import make_actor
 from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .burst import Burst, BurstState
-from .config import DEVICE_PATTERN, RunConfig, TrainConfig
+from .config import RunConfig, check_eval_clock, env_step_budget, resolve_device
 from .envs import get_task, make_env
 from .evaluation import Clocks, EvalResult, Evaluation, Evaluator
 from .graph import make_updater
@@ -43,29 +43,10 @@ from .metrics import (
     burst_row,
     columns,
 )
+from .rng import host_rng_state
 from .rollout import AgentPolicy, RandomPolicy, Rollout
 
 log = logging.getLogger("pomdp_ffm")
-
-
-def host_rng_state() -> tuple:
-    return np.random.get_state(), random.getstate()
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    m = re.fullmatch(DEVICE_PATTERN, name)
-    if m is None:
-        raise ValueError(f"device={name!r} is not one of ['auto', 'cpu', 'cuda', 'cuda:N']")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} but CUDA is not available here; use device=cpu or device=auto")
-    if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
-        raise ValueError(
-            f"device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s), "
-            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
-        )
-    return torch.device(name)
 
 
 class TrainingDiverged(FloatingPointError):
@@ -106,12 +87,6 @@ class Due:
     checkpoint: bool
 
 
-def env_step_budget(train: TrainConfig, max_len: int) -> tuple[int, int]:
-    """(env steps per iteration of the eval clock, the run's env-step budget) (docs/reference.md#budgets)."""
-    iter_len = train.num_rollouts_per_iter * max_len
-    return iter_len, max_len * train.num_init_rollouts_pool + train.num_iters * iter_len
-
-
 class Trainer:
     def __init__(
         self,
@@ -140,17 +115,7 @@ class Trainer:
         t = cfg.train
         self.max_len = get_task(cfg.env.env_name).max_episode_steps  # an unknown task fails here, with the list
         self.iter_len, self.budget = env_step_budget(t, self.max_len)
-        # Evaluations end the post-pool iterations whose count is a multiple of eval.log_interval: without one in
-        # the budget the run would fail at its end (full-length episodes; shorter ones only make it earlier).
-        last_iters = self.budget // self.iter_len
-        pool_iters = self.max_len * t.num_init_rollouts_pool // self.iter_len
-        if last_iters // cfg.eval.log_interval == pool_iters // cfg.eval.log_interval:
-            raise ValueError(
-                f"eval.log_interval={cfg.eval.log_interval} divides none of the iterations "
-                f"{pool_iters + 1}-{last_iters} that follow the initial pool on {cfg.env.env_name} "
-                f"(train.num_iters={t.num_iters}, train.num_init_rollouts_pool={t.num_init_rollouts_pool})"
-                ": no evaluation would ever be logged"
-            )
+        check_eval_clock(cfg, self.max_len)
         self.counters, self.metrics, self.bar, self._closed = Counters(), None, None, False
         self.burst: Burst | None = None  # the burst in hand (counters.burst), unless it is empty
         self.due: Due | None = None  # the evaluation due, between ``due_evaluation`` and ``evaluated``
@@ -452,21 +417,7 @@ class Trainer:
         """Tensors and plain containers only, for ``rundir.load_checkpoint`` to read tensors-only."""
         self.finish_deferred()  # played and logged now: the checkpoint holds the rows
         self.counters.elapsed = time.time() - self._t0
-        (kind, keys, pos, has_gauss, cached), py_state = self.host_rng()
-        np_state = {
-            "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        }
-        rng = {
-            "torch": torch.get_rng_state(),
-            "numpy": np_state,
-            "python": py_state,
-            "env": self.env.rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        }
+        rng = {**rngs.saved(self.host_rng()), "env": self.env.rng_state()}
         buffer = (
             {
                 k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
@@ -494,13 +445,6 @@ class Trainer:
         if self.counters.burst is not None:
             self._hold_burst()
         self.config_copy = state["config"]
-        rng, n = state["rng"], state["rng"]["numpy"]
-        torch.set_rng_state(rng["torch"].cpu())
-        np.random.set_state(
-            (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-        )
-        random.setstate(rng["python"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.env.set_rng_state(rng["env"])  # at an episode boundary: the env's next reset matches
+        rngs.restore(state["rng"])
+        self.env.set_rng_state(state["rng"]["env"])  # at an episode boundary: the env's next reset matches
         log.info("resumed from %s at %d env steps", self.run.checkpoint, self.counters.env_steps)

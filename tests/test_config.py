@@ -458,7 +458,7 @@ def test_a_stored_config_is_read_as_this_version_reads_it(hydra_ctx):
 def test_a_device_is_one_this_machine_has(monkeypatch):
     import torch
 
-    from pomdp_ffm.trainer import resolve_device
+    from pomdp_ffm.config import resolve_device
 
     with pytest.raises(ValueError, match=r"device='tpu' is not one of \['auto', 'cpu', 'cuda', 'cuda:N'\]"):
         resolve_device("tpu")

@@ -562,7 +562,7 @@ def test_acting_steps_submitted_together_equal_each_runners_alone(model):
     # step submitted for all three (each in its stream) before any is waited for, as a seed axis gathers them.
     # The replays queue one after another on the acting stream; each agent's actions are its own, bit for bit.
     from pomdp_ffm.acting_graph import ActingRunner
-    from pomdp_ffm.joint import SeedRNG
+    from pomdp_ffm.rng import SeedRNG
 
     agents = [make_agent("sac", model, seed=k).to(CUDA) for k in range(3)]
     probe = make_batch(5)

@@ -19,7 +19,7 @@ from conftest import TINY
 from hang import HANG_S
 
 from analysis import constants as C
-from analysis import figures
+from analysis import figstyle
 from pomdp_ffm import algos, config, seq_models
 from pomdp_ffm.envs import available_tasks
 
@@ -171,7 +171,7 @@ def test_config_and_analysis_take_their_lists_from_the_registries():
     assert {m: C.MODEL_LABELS[m] for m in memories} == {m: seq_models.get(m).label for m in memories}
     assert {m: C.MODEL_COLORS[m] for m in memories} == {m: seq_models.get(m).color for m in memories}
     assert {a: C.ALGO_LABELS[a] for a in algorithms} == {a: algos.get(a).label for a in algorithms}
-    assert set(memories) <= set(figures._MODEL_ORDER) and set(memories) <= set(C.KNOWN_MODELS)
+    assert set(memories) <= set(figstyle._MODEL_ORDER) and set(memories) <= set(C.KNOWN_MODELS)
     # The conf groups: one file per entry.
     for group, names in (("seq_model", memories), ("algo", algorithms), ("env", available_tasks())):
         assert sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")) == sorted(names)

@@ -89,10 +89,10 @@ def main(argv=None) -> None:
         )
     if args.which == "loop" and (args.project is None) != (args.env_step_ms is None):
         p.error("--project and --env-step-ms go together")
+    from ..config import resolve_device
     from ..envs import get_task  # (here: after the re-exec, as every import of the training stack)
     from ..launch.precheck import precheck
     from ..launch.start import Refused
-    from ..trainer import resolve_device
     from .memory import variants
 
     def checked(prefix: str, fn, *a, **kw):

@@ -29,7 +29,7 @@ import torch
 
 from ..acting_graph import ActingRunner, make_actor
 from ..agent import RecurrentAgent, act_with
-from ..joint import SeedRNG
+from ..rng import SeedRNG
 from ..rollout import AgentPolicy
 from .common import Row, interleaved_medians
 from .update import ACT, OBS, make_agent

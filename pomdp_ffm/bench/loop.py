@@ -26,12 +26,12 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ..config import RunConfig, register_configs
+from ..config import RunConfig, env_step_budget, register_configs
 from ..envs import get_task
 from ..launch.grid import CONF_DIR
 from ..launch.signals import SweepSignals, stop_sweep, sweep_stopped
 from ..train import run as train_run
-from ..trainer import Trainer, env_step_budget
+from ..trainer import Trainer
 
 PARTS = ("pool env steps", "env steps", "acting", "updates", "evaluation (upper bound)")  # projected, in this order
 

@@ -53,7 +53,7 @@ class Job:
 
 
 def kind(status: str) -> str:
-    """A status's name (one of start.STATUSES), without what follows it."""
+    """A status's name (one of rundir.STATUSES), without what follows it."""
     return status.partition(":")[0]
 
 

@@ -39,6 +39,10 @@ class Status(str, Enum):
     __str__ = str.__str__  # the value in messages and tables, on every Python (3.12 would print "Status.DONE")
 
 
+# What start.status says of a run directory, worst first after done; "damaged" and "running" carry ": <why>".
+STATUSES = tuple(s.value for s in Status)
+
+
 class RunDirError(RuntimeError):
     """A run directory cannot be used as asked; the message names the file and what to do."""
 

@@ -15,16 +15,24 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ..agent import DoesNotFit
-from ..config import RunConfig, as_read_now, check_known_keys, flat_keys, learning_settings, yaml_problem
+from ..config import (
+    RunConfig,
+    as_read_now,
+    check_known_keys,
+    env_step_budget,
+    flat_keys,
+    learning_settings,
+    resolve_device,
+    yaml_problem,
+)
 from ..envs import get_task
-from ..trainer import Outcome, Trainer, TrainingDiverged, env_step_budget, resolve_device
+from ..trainer import Outcome, Trainer, TrainingDiverged
 from .rundir import CheckpointError, LockLost, RunDir, RunDirError, Status, load_checkpoint, other_format, set_aside
 from .unwritable import Unwritable, writing
 
 
 class Action(str, Enum):
-    """What a start does with a run directory (``plan``): train from scratch, continue from its checkpoint, or skip
-    a finished run."""
+    """What a start does with a run directory (``plan``): train afresh, continue from its checkpoint, or skip it."""
 
     FRESH = "fresh"
     RESUME = "resume"
@@ -36,8 +44,6 @@ class Action(str, Enum):
 log = logging.getLogger("pomdp_ffm")
 # The run directory whose trainer is working now, where several train in one process (pomdp_ffm/seeds.py).
 CURRENT_RUN: contextvars.ContextVar[Path | None] = contextvars.ContextVar("current_run", default=None)
-# What status() says of a run directory, worst first after done; "damaged" and "running" carry ": <why>".
-STATUSES = tuple(s.value for s in Status)
 
 
 class Refused(Exception):
@@ -280,10 +286,13 @@ def check_untouched(run: RunDir, run_cfg: RunConfig, composed: dict) -> None:
 
 
 def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer, **needs) -> Attempt:
-    """Validate, build the trainer, check, lock and plan again; else Refused, nothing written, the lock released. A
-    finished run is skipped without building a trainer (its env, buffer and agent would be built for nothing)."""
+    """Validate, build the trainer, check, lock and plan again; else Refused, nothing written, the lock released."""
     run_cfg, composed, run = validate(cfg), OmegaConf.to_container(cfg, resolve=True), RunDir(run_dir)
-    if _finished(run, run_cfg, composed):
+    try:  # a finished run is skipped without building a trainer (env, buffer, agent: built for nothing)
+        finished = run.done.exists() and plan(run, run_cfg, composed)[0] == Action.SKIP
+    except (RunDirError, Refused, ValueError):
+        finished = False  # (any doubt is left to the full start below)
+    if finished:
         try:
             stale = run.acquire()
             action, state = plan(run, run_cfg, composed)  # (under the lock: unchanged since, as a start trusts it)
@@ -320,14 +329,6 @@ def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Train
             raise Refused(str(e)) from None
         raise
     return Attempt(trainer, run, action, state, composed, stale)
-
-
-def _finished(run: RunDir, run_cfg: RunConfig, composed: dict) -> bool:
-    """Whether a start would skip the run, read without the lock; any doubt is left to the full start."""
-    try:
-        return run.done.exists() and plan(run, run_cfg, composed)[0] == Action.SKIP
-    except (RunDirError, Refused, ValueError):
-        return False
 
 
 def _first_line(e: BaseException) -> str:

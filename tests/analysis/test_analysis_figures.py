@@ -12,7 +12,7 @@ from analysis_synth import steps_grid, write_our_run, write_reference_run
 from hang import HANG_S
 
 import analysis
-from analysis import aggregate, bench, curves, decay, figures, load, stats
+from analysis import aggregate, bench, curves, decay, figures, load, modelfigures, stats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -112,7 +112,7 @@ def test_decay_values_and_png(small_tree, loaded, tmp_path):
     assert not values["key"].str.contains("target").any()
     assert set(values["module"]) == {"actor", "critic"}
     assert problems == []
-    _assert_png(figures.plot_decay(values, tmp_path / "decay", "test", 0.01, ("png",)))
+    _assert_png(modelfigures.plot_decay(values, tmp_path / "decay", "test", 0.01, ("png",)))
 
 
 def test_timescale_formulas():
@@ -152,7 +152,7 @@ def test_efficiency_png_and_bad_bench_rows(small_tree, tmp_path):
     assert any("missing column" in r and k == "skipped" for _, k, r in problems)
     summary = bench.summarize_bench(data)
     assert summary.loc[(summary.metric == "fwd_ms"), "value"].tolist() == [2.0]
-    _assert_png(figures.plot_efficiency(summary, tmp_path / "eff", ("png",)))
+    _assert_png(modelfigures.plot_efficiency(summary, tmp_path / "eff", ("png",)))
     with pytest.raises(FileNotFoundError, match="missing.csv"):
         bench.read_bench([tmp_path / "missing.csv"])
 

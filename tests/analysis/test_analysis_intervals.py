@@ -10,7 +10,7 @@ from analysis_synth import steps_grid, write_our_run, write_reference_run
 from matplotlib.container import ErrorbarContainer
 from scipy import stats as sps
 
-from analysis import aggregate, curves, figures, load, stats
+from analysis import aggregate, curves, figstyle, figures, load, stats
 
 # --------------------------------------------------------------------------- one task set per algorithm
 
@@ -232,7 +232,7 @@ def drawn(monkeypatch):
         figs.append(fig)
         return []
 
-    monkeypatch.setattr(figures, "_save", keep)
+    monkeypatch.setattr(figstyle, "save", keep)
     yield figs
     for fig in figs:
         figures.plt.close(fig)

@@ -20,7 +20,7 @@ from analysis_synth import (
     write_reference_run,
 )
 
-from analysis import aggregate, bench, curves, figures, load, stats
+from analysis import aggregate, bench, curves, figstyle, load, modelfigures, stats
 from analysis.cache import CACHE_FORMAT, CACHE_VERSION
 
 
@@ -390,8 +390,8 @@ def test_efficiency_panels_say_which_way_is_better(tmp_path, monkeypatch):
     ]
     summary = bench.summarize_bench(pd.DataFrame(rows, columns=bench.BENCH_COLUMNS))
     figs = []
-    monkeypatch.setattr(figures, "_save", lambda fig, base, formats: figs.append(fig) or [])
-    figures.plot_efficiency(summary, tmp_path / "eff", ("png",))
+    monkeypatch.setattr(figstyle, "save", lambda fig, base, formats: figs.append(fig) or [])
+    modelfigures.plot_efficiency(summary, tmp_path / "eff", ("png",))
     (fig,) = figs
     titles = {ax.get_ylabel().split(" ")[0]: ax.get_title() for ax in fig.axes if ax.get_visible()}
     assert titles["update_ms"].endswith("lower is better")
@@ -399,7 +399,7 @@ def test_efficiency_panels_say_which_way_is_better(tmp_path, monkeypatch):
     assert titles["achieved_gflop_s"].endswith("higher is better")
     texts = [t.get_text() for legend in fig.legends for t in [legend.get_title(), *legend.get_texts()]]
     assert not any("lower is better" in t.lower() for t in texts)
-    figures.plt.close(fig)
+    figstyle.plt.close(fig)
 
 
 # --------------------------------------------------------------------------- what the console and labels say

@@ -1,0 +1,137 @@
+"""Figures of the memories themselves rather than of their returns: FFM's learned timescales (the paper's decay
+figure, from :mod:`analysis.decay`) and what each memory costs to run (the efficiency figure, from
+:mod:`analysis.bench`).
+
+Every function takes a data frame and an output base path (no extension), writes one file per requested format
+and returns the paths.  Their shared look is :mod:`analysis.figstyle`'s.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from . import constants as C
+from . import figstyle  # figstyle.save through the module: a test swaps the one save of every figure
+from .bench import METRIC_TITLES, better
+from .figstyle import DEFAULT_FORMATS, PAPER_WIDTH, model_handles, order_models, paper_style
+
+
+def _natural_key(text: str):
+    # "T64" before "T256": compare digit runs as numbers.
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+# --------------------------------------------------------------------------- interpretability
+
+
+def plot_decay(decay: pd.DataFrame, base, title: str, beta: float, formats=DEFAULT_FORMATS) -> list[Path]:
+    """Histograms of trace durability and context period for actor and critic FFMs (log-spaced bins)."""
+    if decay.empty:
+        raise ValueError("no FFM alpha/omega values to plot")
+    panels = [
+        ("t_alpha", rf"Trace durability $t_\alpha$ (steps, $\beta$={beta:g})"),
+        ("t_omega", r"Context period $t_\omega$ (steps)"),
+    ]
+    colors = {"actor": "#0072b2", "critic": "#d55e00"}
+    with paper_style():
+        fig, axes = plt.subplots(1, 2, figsize=(PAPER_WIDTH, 2.4), squeeze=False)
+        for ax, (quantity, xlabel) in zip(axes[0], panels):
+            d = decay[decay.quantity == quantity]
+            finite = d["steps"][np.isfinite(d["steps"])]
+            n_inf = int((~np.isfinite(d["steps"])).sum())
+            if finite.empty:
+                ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center")
+            else:
+                lo, hi = finite.min(), finite.max()
+                lo, hi = (lo / 2, hi * 2) if lo == hi else (lo, hi)
+                bins = np.geomspace(lo, hi, 31)
+                for module in ("actor", "critic"):
+                    v = d.loc[(d.module == module) & np.isfinite(d["steps"]), "steps"]
+                    if len(v):
+                        ax.hist(
+                            v,
+                            bins=bins,
+                            color=colors[module],
+                            alpha=0.55,
+                            label=f"{module} (n={len(v)})",
+                            edgecolor="black",
+                            linewidth=0.3,
+                        )
+                ax.set_xscale("log")
+                ax.legend(frameon=False)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("Count")
+            if n_inf:
+                ax.text(
+                    0.98,
+                    0.02,
+                    f"{n_inf} infinite, not shown",
+                    transform=ax.transAxes,
+                    ha="right",
+                    va="bottom",
+                    fontsize=7,
+                )
+        fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        return figstyle.save(fig, base, formats)
+
+
+# --------------------------------------------------------------------------- efficiency
+
+
+def plot_efficiency(bench: pd.DataFrame, base, formats=DEFAULT_FORMATS) -> list[Path]:
+    """One panel per (benchmark, metric): bars per shape, one per model."""
+    if bench.empty:
+        raise ValueError("no benchmark rows to plot")
+    known = list(METRIC_TITLES)
+    panels = sorted(
+        bench[["benchmark", "metric", "unit"]].drop_duplicates().itertuples(index=False),
+        key=lambda p: (known.index(p.metric) if p.metric in known else len(known), p.benchmark, p.unit),
+    )
+    models = order_models(bench["model"])
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    with paper_style():
+        fig, axes = plt.subplots(nrows, ncols, figsize=(PAPER_WIDTH, 2.3 * nrows + 0.4), squeeze=False)
+        for k, p in enumerate(panels):
+            ax = axes[k // ncols, k % ncols]
+            d = bench[(bench.benchmark == p.benchmark) & (bench.metric == p.metric) & (bench.unit == p.unit)]
+            shapes = sorted(d["shape"].unique(), key=_natural_key)
+            width = 0.8 / len(models)
+            for j, model in enumerate(models):
+                v = d[d.model == model].set_index("shape")["value"]
+                xs = [i + (j - (len(models) - 1) / 2) * width for i, s in enumerate(shapes) if s in v.index]
+                ax.bar(
+                    xs,
+                    [v[s] for s in shapes if s in v.index],
+                    width * 0.92,
+                    color=C.model_color(model),
+                    edgecolor="black",
+                    linewidth=0.4,
+                )
+            ax.set_xticks(range(len(shapes)))
+            ax.set_xticklabels([s.replace("_", "\n") for s in shapes])
+            direction = better(p.metric, p.unit)
+            ax.set_title(
+                f"{METRIC_TITLES.get(p.metric, p.metric)} [{p.benchmark}]"
+                + (f"\n{direction} is better" if direction else "")
+            )
+            ax.set_ylabel(f"{p.metric} ({p.unit})")
+        for k in range(len(panels), nrows * ncols):
+            axes[k // ncols, k % ncols].set_visible(False)
+        # Which way is better differs per panel (ms, MB: lower; updates/s, GFLOP/s: higher): each title says it.
+        fig.legend(
+            handles=model_handles(models),
+            loc="lower center",
+            bbox_to_anchor=(0.5, 1.0),
+            ncol=len(models),
+            frameon=False,
+        )
+        fig.tight_layout()
+        return figstyle.save(fig, base, formats)

@@ -1,0 +1,88 @@
+"""Every random generator's state: the process-wide ones (torch's, CUDA's, numpy's, Python's) as a checkpoint holds
+them (``saved``, ``restore``), one seed's swapped in for its turns in a seed axis (``SeedRNG``), and the check that a
+gathered phase left numpy's and Python's untouched (``same_host_rng``)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import numpy as np
+import torch
+
+
+def host_rng_state() -> tuple:
+    return np.random.get_state(), random.getstate()
+
+
+def saved(host: tuple) -> dict:
+    """The process-wide generators' states, tensors and plain containers only (``rundir.load_checkpoint`` reads
+    tensors-only); ``host``: numpy's and Python's (a seed of an axis keeps its own)."""
+    (kind, keys, pos, has_gauss, cached), py_state = host
+    np_state = {
+        "kind": kind,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np_state,
+        "python": py_state,
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def restore(rng: dict) -> None:
+    """The generators set as ``saved`` left them (CUDA's where this process has CUDA)."""
+    n = rng["numpy"]
+    torch.set_rng_state(rng["torch"].cpu())
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    random.setstate(rng["python"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+class SeedRNG:
+    """One seed's global generators' states, swapped in for its turns; ``keep`` once its trainer is built."""
+
+    def __init__(self):
+        self.state: tuple | None = None
+        self.light = False  # inside a turn that left numpy's and Python's generators alone
+
+    def keep(self, host: tuple | None = None) -> None:
+        """The generators' states now; ``host``: numpy's and Python's, if not the globals'."""
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.state = (torch.get_rng_state(), cuda, *(host or host_rng_state()))
+
+    def host_state(self) -> tuple:
+        """This seed's numpy and Python states now, for its checkpoints (its kept ones in a light turn)."""
+        return self.state[2:] if self.light else host_rng_state()
+
+    @contextlib.contextmanager
+    def active(self, host: bool = True):
+        """This seed's torch generators swapped in, and with ``host`` numpy's and Python's: those cost ~60 us, more
+        than a GPU acting step, which draws from torch's only (gathered acting checks: ``same_host_rng``)."""
+        torch_state, cuda, np_state, py_state = self.state
+        torch.set_rng_state(torch_state)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        if host:
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+        light, self.light = self.light, not host
+        try:
+            yield
+        finally:
+            self.light = light
+            self.keep(None if host else (np_state, py_state))
+
+
+def same_host_rng(a: tuple, b: tuple) -> bool:
+    (np_a, py_a), (np_b, py_b) = a, b
+    return (
+        py_a == py_b and np_a[0] == np_b[0] and np.array_equal(np_a[1], np_b[1]) and tuple(np_a[2:]) == tuple(np_b[2:])
+    )
