@@ -37,7 +37,9 @@ _WIDTHS = must(lambda v: all(x >= 1 for x in v), "a list of layer widths >= 1")
 # An algorithm's or a memory's own options: a section of policy named after it, its registry entry's options_config
 # (a memory registered after this import has none: _check_together says so).
 ALGORITHM_OPTIONS = {name: algos.get(name).options_config for name in algos.ALGORITHMS}
-MEMORY_OPTIONS = {name: c for name in available() if (c := seq_models.get(name).options_config) is not None}
+MEMORY_OPTIONS = {
+    name: seq_models.get(name).options_config for name in available() if seq_models.get(name).options_config is not None
+}
 SECTIONS = {**ALGORITHM_OPTIONS, **MEMORY_OPTIONS}
 
 
@@ -238,7 +240,8 @@ def _check_together(c: RunConfig) -> None:
     # An option section's rules: among its fields (check_together), whichever memory is chosen; with the policy's
     # fields (check_chosen), where its memory is.
     for name in SECTIONS:
-        if hasattr(section := getattr(p, name), "check_together"):
+        section = getattr(p, name)
+        if hasattr(section, "check_together"):
             section.check_together(f"policy.{name}")
     if p.action_embedding_size + p.observ_embedding_size + p.reward_embedding_size < 1:
         raise ValueError(
@@ -250,16 +253,19 @@ def _check_together(c: RunConfig) -> None:
             f"policy.rnn_num_layers={p.rnn_num_layers} must be 1 with policy.seq_model={p.seq_model} "
             f"(only {', '.join(m for m in available() if 'num_layers' in options(m))} stack layers)"
         )
-    if p.seq_model in MEMORY_OPTIONS and hasattr(section := getattr(p, p.seq_model), "check_chosen"):
-        section.check_chosen(f"policy.{p.seq_model}", p)
-    elif p.seq_model not in MEMORY_OPTIONS and seq_models.get(p.seq_model).options_config is not None:
+    if p.seq_model in MEMORY_OPTIONS:
+        section = getattr(p, p.seq_model)
+        if hasattr(section, "check_chosen"):
+            section.check_chosen(f"policy.{p.seq_model}", p)
+    elif seq_models.get(p.seq_model).options_config is not None:
         raise ValueError(
             f"policy.seq_model={p.seq_model} was registered after pomdp_ffm.config was imported: its "
             f"options have no section policy.{p.seq_model}; register it first"
         )
     if _given(t.sampled_seq_len) and t.sampled_seq_len > t.buffer_size:
         raise ValueError(f"train.buffer_size={t.buffer_size} must be >= train.sampled_seq_len={t.sampled_seq_len}")
-    if _given(c.env.env_name) and t.buffer_size < (steps := get_task(c.env.env_name).max_episode_steps):
+    steps = get_task(c.env.env_name).max_episode_steps if _given(c.env.env_name) else 0
+    if t.buffer_size < steps:
         raise ValueError(
             f"train.buffer_size={t.buffer_size} must be >= {steps}, the episode length of "
             f"{c.env.env_name} (the buffer stores whole episodes)"

@@ -217,8 +217,11 @@ class CudaGraphs:
 
 
 def _compile_failure(agents: Sequence[RecurrentAgent]) -> str | None:
-    memories = (m for a in agents for m in a.modules() if isinstance(m, SeqModel))
-    return next((why for m in memories if (why := m.compile_failure()) is not None), None)
+    for m in (m for a in agents for m in a.modules() if isinstance(m, SeqModel)):
+        why = m.compile_failure()
+        if why is not None:
+            return why
+    return None
 
 
 def compile_pays(agents: Sequence[RecurrentAgent]) -> bool:
@@ -233,7 +236,8 @@ def compile_pays(agents: Sequence[RecurrentAgent]) -> bool:
 
 def check_compilable(agents: Sequence[RecurrentAgent]) -> None:
     """A CompileError, before any update, where a compile is known to fail."""
-    if agents[0].device.type == "cuda" and (why := _compile_failure(agents)) is not None:
+    why = _compile_failure(agents) if agents[0].device.type == "cuda" else None
+    if why is not None:
         raise CompileError(f"train.compile=true with {why}")
 
 
