@@ -106,10 +106,6 @@ class Evaluator:
         """The evaluation of a row: deterministic, and stochastic with eval.eval_stochastic."""
         return Evaluation(self, stochastic=self.cfg.eval.eval_stochastic)
 
-    def play(self, deterministic: bool) -> EvalResult:
-        """One evaluation of one kind, played now."""
-        return Evaluation(self, stochastic=not deterministic).play()[0 if deterministic else 1]
-
     def rollouts(self, policy: AgentPolicy, on_copies: bool) -> list[Callable[[Counter], Rollout]]:
         """The rollouts of one evaluation, each to be made when due. ``on_copies``: on env copies even for one
         episode (a deferred evaluation, while the training env collects)."""

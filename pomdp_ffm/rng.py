@@ -51,16 +51,11 @@ class SeedRNG:
 
     def __init__(self):
         self.state: tuple | None = None
-        self.light = False  # inside a turn that left numpy's and Python's generators alone
 
     def keep(self, host: tuple | None = None) -> None:
         """The generators' states now; ``host``: numpy's and Python's, if not the globals'."""
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         self.state = (torch.get_rng_state(), cuda, *(host or host_rng_state()))
-
-    def host_state(self) -> tuple:
-        """This seed's numpy and Python states now, for its checkpoints (its kept ones in a light turn)."""
-        return self.state[2:] if self.light else host_rng_state()
 
     @contextlib.contextmanager
     def active(self, host: bool = True):
@@ -73,11 +68,9 @@ class SeedRNG:
         if host:
             np.random.set_state(np_state)
             random.setstate(py_state)
-        light, self.light = self.light, not host
         try:
             yield
         finally:
-            self.light = light
             self.keep(None if host else (np_state, py_state))
 
 

@@ -54,7 +54,7 @@ def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer] = Train
     try:
         for k, c, d in zip(run_cfg.seeds, cfgs, dirs):
             rng = SeedRNG()
-            attempt = check_and_lock(c, d, trainer_cls, stop=stop, host_rng=rng.host_state)
+            attempt = check_and_lock(c, d, trainer_cls, stop=stop)
             rng.keep()  # right after the seed's trainer seeded and built everything
             seeds.append(Seed(k, attempt, rng))
     except BaseException:

@@ -10,7 +10,6 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,7 +42,6 @@ from .metrics import (
     burst_row,
     columns,
 )
-from .rng import host_rng_state
 from .rollout import AgentPolicy, RandomPolicy, Rollout
 
 log = logging.getLogger("pomdp_ffm")
@@ -95,15 +93,14 @@ class Trainer:
         stop: StopSignals | None = None,
         *,
         composed: dict | None = None,
-        host_rng: Callable[[], tuple] = host_rng_state,
         timers: Counter | None = None,
     ):
-        """Writes nothing. ``composed``: the config its checkpoints store; ``host_rng``: numpy's and Python's states
-        for them (a seed of an axis keeps its own); ``timers``: seconds and counts (``n_<part>``) by part."""
+        """Writes nothing. ``composed``: the config its checkpoints store; ``timers``: seconds and counts
+        (``n_<part>``) by part."""
         self.cfg = cfg
         self.run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.stop = stop if stop is not None else StopSignals()
-        self.config_copy, self.host_rng = composed, host_rng
+        self.config_copy = composed
         self.timers = timers if timers is not None else Counter()
         torch.set_num_threads(cfg.num_threads)
         # Process-wide, as torch's flag is: the seeds of one axis share their config, hence the value.
@@ -417,7 +414,7 @@ class Trainer:
         """Tensors and plain containers only, for ``rundir.load_checkpoint`` to read tensors-only."""
         self.finish_deferred()  # played and logged now: the checkpoint holds the rows
         self.counters.elapsed = time.time() - self._t0
-        rng = {**rngs.saved(self.host_rng()), "env": self.env.rng_state()}
+        rng = {**rngs.saved(rngs.host_rng_state()), "env": self.env.rng_state()}
         buffer = (
             {
                 k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v

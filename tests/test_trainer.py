@@ -316,7 +316,7 @@ def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path,
             run_cfg(f"env={task}", f"seq_model={seq_model}", "env.num_eval_tasks=4", *settings), tmp_path / way
         )
         collect(trainer)  # the training env mid-stream, as at a real evaluation
-        result = trainer.evaluator.play(deterministic=True)
+        result, _ = trainer.evaluator.evaluation().play()  # (deterministic only: the default)
         results[way] = (result.ret, result.length, trainer.env.rng_state(), trainer.timers["n_eval_steps"])
         if way == "workers":
             assert {type(e).__name__ for e in trainer.evaluator.envs} == {"EnvInWorker"}
