@@ -116,9 +116,10 @@ class TrainConfig:
     sample_weight_baseline: float = checked(0.0, at_least(0))
     cuda_graph: bool = True  # on CUDA, updates and acting steps replay captured graphs (patches/015); false: eager
     tf32: bool = False  # TF32 matmuls on CUDA: faster, 10-bit mantissas; off, as the reference (docs/benchmarks.md)
-    # The update's losses through torch.compile (patches/020; its first update compiles, tens of seconds). null: where
-    # it was measured to pay, FFM on CUDA (docs/benchmarks.md)
-    compile: Optional[bool] = None
+    # The update's losses through torch.compile, its Adam steps fused (patches/020; its first update compiles, tens of
+    # seconds). null: where it was measured to pay, FFM on CUDA (docs/benchmarks.md). Off by default until the
+    # compiled path with fused Adam has passed tests/test_cuda.py on a GPU (launch/gpu_check.sh).
+    compile: Optional[bool] = False
 
     def __post_init__(self):
         if isinstance(self.buffer_size, float) and self.buffer_size.is_integer():

@@ -2,8 +2,8 @@
 each host path (grad_norms, actor step due) is captured after ``warmup`` eager updates on the side stream, then
 replayed, with the eager RNG stream. Adam runs capturable; a loaded optimiser state or a moved parameter drops the
 graphs. ``backend`` is ``CudaGraphs`` or a test double. With ``compile`` (``train.compile``), the update, captured
-or not, runs its losses through torch.compile (update.compiled_losses): the warm-up updates compile them, the
-capture records inductor's kernels."""
+or not, runs its losses through torch.compile (update.compiled_losses) and its Adam steps fused: the warm-up
+updates compile them, the capture records inductor's kernels."""
 
 from __future__ import annotations
 
@@ -69,26 +69,48 @@ def bump_versions(tensors: list[torch.Tensor]) -> None:
             torch.autograd.graph.increment_version(t)
 
 
-def make_capturable_(optimizer: torch.optim.Optimizer) -> None:
-    """Adam(capturable=True) in place, step counters on their parameter's device; state_dict() stays eager."""
-    for group in optimizer.param_groups:
-        group["capturable"] = True
+def _steps_on_params_(optimizer: torch.optim.Optimizer) -> None:
+    """Adam's step counters on their parameter's device, as its capturable and fused forms read them."""
     for p, st in optimizer.state.items():
         step = st.get("step")
         if torch.is_tensor(step) and step.device != p.device:
             st["step"] = step.to(p.device)
-    # The warm-up updates run the capturable step eagerly on purpose: no warning about it.
-    optimizer._warned_capturable_if_run_uncaptured = True
+
+
+def _keep_state_dict_eager(optimizer: torch.optim.Optimizer) -> None:
     if not getattr(optimizer, "_eager_state_dict_hook", False):
         optimizer.register_state_dict_post_hook(_eager_state_dict)
         optimizer._eager_state_dict_hook = True
 
 
+def make_capturable_(optimizer: torch.optim.Optimizer) -> None:
+    """Adam(capturable=True) in place, step counters on their parameter's device; state_dict() stays eager."""
+    for group in optimizer.param_groups:
+        group["capturable"] = True
+    _steps_on_params_(optimizer)
+    # The warm-up updates run the capturable step eagerly on purpose: no warning about it.
+    optimizer._warned_capturable_if_run_uncaptured = True
+    _keep_state_dict_eager(optimizer)
+
+
+def make_fused_(optimizer: torch.optim.Optimizer) -> None:
+    """Adam(fused=True) in place, and again after each load_state_dict (a resume loads the eager form): one
+    multi-tensor kernel a step where the foreach form launches about 17 (the compiled update's, patches/020).
+    state_dict() stays eager. Module-level, as the hook it registers: a deep copy copies it."""
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = True, None
+    _steps_on_params_(optimizer)
+    if not getattr(optimizer, "_fused_after_load_hook", False):
+        optimizer.register_load_state_dict_post_hook(make_fused_)
+        optimizer._fused_after_load_hook = True
+    _keep_state_dict_eager(optimizer)
+
+
 def _eager_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
-    """state_dict post-hook: the eager form (capturable=False, CPU step counters), so checkpoints do not depend on
-    the switch. Module-level, not a bound method: a deep copy of the agent copies its optimisers' hooks."""
+    """state_dict post-hook: the eager form (capturable=False, fused=None, CPU step counters), so checkpoints do not
+    depend on the switches. Module-level, not a bound method: a deep copy of the agent copies its optimisers' hooks."""
     for group in state_dict["param_groups"]:
-        group["capturable"] = False
+        group["capturable"], group["fused"] = False, None
     # state_dict()["state"] holds the live per-parameter dicts: replace them, never write into them.
     state_dict["state"] = {
         k: {**st, "step": st["step"].cpu()}
@@ -260,6 +282,8 @@ class UpdateRunner:
         self.compiled = compile_pays(self.agents) if compile is None else bool(compile)
         if self.compiled:
             check_compilable(self.agents)
+            for o in (o for a in self.agents for o in a.optimizers().values()):
+                make_fused_(o)
         delays = sorted({a.algo.policy_delay for a in self.agents})
         if len(delays) > 1:
             raise ValueError(f"agents updated together must share their policy delay: got {delays}")

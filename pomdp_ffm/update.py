@@ -15,8 +15,9 @@ Nothing here reads a device value on the host (no .item(), no data-dependent bra
 queues kernels, so that it can be captured once in a CUDA graph and replayed (pomdp_ffm/graph.py).
 
 ``compiled=True`` (``train.compile``) runs the same functions through ``torch.compile``: the actor pass and the two
-losses (forward and backward) become inductor's fused kernels; the optimisers' steps, the targets and the
-temperature stay as they are (patches/020-compiled-update.md).
+losses (forward and backward) become inductor's fused kernels; the targets and the temperature stay as they are,
+and the runner that compiles gives the optimisers their fused form (graph.make_fused_;
+patches/020-compiled-update.md).
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def test_cuda_run_trains_and_resumes_on_cpu(composed, tmp_path):
 
 # --- the update as CUDA-graph replays ------------------------------------------------------------------------
 from pomdp_ffm.config import TD3Config  # noqa: E402
-from pomdp_ffm.graph import UpdateRunner, make_capturable_  # noqa: E402
+from pomdp_ffm.graph import UpdateRunner, make_capturable_, make_fused_  # noqa: E402
 from pomdp_ffm.trainer import Trainer  # noqa: E402
 
 GRAPH_CASES = [
@@ -258,6 +258,8 @@ def papers_shape_runs(algo, compiled, capturable_eager):
     if capturable_eager:
         for o in eager.optimizers().values():
             make_capturable_(o)
+            if compiled:  # as the compiling runner makes them
+                make_fused_(o)
     torch.manual_seed(7)
     ref = run(lambda b, grad_norms: eager.update(b, grad_norms=grad_norms, compiled=compiled), eager)
     agent = make()
@@ -469,6 +471,8 @@ def seed_axis_and_in_turn(algo, model, kw, capturable_eager=False, S=3, compiled
         for a in eager:
             for o in a.optimizers().values():
                 make_capturable_(o)
+                if compiled:  # as the compiling runner makes them
+                    make_fused_(o)
     torch.manual_seed(7)
     ref = seed_axis_run(eager, lambda bs, g: [a.update(b, grad_norms=g, compiled=compiled) for a, b in zip(eager, bs)])
     agents = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]

@@ -554,6 +554,54 @@ def test_capturable_optimisers_save_the_eager_state():
     assert not any(g["capturable"] for o in twin.optimizers().values() for g in o.param_groups)
 
 
+def test_a_compiling_runner_fuses_the_optimisers_and_keeps_them_fused_across_a_load(monkeypatch):
+    # train.compile's Adam: the fused kernel (two operators a step; patches/020). The losses stay eager here
+    # (compiling is tests/test_compile.py's); what is checked is the optimisers' form, their checkpoint, and a
+    # resume that continues the uninterrupted run bit for bit, which it would not if the load left them unfused.
+    from torch.profiler import profile
+
+    from pomdp_ffm import update as update_mod
+
+    monkeypatch.setattr(update_mod, "compiled_losses", lambda: update_mod.EAGER)
+    agent = make_agent("sac", "ffm")
+    eager_form = copy.deepcopy(agent).training_state()["optim"]
+    runner = UpdateRunner(agent, cuda_graph=False, compile=True)
+    assert all(g["fused"] for o in agent.optimizers().values() for g in o.param_groups)
+    torch.manual_seed(5)
+    with profile() as prof:
+        runner(make_batch(0))
+    ops = [e.name for e in prof.events()]
+    assert ops.count("aten::_fused_adam_") == 3 and "aten::_foreach_addcdiv_" not in ops  # actor, critic, alpha
+    for i in range(1, 3):
+        runner(make_batch(i))
+    saved = copy.deepcopy(agent.training_state())
+    assert all(g["fused"] is None and not g["capturable"] for o in saved["optim"].values() for g in o["param_groups"])
+    assert [g.keys() for o in saved["optim"].values() for g in o["param_groups"]] == [
+        g.keys() for o in eager_form.values() for g in o["param_groups"]
+    ]
+    torch.manual_seed(5)
+    for i in range(3, 5):
+        runner(make_batch(i))
+    resumed = make_agent("sac", "ffm", seed=1)
+    resumed_runner = UpdateRunner(resumed, cuda_graph=False, compile=True)
+    resumed.load_training_state(saved)  # as the trainer does: the runner first, then the checkpoint
+    assert all(g["fused"] for o in resumed.optimizers().values() for g in o.param_groups)
+    torch.manual_seed(5)
+    for i in range(3, 5):
+        resumed_runner(make_batch(i))
+    for k, v in agent.state_dict().items():
+        assert torch.equal(v, resumed.state_dict()[k]), k
+    # Adam's formula in one kernel: a few float32 ulps from the default step's parameters (6e-8 measured, patches/020)
+    eager = make_agent("sac", "ffm")
+    eager_runner = UpdateRunner(eager, cuda_graph=False)
+    for i in range(5):
+        if i in (0, 3):  # where the compiled run was seeded
+            torch.manual_seed(5)
+        eager_runner(make_batch(i))
+    for k, v in eager.state_dict().items():
+        torch.testing.assert_close(agent.state_dict()[k], v, rtol=0, atol=2e-7, msg=k)
+
+
 # --- the switch ----------------------------------------------------------------------------------------------
 def test_the_switch_is_validated(run_cfg):
     # On by default since the CUDA tests ran on a GPU (patches/015).
