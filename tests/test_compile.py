@@ -46,6 +46,18 @@ def test_compiled_updates_equal_the_eager_updates(algo, model):
 
 
 @pytest.mark.slow
+def test_a_compiled_update_in_real_arithmetic_equals_the_eager_update():
+    # The form a compiled update takes on CUDA (FFM's associative scan on (re, im) pairs, fused Adam), here on a
+    # CPU through inductor's generic scan (minutes to compile), against the eager update with the complex loop.
+    from pomdp_ffm.config import FFMConfig
+
+    eager, compiled = make_agent("sac", "ffm"), make_agent("sac", "ffm", ffm=FFMConfig(aggregator="assoc"))
+    ref = updates(UpdateRunner(eager, cuda_graph=False), eager)
+    out = updates(UpdateRunner(compiled, cuda_graph=False, compile=True), compiled)
+    assert_close_updates(out, ref)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_each_compiled_part_is_one_graph(algo):
     # fullgraph=True makes a graph break an error; explain() also counts graphs and breaks, independently of it.
@@ -122,3 +134,81 @@ def test_the_associative_scan_equals_the_loop():
         u.grad = gamma.grad = s0.grad = None
     for name, a, b in zip(("S", "grad u", "grad gamma", "grad s0"), *results):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def _ffm_pass(ffm, x, state):
+    """Output, last state and every gradient of a loss over both."""
+    ffm.zero_grad(set_to_none=True)
+    y, last = ffm(x, state)
+    (y.square().sum() + torch.view_as_real(last).sum()).backward()
+    return [y.detach(), last.detach(), *(p.grad for p in ffm.parameters())]
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_ffm_in_real_arithmetic_equals_its_complex_loop(with_state):
+    # aggregator="assoc" (the compiled CUDA path) runs FFM's recurrence on (re, im) pairs, gamma and state included,
+    # with the adjoint written out in real arithmetic; the loop runs it in complex numbers. float64 throughout.
+    from pomdp_ffm.seq_models import FFM
+
+    torch.manual_seed(0)
+    T, B = 33, 3
+    x = torch.randn(T, B, 5, dtype=torch.float64)
+    ffms = {}
+    for method in ("loop", "assoc"):
+        torch.manual_seed(1)
+        ffms[method] = FFM(5, 64, aggregator=method).double().bounded_by_owner()
+    m, c = ffms["loop"].memory_size, ffms["loop"].context_size
+    state = torch.randn(B, m, c, dtype=torch.complex128) if with_state else None
+    out, ref = (_ffm_pass(ffms[m], x, state) for m in ("assoc", "loop"))
+    for name, a, b in zip(["y", "last state", *(n for n, _ in ffms["loop"].named_parameters())], out, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_no_complex_operator_reaches_the_compiler():
+    # Inductor leaves complex operators to eager kernels, each a launch of its own on a GPU; in the compiled path
+    # (aggregator "assoc") FFM's training pass, forward and backward, is real arithmetic from input to loss.
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from pomdp_ffm.seq_models import FFM
+
+    def complex_nodes(aggregator):
+        graphs = []
+
+        def keep(gm, _):
+            graphs.append(gm)
+            return make_boxed_func(gm.forward)
+
+        def backend(gm, inputs):
+            return aot_module_simplified(gm, inputs, fw_compiler=keep, bw_compiler=keep)
+
+        torch._dynamo.reset()
+        ffm = FFM(5, 64, aggregator=aggregator).bounded_by_owner()
+        loss = torch.compile(lambda x: ffm(x)[0].square().sum(), backend=backend, fullgraph=True)
+        loss(torch.randn(9, 2, 5)).backward()
+        assert len(graphs) == 2  # forward, backward
+        vals = [n.meta.get("val") for g in graphs for n in g.graph.nodes]
+        return sum(torch.is_tensor(v) and v.is_complex() for v in vals)
+
+    assert complex_nodes("loop") > 0  # (what the check sees where the recurrence is complex)
+    assert complex_nodes("assoc") == 0
+
+
+@pytest.mark.slow
+def test_ffm_in_real_arithmetic_compiled_equals_the_eager_loop():
+    # Through inductor (on a CPU its generic scan; on CUDA one Triton kernel a direction) against the eager complex
+    # loop, float32: output, last state and gradients to the measured 1e-6 relative, with room.
+    from pomdp_ffm.seq_models import FFM
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 4, 5)
+    ffms = {}
+    for method in ("loop", "assoc"):
+        torch.manual_seed(1)
+        ffms[method] = FFM(5, 64, aggregator=method).bounded_by_owner()
+    compiled = torch.compile(_ffm_pass)  # (backward() is a graph break: the pass is compiled around it)
+    out, ref = compiled(ffms["assoc"], x, None), _ffm_pass(ffms["loop"], x, None)
+    for name, a, b in zip(["y", "last state", *(n for n, _ in ffms["loop"].named_parameters())], out, ref):
+        err = ((a - b).abs().max() / b.abs().max()).item()
+        print(f"{name}: {err:.1e}")
+        assert err < 1e-5, name

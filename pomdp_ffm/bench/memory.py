@@ -40,8 +40,9 @@ class FFMDenseFloor(FFM):
     """FFM with its aggregator replaced by a broadcast of the gated input: every dense layer, gate and norm
     of the cell, no recurrence. What an FFM cell cannot go below without faster dense kernels."""
 
-    def _aggregate(self, u, gamma, s0):
-        return torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(*u.shape, self.context_size)
+    def _aggregate(self, u, state):
+        S = torch.complex(u, torch.zeros_like(u)).unsqueeze(-1).expand(*u.shape, self.context_size)
+        return torch.view_as_real(S), S[-1]
 
 
 def variants(input_size: int, hidden_size: int, device: torch.device, only=None) -> dict[str, nn.Module]:

@@ -152,10 +152,11 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
     return rows
 
 
-def _kernel_count(fn: Callable[[], object], device: torch.device) -> int:
-    """Kernels one call launches: on CUDA, the device kernels the profiler sees (cuBLAS, cuDNN, Triton, torch's); on
-    a CPU, the operators called from Python or from compiled code (each ``aten::`` event with no ``aten::`` event
-    above it), to which a compiled update adds inductor's generated kernels (counted at its compile)."""
+def _kernel_count(fn: Callable[[], object], device: torch.device) -> tuple[str, int]:
+    """(metric, count) for one call: on CUDA every device kernel the profiler sees (cuBLAS, cuDNN, Triton, torch's);
+    on a CPU the operators run outside inductor's kernels and outside the optimisers' steps that would launch a
+    kernel on a GPU (each ``aten::`` event with no ``aten::`` event above it, views left out). A CPU runs Adam per
+    tensor where CUDA runs multi-tensor or fused kernels, so only the rest counts alike on both."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -166,15 +167,20 @@ def _kernel_count(fn: Callable[[], object], device: torch.device) -> int:
         if cuda:
             torch.cuda.synchronize(device)
     if cuda:
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        return "kernels_per_update", sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
-    def top_level(e) -> bool:
+    def launches(e) -> bool:
+        if not e.name.startswith("aten::"):
+            return False
         parent = e.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
+        while parent is not None:
+            if parent.name.startswith(("aten::", "Optimizer.step")):
+                return False
             parent = parent.cpu_parent
-        return e.name.startswith("aten::") and parent is None
+        packet = getattr(torch.ops.aten, e.name.removeprefix("aten::"), None)
+        return packet is None or not any(getattr(packet, o).is_view for o in packet.overloads())
 
-    return sum(map(top_level, prof.events()))
+    return "ops_outside_steps", sum(map(launches, prof.events()))
 
 
 def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | None = None) -> list[Row]:
@@ -182,9 +188,11 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
     (``+compile``), on CUDA each also as graph replays (``+graph``; ``+compile-scan``: compiled with the doubling
     scan instead of the associative one). GRU runs cuDNN's kernel: compiled, dynamo unrolls it step by step (241 s
     to compile a TD3+GRU update on a 2-vCPU VM), so it is not a variant here. Also: compile time cold (an empty
-    inductor cache) and warm (the on-disk cache a resumed run finds), kernels per update, and with
-    ``seed_counts`` a SAC+FFM round of S seeds in one graph. A variant that fails to compile is reported and
-    skipped."""
+    inductor cache) and warm (the on-disk cache a resumed run finds), kernels per update (``_kernel_count``), and
+    with ``seed_counts`` a SAC+FFM round of S seeds in one graph. On a CPU also ``+compile-assoc``: the form a
+    compiled update takes on CUDA (FFM's associative scan in real arithmetic) through inductor's generic scan,
+    minutes to compile; what it leaves outside inductor is what a GPU launches besides inductor's kernels. A
+    variant that fails to compile is reported and skipped."""
     import time
 
     import torch._dynamo
@@ -199,7 +207,9 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
     updates = {}
     # (suffix, compiled, graph, FFM's aggregator)
     variants = [("", False, False, "auto"), ("+compile", True, False, "auto")]
-    if cuda:
+    if not cuda:  # the form a compiled update takes on CUDA (FFM's scan in real arithmetic), compiled here
+        variants += [("+compile-assoc", True, False, "assoc")]
+    else:
         variants += [
             ("+graph", False, True, "auto"),
             ("+compile+graph", True, True, "auto"),
@@ -234,10 +244,9 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
                 print(f"{name}{suffix}: {e}", flush=True)
                 continue
             if not graph:
-                kernels = _kernel_count(lambda r=runner: r(batches[0]), device)
-                if compiled and not cuda:  # (on CUDA the profiler sees them)
-                    kernels += generated
-                rows.append(Row("update-compile", SHAPE, name + suffix, "kernels_per_update", kernels, "kernels"))
+                metric, kernels = _kernel_count(lambda r=runner: r(batches[0]), device)
+                unit = "kernels" if cuda else "ops"
+                rows.append(Row("update-compile", SHAPE, name + suffix, metric, kernels, unit))
             updates[name + suffix] = runner
     fns = _counted({k: (lambda i, u=u: u(batches[i % len(batches)])) for k, u in updates.items()})
     med = interleaved_medians(fns, repeats, device, warmup=2)

@@ -9,7 +9,7 @@ Cell (paper eqs. input gate, aggregator, read-out, gated residual):
 
 with gamma = exp(-alpha) exp(i omega)^T, alpha in R+^m the decay and omega in R^c the context (paper notation: not
 SAC's temperature nor the RL discount). l1, l2, l4, l5 are fused into one Linear (``pre``) like the reference.
-The aggregator's evaluation (loop, scan, closed) is pomdp_ffm/seq_models/recurrence.py's.
+The aggregator's evaluation (loop, scan, assoc, closed) is pomdp_ffm/seq_models/recurrence.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from ..rules import above, checked, must, one_of, within
 from .base import SeqModel, State
-from .recurrence import AGGREGATE, aggregate_closed
+from .recurrence import AGGREGATE, aggregate_closed, aggregate_pairs
 
 AGGREGATORS = ("auto", "loop", "scan", "assoc", "closed")
 PARAM_MODES = ("learned", "fixed", "none")
@@ -227,13 +227,21 @@ class FFM(SeqModel):
         dtype = torch.complex128 if self.pre.weight.dtype == torch.float64 else torch.complex64
         return torch.zeros(batch_size, self.memory_size, self.context_size, dtype=dtype, device=device)
 
-    def gamma(self) -> torch.Tensor:
-        """The recurrence's decay exp(-alpha) exp(i omega): [m, c] complex64, |gamma| <= 1."""
+    def _magnitude_and_angle(self) -> tuple[torch.Tensor, torch.Tensor]:
         alpha, omega = self.alpha, self.omega
         if alpha.dim() == 1:  # outer product form: rows decay, columns rotate
             m, c = alpha.shape[0], omega.shape[0]
             alpha, omega = alpha.unsqueeze(1).expand(m, c), omega.unsqueeze(0).expand(m, c)
-        return torch.polar(torch.exp(-alpha), omega)
+        return torch.exp(-alpha), omega
+
+    def gamma(self) -> torch.Tensor:
+        """The recurrence's decay exp(-alpha) exp(i omega): [m, c] complex64, |gamma| <= 1."""
+        return torch.polar(*self._magnitude_and_angle())
+
+    def gamma_pairs(self) -> torch.Tensor:
+        """``gamma`` as (re, im) pairs in real arithmetic, as torch.polar computes them: [m, c, 2]."""
+        magnitude, angle = self._magnitude_and_angle()
+        return torch.stack((magnitude * torch.cos(angle), magnitude * torch.sin(angle)), dim=-1)
 
     def _gamma_for_call(self) -> torch.Tensor:
         if torch.is_grad_enabled() or torch.compiler.is_compiling():  # (a compiled graph keys nothing on versions)
@@ -290,21 +298,32 @@ class FFM(SeqModel):
             self.bound_(only_if_out=True)
         y_in, thru, in_gate, out_gate = torch.split(self.pre(x), self._split, dim=-1)
         u = y_in * torch.sigmoid(in_gate) if self.input_gate else y_in
-        gamma = self._gamma_for_call()
-        s0 = self.initial_state(B, x.device) if state is None else state
-        S = self._aggregate(u, gamma, s0)
-        z = self.mix(torch.view_as_real(S).reshape(T, B, -1))
+        S, last = self._aggregate(u, state)
+        z = self.mix(S.reshape(T, B, -1))
         z = F.layer_norm(z, z.shape[-1:])
         y = torch.lerp(thru, z, torch.sigmoid(out_gate)) if self.output_gate else z
-        return y, S[-1]
+        return y, last
 
-    def _aggregate(self, u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
-        if u.shape[0] == 1:  # the acting step
-            return torch.addcmul(torch.complex(u, torch.zeros_like(u)).unsqueeze(-1), s0, gamma)
-        method = self.resolved_aggregator(u.device)
-        if method == "closed":  # chunks no longer than the horizon the decay bound was set for
-            return aggregate_closed(u, gamma, s0, chunk=self.decay_horizon)
-        return AGGREGATE[method](u, gamma, s0)
+    def _aggregate(self, u: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor]:
+        """The states S_0..S_{T-1} as (re, im) pairs [T, B, m, c, 2], and the last one, complex."""
+        T, B = u.shape[:2]
+        method = "step" if T == 1 else self.resolved_aggregator(u.device)
+        if method == "assoc":  # real arithmetic throughout: nothing complex for inductor to leave to eager kernels
+            if state is None:
+                s0 = torch.zeros(B, self.memory_size, self.context_size, 2, dtype=u.dtype, device=u.device)
+            else:
+                s0 = torch.view_as_real(state)
+            S = aggregate_pairs(u, self.gamma_pairs(), s0)
+            return S, torch.view_as_complex(S[-1])
+        gamma = self._gamma_for_call()
+        s0 = self.initial_state(B, u.device) if state is None else state
+        if method == "step":  # the acting step
+            S = torch.addcmul(torch.complex(u, torch.zeros_like(u)).unsqueeze(-1), s0, gamma)
+        elif method == "closed":  # chunks no longer than the horizon the decay bound was set for
+            S = aggregate_closed(u, gamma, s0, chunk=self.decay_horizon)
+        else:
+            S = AGGREGATE[method](u, gamma, s0)
+        return torch.view_as_real(S), S[-1]
 
     def trace_durability(self, beta: float = 0.01) -> torch.Tensor:
         """t_alpha: steps until a trace decays to `beta` of its value, per memory row (inf without decay)."""

@@ -1,12 +1,13 @@
 """FFM's aggregator S_t = gamma * S_{t-1} + u_t over a whole sequence. Unlike the reference's closed form (``closed``:
 complex128, defined only while gamma^(-t) fits a float64), ``loop`` (sqrt(T) chunks; ``auto`` on a CPU) and ``scan``
-(log-depth, fewer kernels; ``auto`` on a GPU) and ``assoc`` (one associative scan; ``auto`` under torch.compile on a
-GPU) never multiply by |gamma| > 1: no overflow and no chunks at any length,
-with the adjoint recurrence as their backward (docs/benchmarks.md). Not exact: in complex64 the error grows about
-linearly with T for decays slower than the window (gamma's complex64 rounding, ~1e-7, raised to the power t; ~T eps / 8
-with eps = 2^-23). Measured against the reference's complex128 function of the same float32 alpha, omega (state-norm
-relative, alpha in [1e-8, 0.05]): 9e-7 at T = 64, 2.9e-6 at 200, 1.55e-5 at 1100, 6.4e-5 at 4096; under 8e-7 at any T
-for the default init's decays. ``closed`` here takes the complex64 gamma too and drifts alike (patches/001)."""
+(log-depth, fewer kernels; ``auto`` on a GPU) and ``assoc`` (one associative scan on (re, im) pairs, in real
+arithmetic throughout; ``auto`` under torch.compile on a GPU) never multiply by |gamma| > 1: no overflow and no
+chunks at any length, with the adjoint recurrence as their backward (docs/benchmarks.md). Not exact: in complex64
+the error grows about linearly with T for decays slower than the window (gamma's complex64 rounding, ~1e-7, raised
+to the power t; ~T eps / 8 with eps = 2^-23). Measured against the reference's complex128 function of the same
+float32 alpha, omega (state-norm relative, alpha in [1e-8, 0.05]): 9e-7 at T = 64, 2.9e-6 at 200, 1.55e-5 at 1100,
+6.4e-5 at 4096; under 8e-7 at any T for the default init's decays. ``closed`` here takes the complex64 gamma too
+and drifts alike (patches/001)."""
 
 from __future__ import annotations
 
@@ -95,20 +96,71 @@ def _combine(earlier, later):
     return (glr * ger - gli * gei, glr * gei + gli * ger, glr * ser - gli * sei + slr, glr * sei + gli * ser + sli)
 
 
-def _associative_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | None, reverse: bool = False) -> None:
-    """`_scan_`'s recurrence as one associative scan over (gamma, X) pairs in real arithmetic: under torch.compile
-    on CUDA, inductor lowers it to a single Triton kernel. On a CPU the scan runs in torch's generic form (eager
-    only; the tests' reference point)."""
+def _scan_pairs(gr, gi, xr, xi, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """X_t += gamma X_{t-1} (or X_{t+1} if ``reverse``) over dim 0, gamma = gr + i gi broadcast to X = xr + i xi: one
+    associative scan over (gamma, X) pairs, which inductor lowers to one Triton kernel on CUDA. On a CPU it runs
+    torch's generic form (the tests' reference point; compiled there too, though slowly)."""
     from torch._higher_order_ops.associative_scan import associative_scan
 
-    if s_in is not None:
-        X[X.shape[0] - 1 if reverse else 0].addcmul_(s_in, gamma)
-    x, g = torch.view_as_real(X), torch.view_as_real(gamma).expand(*X.shape, 2)
-    mode = "pointwise" if X.is_cuda else "generic"
-    _, _, re, im = associative_scan(
-        _combine, (g[..., 0], g[..., 1], x[..., 0], x[..., 1]), dim=0, reverse=reverse, combine_mode=mode
-    )
-    x.copy_(torch.stack((re, im), dim=-1))
+    mode = "pointwise" if xr.is_cuda else "generic"
+    g = (gr.expand_as(xr), gi.expand_as(xr))
+    _, _, re, im = associative_scan(_combine, (*g, xr, xi), dim=0, reverse=reverse, combine_mode=mode)
+    return re, im
+
+
+def _times(ar, ai, br, bi) -> tuple[torch.Tensor, torch.Tensor]:
+    return ar * br - ai * bi, ar * bi + ai * br
+
+
+class _PairRecurrence(torch.autograd.Function):
+    """``_LinearRecurrence`` on (re, im) pairs in a last dim of 2, every step in real arithmetic (inductor leaves
+    complex operators to eager kernels): u [T, *batch, m], gamma [m, c, 2], s0 [*batch, m, c, 2] -> S [T, *batch,
+    m, c, 2], the layout of ``view_as_real`` of the complex S. The backward is the complex one's, written out:
+    C = conj(dL/dS) runs the reverse scan; grad u = sum_c Re C, grad gamma = sum conj(S_{t-1} C_t), grad s0 =
+    conj(C_0 gamma)."""
+
+    @staticmethod
+    def forward(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+        gr, gi = gamma.unbind(-1)
+        xr = u.unsqueeze(-1).expand(*u.shape, gr.shape[-1])
+        first_r, first_i = _times(gr, gi, *s0.unbind(-1))
+        xr = torch.cat([(xr[0] + first_r).unsqueeze(0), xr[1:]])
+        xi = torch.cat([first_i.unsqueeze(0), torch.zeros_like(xr[1:])])
+        return torch.stack(_scan_pairs(gr, gi, xr, xi), dim=-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, gamma, s0 = inputs
+        ctx.save_for_backward(gamma, s0, output)
+
+    @staticmethod
+    def backward(ctx, grad_S: torch.Tensor):
+        gamma, s0, S = ctx.saved_tensors
+        gr, gi = gamma.unbind(-1)
+        cr, ci = _scan_pairs(gr, gi, grad_S[..., 0], -grad_S[..., 1], reverse=True)
+        grad_u = grad_gamma = grad_s0 = None
+        if ctx.needs_input_grad[0]:
+            grad_u = cr.sum(-1)
+        if ctx.needs_input_grad[1]:
+            pr, pi = torch.cat([s0.unsqueeze(0), S[:-1]]).unbind(-1)  # S_{t-1}, with S_{-1} = s0
+            over = tuple(range(cr.dim() - 2))  # time and batch
+            re, im = _times(pr, pi, cr, ci)
+            grad_gamma = torch.stack((re.sum(over), -im.sum(over)), dim=-1)
+        if ctx.needs_input_grad[2]:
+            re, im = _times(cr[0], ci[0], gr, gi)
+            grad_s0 = torch.stack((re, -im), dim=-1)
+        return grad_u, grad_gamma, grad_s0
+
+
+def aggregate_pairs(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+    """The recurrence in real arithmetic (``_PairRecurrence``): u [T, B, m], gamma [m, c, 2], s0 [B, m, c, 2]."""
+    return _PairRecurrence.apply(u, gamma, s0.expand(u.shape[1], *gamma.shape).contiguous())
+
+
+def aggregate_assoc(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+    """``aggregate_pairs`` behind the complex interface of the other aggregators."""
+    s0 = s0.expand(u.shape[1], *gamma.shape).contiguous()
+    return torch.view_as_complex(aggregate_pairs(u, torch.view_as_real(gamma), torch.view_as_real(s0)))
 
 
 class _LinearRecurrence(torch.autograd.Function):
@@ -152,7 +204,7 @@ class _LinearRecurrence(torch.autograd.Function):
         return grad_u, grad_gamma, grad_s0, None
 
 
-_RUN = {"loop": _scan_, "scan": _doubling_scan_, "assoc": _associative_scan_}
+_RUN = {"loop": _scan_, "scan": _doubling_scan_}
 
 
 def _recurrence(method: str):
@@ -187,5 +239,5 @@ def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chu
     return torch.cat(out, dim=0)
 
 
-aggregate_loop, aggregate_scan, aggregate_assoc = _recurrence("loop"), _recurrence("scan"), _recurrence("assoc")
+aggregate_loop, aggregate_scan = _recurrence("loop"), _recurrence("scan")
 AGGREGATE = {"loop": aggregate_loop, "scan": aggregate_scan, "assoc": aggregate_assoc, "closed": aggregate_closed}
