@@ -7,6 +7,9 @@
 # `pip wheel --no-deps -w <folder> hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3
 # gymnasium==1.4.0 farama-notifications`). LOGS=<folder>: where the logs and the CSV go (runs/gpu-check).
 # TEST_TIMEOUT, BENCH_TIMEOUT: seconds for each part (a hang stops, the other part still runs).
+# What it decides: train.compile is off by default until its current form (fused Adam, FFM in real arithmetic)
+# passes tests/test_cuda.py here and its compiled rows beat the graph rows; then `null` is the default again
+# (patches/020-compiled-update.md).
 set -uo pipefail
 LOGS="${LOGS:-runs/gpu-check}"
 mkdir -p "$LOGS"
