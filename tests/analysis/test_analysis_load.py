@@ -1,10 +1,38 @@
+import contextlib
 import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 from analysis_synth import SAC_HEADER, progress_text, steps_grid, write_our_run, write_reference_run
 
 from analysis import columns, load, rundirs, runmeta, stats
+
+
+@contextlib.contextmanager
+def lock_held(run_dir):
+    """Another process holds ``run_dir``'s lock (as a run continuing it does) until the block ends."""
+    from pomdp_ffm.launch.rundir import RunDir
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; "
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(60)",
+            str(run_dir / RunDir.LOCK),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def _reasons(report, kind=None):
@@ -260,29 +288,9 @@ def test_a_failed_and_a_diverged_run_are_named_with_their_status(tmp_path):
     status = table.drop_duplicates("run_id").set_index("seed")["status"].to_dict()
     assert status == {0: "done", 1: "failed", 2: "diverged", 3: "unfinished"}
     # A failed run being continued by a process that holds its lock is running, whatever its last attempt left.
-    import subprocess
-    import sys
-
-    from pomdp_ffm.launch.rundir import RunDir
-
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys, time; "
-            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
-            "print('held', flush=True); time.sleep(60)",
-            str(runs["failed"] / RunDir.LOCK),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held(runs["failed"]):
         table, _ = load.build_table([tmp_path])
         assert table.drop_duplicates("run_id").set_index("seed")["status"][1] == "running"
-    finally:
-        holder.kill()
     assert any("failed (RuntimeError: CUDA out of memory)" in r for r in _only(report, "seed-1", "warning"))
     assert any("diverged (TrainingDiverged: non-finite critic loss)" in r for r in _only(report, "seed-2", "warning"))
     assert not [r for p, r in _reasons(report, "warning") if "seed-3" in p or "seed-0" in p]
@@ -341,33 +349,12 @@ def test_the_cache_answers_alike_from_another_working_directory(tmp_path, monkey
 def test_a_cached_status_follows_the_runs_lock(tmp_path):
     # "running" depends on whether a process holds the run's lock, not on any file's contents: the cache must not
     # go on answering "running" once the holder is gone.
-    import subprocess
-    import sys
-
-    from pomdp_ffm.launch.rundir import RunDir
-
     run = write_our_run(
         tmp_path / "runs", "HopperBLT-P-v0", "sac", "ffm", 0, steps_grid(3), [1.0, 2.0, 3.0], done=False
     )
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys, time; "
-            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
-            "print('held', flush=True); time.sleep(60)",
-            str(run / RunDir.LOCK),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held(run):
         table, _ = load.load_runs([tmp_path / "runs"], cache_dir=tmp_path / "cache")
         assert table["status"].unique().tolist() == ["running"]
-    finally:
-        holder.kill()
-        holder.wait()
     table, _ = load.load_runs([tmp_path / "runs"], cache_dir=tmp_path / "cache")
     assert table["status"].unique().tolist() == ["unfinished"]
 
