@@ -98,7 +98,7 @@ def make_fused_(optimizer: torch.optim.Optimizer) -> None:
     multi-tensor kernel a step where the foreach form launches about 17 (the compiled update's, patches/020).
     state_dict() stays eager. Module-level, as the hook it registers: a deep copy copies it."""
     for group in optimizer.param_groups:
-        group["fused"], group["foreach"] = True, None
+        group["fused"] = True
     _steps_on_params_(optimizer)
     if not getattr(optimizer, "_fused_after_load_hook", False):
         optimizer.register_load_state_dict_post_hook(make_fused_)

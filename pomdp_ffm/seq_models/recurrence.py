@@ -88,12 +88,18 @@ def _doubling_scan_(X: torch.Tensor, gamma: torch.Tensor, s_in: torch.Tensor | N
         X.copy_(src)
 
 
+def _times(ar, ai, br, bi) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ar + i ai)(br + i bi) as (re, im)."""
+    return ar * br - ai * bi, ar * bi + ai * br
+
+
 def _combine(earlier, later):
     """Two adjacent spans of the recurrence, each (its gamma product, its partial sum) as real and imaginary parts,
     as one span: (g_l g_e, g_l s_e + s_l). Pointwise only, as inductor's scan lowering requires."""
     ger, gei, ser, sei = earlier
     glr, gli, slr, sli = later
-    return (glr * ger - gli * gei, glr * gei + gli * ger, glr * ser - gli * sei + slr, glr * sei + gli * ser + sli)
+    sr, si = _times(glr, gli, ser, sei)
+    return (*_times(glr, gli, ger, gei), sr + slr, si + sli)
 
 
 def _scan_pairs(gr, gi, xr, xi, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,10 +112,6 @@ def _scan_pairs(gr, gi, xr, xi, reverse: bool = False) -> tuple[torch.Tensor, to
     g = (gr.expand_as(xr), gi.expand_as(xr))
     _, _, re, im = associative_scan(_combine, (*g, xr, xi), dim=0, reverse=reverse, combine_mode=mode)
     return re, im
-
-
-def _times(ar, ai, br, bi) -> tuple[torch.Tensor, torch.Tensor]:
-    return ar * br - ai * bi, ar * bi + ai * br
 
 
 class _PairRecurrence(torch.autograd.Function):
@@ -159,7 +161,6 @@ def aggregate_pairs(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> t
 
 def aggregate_assoc(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
     """``aggregate_pairs`` behind the complex interface of the other aggregators."""
-    s0 = s0.expand(u.shape[1], *gamma.shape).contiguous()
     return torch.view_as_complex(aggregate_pairs(u, torch.view_as_real(gamma), torch.view_as_real(s0)))
 
 
