@@ -84,6 +84,9 @@ SLOW = (
     "test_bench.py::test_overlap_benchmark_command",
     "test_bench.py::test_eval_benchmark_command",
     "test_analysis_figures.py::test_cli_seed_reproducible",
+    "test_seeds.py::test_gathered_acting_with_envs_in_workers",
+    "test_launch.py::test_a_stop_after_a_jobs_last_look_still_stops_the_sweep",
+    "test_launch.py::test_dry_run_counts_the_paper_grid",  # (the grid as 32 seed-axis jobs stays: tests/test_seeds.py)
 )
 
 

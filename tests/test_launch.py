@@ -56,7 +56,6 @@ def eval_steps(run: Path) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.slow  # (10 s; the grid as 32 seed-axis jobs, tests/test_seeds.py, is in the default suite)
 def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
     grid = _paper_grid()
     root = tmp_path / "grid"
@@ -616,7 +615,6 @@ def test_scheduler_warning_defers_submitit_until_checkpoint():
         signal.signal(signal.SIGUSR2, old2)
 
 
-@pytest.mark.slow  # (8 s; the other stop-signal timings of a sweep are in the default suite)
 def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
     # The signal comes once the first job has trained (its final evaluation, checkpoint and DONE being written),
     # when nothing in the job looks at it any more: that job is done, and the sweep still stops after it.

@@ -440,7 +440,6 @@ def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, mon
         )
 
 
-@pytest.mark.slow  # (8 s; gathered acting without workers and envs in workers alone are in the default suite)
 def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
     # The evaluation envs step in worker processes; the axis turns to the other seeds while they step.
     from pomdp_ffm.rollout import Rollout
