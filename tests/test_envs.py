@@ -406,7 +406,7 @@ def test_closing_an_env_whose_worker_died_does_not_raise():
     env.reset()
     env.step_async(np.zeros(1))  # a step in flight
     os.kill(env.venv.processes[0].pid, signal.SIGKILL)
-    env.venv.processes[0].join(5)
+    env.venv.processes[0].join(HANG_S)
     env.close()
     assert not env.venv.processes[0].is_alive()
 

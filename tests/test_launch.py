@@ -687,7 +687,7 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
         "    os.kill(worker.pid, signal.SIGUSR1)\n"
         "    print(worker.stdout.readline().strip(), worker.wait(), flush=True)\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    deadline = time.time() + 10\n"
+        f"    deadline = time.time() + {HANG_S}\n"
         "    while signals.sweep_stopped() is None and time.time() < deadline: time.sleep(0.01)\n"
         "print('launcher', signals.sweep_stopped(), flush=True)\n"
     )
@@ -934,7 +934,7 @@ def test_a_joblib_sweep_killed_by_sigkill_leaves_no_worker(tmp_path):
                 and (long.path / "progress.csv").exists()
                 and len(eval_steps(long.path)) >= 1
             ),
-            300,
+            HANG_S,
             proc,
             out,
         )
@@ -945,8 +945,8 @@ def test_a_joblib_sweep_killed_by_sigkill_leaves_no_worker(tmp_path):
         assert idle in workers
         proc.kill()
         proc.wait(timeout=HANG_S)
-        assert _alive_after({idle: procs[idle]}, 10) == []
-        assert _alive_after(procs, 60) == [], out.read_text()[-3000:]
+        assert _alive_after({idle: procs[idle]}, HANG_S) == []
+        assert _alive_after(procs, HANG_S) == [], out.read_text()[-3000:]
     finally:
         _kill_all(proc, procs)
     assert long.status() == "resumable"

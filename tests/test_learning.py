@@ -142,7 +142,6 @@ def _evaluations(run_dir, settings: dict, seed: int) -> tuple[pd.DataFrame, str]
     return ev, curve
 
 
-@pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", [0])
 def test_sac_ffm_learns_pendulum_v(tmp_path, seed):
     untrained, _ = _evaluations(tmp_path / "untrained", UNTRAINED, seed)
@@ -163,7 +162,6 @@ def test_sac_ffm_learns_pendulum_v(tmp_path, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("seed", [0])
 def test_sac_ffm_solves_pendulum_v(tmp_path, seed):
     run_dir = tmp_path / "run"

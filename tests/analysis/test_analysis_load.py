@@ -6,6 +6,7 @@ import sys
 import pandas as pd
 import pytest
 from analysis_synth import SAC_HEADER, progress_text, steps_grid, write_our_run, write_reference_run
+from hang import HANG_S
 
 from analysis import columns, load, rundirs, runmeta, stats
 
@@ -21,7 +22,7 @@ def lock_held(run_dir):
             "-c",
             "import fcntl, os, sys, time; "
             "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
-            "print('held', flush=True); time.sleep(60)",
+            f"print('held', flush=True); time.sleep({HANG_S})",
             str(run_dir / RunDir.LOCK),
         ],
         stdout=subprocess.PIPE,
