@@ -14,7 +14,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from . import constants as C
-from .stats import group_seed, resampling_order
+from .stats import group_seed, value_order
 
 AGGREGATE_METRICS = ("IQM", "Mean", "Optimality gap")
 # The optimality gap's target: the Oracle's return, 1 on the normalised scale (rliable's gamma).
@@ -52,7 +52,7 @@ def iqm(x, axis=-1):
 
 
 def _per_task_arrays(df: pd.DataFrame, value: str) -> list[np.ndarray]:
-    return [resampling_order(g[value]) for _, g in df.groupby("task", sort=True)]
+    return [value_order(g[value]) for _, g in df.groupby("task", sort=True)]
 
 
 def _aggregate(samples: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -66,9 +66,9 @@ def _aggregate(samples: list[np.ndarray]) -> dict[str, np.ndarray]:
 
 def stratified_resample(per_task: list[np.ndarray], n_resamples: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Resample runs with replacement *within* each task; arrays shaped (n_resamples, n_runs_task). Each task's
-    runs are drawn from in :func:`analysis.stats.resampling_order`, so their folders' names do not move an
+    runs are drawn from in :func:`analysis.stats.value_order`, so their folders' names do not move an
     interval."""
-    return [x[rng.integers(0, len(x), size=(n_resamples, len(x)))] for x in map(resampling_order, per_task)]
+    return [x[rng.integers(0, len(x), size=(n_resamples, len(x)))] for x in map(value_order, per_task)]
 
 
 def _group_sources(df: pd.DataFrame) -> pd.Series:
@@ -245,8 +245,8 @@ def probability_of_improvement(
         tasks = sorted(tasks & common[algo] if common_tasks else tasks)
         if not tasks:
             continue
-        xs = [resampling_order(g.loc[(g["task"] == t) & (g["model"] == model_x), value]) for t in tasks]
-        ys = [resampling_order(g.loc[(g["task"] == t) & (g["model"] == model_y), value]) for t in tasks]
+        xs = [value_order(g.loc[(g["task"] == t) & (g["model"] == model_x), value]) for t in tasks]
+        ys = [value_order(g.loc[(g["task"] == t) & (g["model"] == model_y), value]) for t in tasks]
         point = np.mean([_prob_greater(x, y) for x, y in zip(xs, ys)])
         rng = np.random.default_rng(group_seed(seed, algo, model_x, model_y))
         bx = stratified_resample(xs, n_resamples, rng)

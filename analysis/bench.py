@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+
+from .stats import value_order
 
 BENCH_COLUMNS = ["benchmark", "shape", "model", "metric", "value", "unit"]
 # Display names for the metrics the benchmark writes; unknown metrics keep their own name.
@@ -90,6 +93,7 @@ def read_bench(files) -> tuple[pd.DataFrame, list[tuple[str, str, str]]]:
 
 
 def summarize_bench(bench: pd.DataFrame) -> pd.DataFrame:
-    """Mean (and count) per benchmark, shape, model, metric; repeated measurements are averaged."""
+    """Mean (and count) per benchmark, shape, model, metric; repeated measurements are averaged, in
+    :func:`analysis.stats.value_order` so that the order of the ``--bench`` files cannot change a mean."""
     g = bench.groupby(["benchmark", "shape", "metric", "unit", "model"], sort=True)["value"]
-    return g.agg(value="mean", n="size").reset_index()
+    return g.agg(value=lambda v: float(np.mean(value_order(v))), n="size").reset_index()

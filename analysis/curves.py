@@ -9,7 +9,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from . import constants as C
-from .stats import GROUP, curve_settings, each_run, fmt_steps, group_path, group_seed, reference_curve, resampling_order
+from .stats import GROUP, curve_settings, each_run, fmt_steps, group_path, group_seed, reference_curve, value_order
 
 
 def curves_on_grid(
@@ -95,7 +95,7 @@ def curve_band(
 
     Uses ``scipy.stats.bootstrap`` vectorised over grid points; percentile rather
     than BCa because early grid points are often identical across seeds, where
-    BCa is undefined.  Whole runs are resampled, in :func:`analysis.stats.resampling_order`
+    BCa is undefined.  Whole runs are resampled, in :func:`analysis.stats.value_order`
     (by their curves' values, not their folders).  ``n_runs`` is the number of runs averaged (every run of
     the group).
     """
@@ -105,7 +105,7 @@ def curve_band(
         wide = wide[_common_points(wide)]
         if wide.shape[1] == 0:
             continue
-        data = resampling_order(wide.to_numpy(float))
+        data = value_order(wide.to_numpy(float))
         mean = data.mean(axis=0)
         low = np.full(data.shape[1], np.nan)
         high = np.full(data.shape[1], np.nan)

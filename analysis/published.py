@@ -317,7 +317,12 @@ def select(published: pd.DataFrame, spec: str = DEFAULT_SELECT, **score) -> tupl
         elif item == "best":
             own = published[published["model"].map(C.is_model_group).astype(bool)]
             scores = stats.run_scores(own, C.METRIC_LAST20, **score)
-            means = scores.groupby(["task", "algo", "model"])["score"].mean().reset_index()
+            # In value order (stats.value_order), so the trials' names cannot tip a near tie between variants.
+            means = (
+                scores.groupby(["task", "algo", "model"])["score"]
+                .agg(lambda v: float(np.mean(stats.value_order(v))))
+                .reset_index()
+            )
             best = means.sort_values(["score", "model"], ascending=[False, True]).drop_duplicates(["task", "algo"])
             hit = runs.merge(best[["task", "algo", "model"]], on=["task", "algo", "model"])
         else:
@@ -371,4 +376,4 @@ def grid_effect(table: pd.DataFrame, max_steps: float | None = None) -> tuple[in
         start, interval, _ = stats.curve_settings(run, None, None, 1)
         _, on_grid = stats.reference_curve(steps, ret, start, interval, 1, max_steps)
         drops.append(float(ret.max() - np.round(on_grid, 2).max()))
-    return (len(drops), float(np.mean(drops)), float(np.max(drops))) if drops else None
+    return (len(drops), float(np.mean(stats.value_order(drops))), float(np.max(drops))) if drops else None

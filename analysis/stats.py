@@ -7,7 +7,8 @@ curves in :mod:`analysis.curves`.
 Everything random takes an explicit ``seed``; equal inputs and seed give
 identical numbers, and every group's bootstrap is seeded from the seed and the
 group's own name (:func:`group_seed`), so a group's numbers do not depend on
-what else the tree holds.
+what else the tree holds.  Every statistic over runs reads them in
+:func:`value_order`, so none depends on their folders' names.
 """
 
 from __future__ import annotations
@@ -136,14 +137,17 @@ def run_scores(
 TIE_REL_TOL = 1e-9
 
 
-def resampling_order(values) -> np.ndarray:
-    """A group's runs in the order every bootstrap draws from: sorted by value (a 2-D array, one row per run, by
-    its rows in lexicographic order).
+def value_order(values) -> np.ndarray:
+    """A group's runs in the one order every statistic over them reads them in (means, standard deviations,
+    bootstrap resamples, aggregates, curve means): sorted by value (a 2-D array, one row per run, by its rows in
+    lexicographic order).
 
-    A resample is a list of indices, so the order of the runs decides which values it holds: in the order of
-    their folders' paths, renaming folders of identical data moved intervals. Sorted by value, an interval is a
-    function of the scores alone, whatever their folders, load order or seeds (the FFM fork's copied runs have
-    no seed, so an order by seed would still fall back on paths); runs of equal value are interchangeable."""
+    In the order of their folders' paths, renaming folders of identical data changed the numbers: a resample is
+    a list of indices, so the order decides which values it holds (intervals moved), and a float sum depends on
+    the order of its terms (0.1 + 1e16 - 1e16 is 0, 1e16 - 1e16 + 0.1 is 0.1), so a std's last bit moved.
+    Sorted by value, a statistic is a function of the scores alone, whatever their folders, load order or seeds
+    (the FFM fork's copied runs have no seed, so an order by seed would still fall back on paths); runs of equal
+    value are interchangeable."""
     x = np.asarray(values, dtype=float)
     if x.ndim == 1:
         return np.sort(x)
@@ -185,7 +189,7 @@ def bootstrap_ci(
     method: str = "BCa",
 ) -> tuple[float, float, float, str]:
     """Mean and bootstrapped CI of the mean: ``scipy.stats.bootstrap``'s resamples of the runs (in
-    :func:`resampling_order`), and its percentile interval or :func:`bca_interval` on them.
+    :func:`value_order`), and its percentile interval or :func:`bca_interval` on them.
 
     Returns ``(mean, low, high, method_used)``.  With one value there is no
     interval (NaN).  With identical values the bootstrap distribution is a
@@ -193,7 +197,7 @@ def bootstrap_ci(
     BCa fails numerically the percentile interval is used and named as such.
     """
     x = np.asarray(values, dtype=float)
-    x = resampling_order(x[np.isfinite(x)])
+    x = value_order(x[np.isfinite(x)])
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if n_resamples < 1:
@@ -242,7 +246,7 @@ def summarize(
     rows = []
     horizon = "final_env_steps" in scores.columns
     for (task, algo, model), g in scores.groupby(GROUP, sort=True):
-        v = g[value].to_numpy(float)
+        v = value_order(g[value])
         mean, low, high, used = bootstrap_ci(v, confidence, n_resamples, group_seed(seed, task, algo, model))
         row = {
             "task": task,

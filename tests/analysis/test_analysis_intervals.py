@@ -1,5 +1,6 @@
-"""What an interval may and may not depend on: one task set per algorithm's report, not the runs' folder names,
-not the last bits of the scores; and a single run is never drawn as a zero-width interval."""
+"""What an interval, and any other statistic, may and may not depend on: one task set per algorithm's report (each
+group's own in the aggregate figure), not the runs' folder names, not the last bits of the scores; and a single run
+is never drawn as a zero-width interval."""
 
 import warnings
 
@@ -10,7 +11,7 @@ from analysis_synth import steps_grid, write_our_run, write_reference_run
 from matplotlib.container import ErrorbarContainer
 from scipy import stats as sps
 
-from analysis import aggregate, curves, figstyle, figures, load, stats
+from analysis import aggregate, bench, curves, figstyle, figures, load, published, stats
 
 # --------------------------------------------------------------------------- one task set per algorithm
 
@@ -79,6 +80,18 @@ def test_the_probability_of_improvement_and_profile_use_the_aggregates_task_set(
     at = prof[np.isclose(prof["tau"], 0.6)].set_index(["algo", "model"])["fraction"]
     # SAC GRU above 0.6: A 0/2, B 0/2, C 1/2 over 3 tasks; TD3 GRU none on A and B.
     assert at[("sac", "gru")] == pytest.approx(1 / 6) and at[("td3", "gru")] == 0.0
+
+
+def test_the_aggregate_figure_gives_each_group_its_own_task_count(drawn):
+    agg, _ = aggregate.aggregate_scores(TASK_SETS, n_resamples=50, seed=0)
+    figures.plot_aggregate(agg, "unused")
+    fig = drawn[0]
+    labels = ["GRU + SAC (3 tasks)", "FFM + SAC (3 tasks)", "GRU + TD3 (2 tasks)", "FFM + TD3 (2 tasks)"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == labels
+    # Nothing else shown gives one count for all: TD3 read "Over 3 task(s)" when the title took the largest.
+    fig.canvas.draw()
+    shown = {t.get_text() for t in fig.findobj(figures.plt.Text) if t.get_visible() and "task" in t.get_text()}
+    assert shown == set(labels)
 
 
 def test_a_task_without_constants_stays_in_the_probability_of_improvement():
@@ -150,10 +163,84 @@ def test_renamed_folders_of_identical_data_give_identical_intervals(tmp_path):
     assert (a["summary"]["ci_low"] < a["summary"]["ci_high"]).all()
 
 
-def test_resampling_order_is_by_value():
-    assert stats.resampling_order([3.0, 1.0, 2.0]).tolist() == [1.0, 2.0, 3.0]
+# Scores whose statistics depend on the order of their terms: a sum (0.1 + 1e16 - 1e16 is 0, 1e16 - 1e16 + 0.1
+# is 0.1), and a standard deviation (its last bit, as 0.1 + 0.2 + 0.3 is not 0.3 + 0.2 + 0.1).
+ORDER_SENSITIVE = {"ffm": [0.1, 1e16, -1e16, 0.3, 0.6], "gru": [0.1, 0.7, 0.2, 1000.0, 0.3]}
+BATCHES = ["batch-a", "batch-b", "batch-c", "batch-d", "batch-e"]
+
+
+def _statistics(root):
+    table, _ = load.build_table([root])
+    scores = stats.run_scores(table)
+    norm, _ = stats.normalize(scores)
+    agg, _ = aggregate.aggregate_scores(norm, n_resamples=200, seed=1)
+    return scores, {
+        "summary": stats.summarize(scores, n_resamples=200, seed=1),
+        "aggregate": agg,
+        "poi": aggregate.compare_models(scores, ("gru",), n_resamples=200, seed=1),
+        "profile": aggregate.profile_of_aggregate(norm, agg, n_taus=11, n_resamples=100, seed=1),
+        "band": curves.curve_band(curves.curves_on_grid(table), n_resamples=100, seed=1),
+    }
+
+
+def test_every_statistic_is_the_same_to_the_last_bit_after_renaming_run_folders(tmp_path):
+    # Folder batch-k holds run k of every group, so renaming the batches reorders every group's runs.
+    groups = [(t, a, m) for t in ("HopperBLT-P-v0", "WalkerBLT-V-v0") for a in ("sac", "td3") for m in ("ffm", "gru")]
+    for g, (task, algo, model) in enumerate(groups):
+        for k, batch in enumerate(BATCHES):
+            value = ORDER_SENSITIVE[model][(k + g) % len(BATCHES)]
+            write_our_run(tmp_path / batch, task, algo, model, k, steps_grid(4), np.full(4, value))
+    scores_a, a = _statistics(tmp_path)
+    for batch, new in zip(BATCHES, ["batch-e", "batch-c", "batch-a", "batch-d", "batch-b"]):
+        (tmp_path / batch).rename(tmp_path / f"{new}.tmp")
+    for batch in BATCHES:
+        (tmp_path / f"{batch}.tmp").rename(tmp_path / batch)
+    scores_b, b = _statistics(tmp_path)
+    # The runs now come in another order, in which their float sums differ...
+    order = [s.groupby(["task", "algo", "model"])["score"].apply(list) for s in (scores_a, scores_b)]
+    assert all(x != y and sorted(x) == sorted(y) for x, y in zip(*order))
+    for reduce in (np.mean, lambda v: np.std(v, ddof=1)):
+        assert any(reduce(x) != reduce(y) for x, y in zip(*order))
+    # ... yet every statistic is the same to the last bit.
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], check_exact=True, obj=name)
+    assert np.isfinite(a["summary"]["std"]).all()
+
+
+# What the published grid loses of each run's best evaluation: their sum depends on its order (0.6 + 1e16 is
+# 1e16, and so are 1e16 + 0.6 + 0.6 + 0.6; 0.6 + 0.6 + 0.6 + 1e16 is 1e16 + 2).
+GRID_DROPS = [0.6, 1e16, 0.6, 0.6, 0.6]
+
+
+def _grid_effect(names):
+    """published.grid_effect on runs named ``names`` whose best evaluation falls between two grid points, where
+    the grid holds half of it: run k loses GRID_DROPS[k]."""
+    rows = [{"source": "published", "task": "HopperBLT-P-v0", "run_id": "pub", "env_steps": 12_000, "eval_return": 0}]
+    for name, drop in zip(names, GRID_DROPS):
+        for steps, ret in zip((14_000, 18_000, 22_000), (0.0, 2 * drop, 0.0)):
+            rows.append(
+                {"source": "ours", "task": "HopperBLT-P-v0", "run_id": name, "env_steps": steps, "eval_return": ret}
+            )
+    return published.grid_effect(pd.DataFrame(rows))
+
+
+def test_the_published_grid_effect_and_benchmark_means_do_not_depend_on_names_or_file_order(tmp_path):
+    assert np.mean(GRID_DROPS) != np.mean(GRID_DROPS[::-1])
+    # Renamed runs come in the reverse order.
+    assert _grid_effect(BATCHES) == _grid_effect(BATCHES[::-1]) == (5, np.mean(sorted(GRID_DROPS)), 1e16)
+    files = []
+    for k, values in enumerate((ORDER_SENSITIVE["ffm"][:2], ORDER_SENSITIVE["ffm"][2:])):
+        files.append(tmp_path / f"bench-{k}.csv")
+        rows = "".join(f"memory,T64,ffm,fwd_ms,{v!r},ms\n" for v in values)
+        files[-1].write_text("benchmark,shape,model,metric,value,unit\n" + rows)
+    means = [bench.summarize_bench(bench.read_bench(f)[0]) for f in (files, files[::-1])]
+    pd.testing.assert_frame_equal(*means, check_exact=True)
+
+
+def test_value_order_is_by_value():
+    assert stats.value_order([3.0, 1.0, 2.0]).tolist() == [1.0, 2.0, 3.0]
     runs = np.array([[2.0, 1.0], [1.0, 5.0], [1.0, 4.0]])  # a row per run: by its first point, then the next
-    assert stats.resampling_order(runs).tolist() == [[1.0, 4.0], [1.0, 5.0], [2.0, 1.0]]
+    assert stats.value_order(runs).tolist() == [[1.0, 4.0], [1.0, 5.0], [2.0, 1.0]]
     rng = np.random.default_rng(0)
     per_task = [np.array([5.0, 1.0, 3.0])]
     again = [np.array([3.0, 5.0, 1.0])]

@@ -43,7 +43,7 @@ def test_ci_matches_scipy_and_normal_theory():
     rng = np.random.default_rng(3)
     x = rng.normal(0.0, 1.0, 400)
     mean, lo, hi, _ = stats.bootstrap_ci(x, confidence=0.95, n_resamples=3000, seed=7)
-    # The runs are resampled in value order (stats.resampling_order); no two resampled means of 400 normal draws
+    # The runs are resampled in value order (stats.value_order); no two resampled means of 400 normal draws
     # tie, so the interval is scipy's BCa bit for bit.
     ref = sps.bootstrap((np.sort(x),), np.mean, confidence_level=0.95, n_resamples=3000, rng=np.random.default_rng(7))
     assert (lo, hi) == (ref.confidence_interval.low, ref.confidence_interval.high)
