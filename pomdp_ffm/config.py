@@ -263,9 +263,17 @@ def _check_together(c: RunConfig) -> None:
             f"policy.seq_model={p.seq_model} was registered after pomdp_ffm.config was imported: its "
             f"options have no section policy.{p.seq_model}; register it first"
         )
+    steps = get_task(c.env.env_name).max_episode_steps if _given(c.env.env_name) else 0
+    # A window longer than the task's episodes holds no more of an episode than -1's, only padding, masked out at
+    # the update's every step (a window of 500000 on Pendulum crawled); checked before the buffer, which it would
+    # otherwise be named as too small for.
+    if steps and _given(t.sampled_seq_len) and t.sampled_seq_len > steps:
+        raise ValueError(
+            f"train.sampled_seq_len={t.sampled_seq_len} must be -1 (whole episodes) or in [2, {steps}], "
+            f"{steps} being the episode length of {c.env.env_name} (a longer window is only padding)"
+        )
     if _given(t.sampled_seq_len) and t.sampled_seq_len > t.buffer_size:
         raise ValueError(f"train.buffer_size={t.buffer_size} must be >= train.sampled_seq_len={t.sampled_seq_len}")
-    steps = get_task(c.env.env_name).max_episode_steps if _given(c.env.env_name) else 0
     if t.buffer_size < steps:
         raise ValueError(
             f"train.buffer_size={t.buffer_size} must be >= {steps}, the episode length of "

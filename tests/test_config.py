@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -138,6 +139,33 @@ def test_pendulum_v_matches_reference_table(hydra_ctx):
     assert c.policy.dqn_layers == c.policy.policy_layers == [128, 128]
 
 
+@pytest.mark.parametrize("hidden", [16, 31, 32, 33, 63, 64, 100])
+def test_ffm_hidden_sizes_are_checked_by_the_rule_their_message_states(hydra_ctx, hidden):
+    # FFM's state is m rows by c = h // 32 columns with m = h // c filling h (m * c = h): h >= 32 and a multiple
+    # of its c. 33 splits (c = 1, m = 33) and builds FFM of the right sizes; the message of a value that does not
+    # split states that rule, never "a multiple of 32", which 33 is not.
+    c = hidden // 32
+    splits = c >= 1 and hidden % c == 0
+    if splits:
+        p = make(["seq_model=ffm", f"policy.rnn_hidden_size={hidden}"]).policy
+        ffm = build("ffm", input_size=8, hidden_size=hidden, **p.seq_model_options())
+        y, state = ffm(torch.randn(5, 2, 8))
+        assert (ffm.context_size, ffm.memory_size) == (c, hidden // c) and ffm.memory_size * c == hidden
+        assert y.shape == (5, 2, hidden) and state.shape == (2, hidden // c, c)
+        return
+    with pytest.raises(ValueError) as e:
+        make(["seq_model=ffm", f"policy.rnn_hidden_size={hidden}"])
+    text = str(e.value)
+    assert "\n" not in text and "multiple of 32" not in text, text
+    rule = "at least 32" if c < 1 else f"a multiple of its c = h // 32 = {c}"
+    assert text.startswith(f"policy.rnn_hidden_size={hidden} must be {rule} with policy.seq_model=ffm ("), text
+    if c >= 1:  # the values it offers split
+        below, above = map(int, text.split("e.g. ")[1].split(";")[0].split(" or "))
+        assert below < hidden < above and all(n % (n // 32) == 0 for n in (below, above))
+        make(["seq_model=ffm", f"policy.rnn_hidden_size={below}"])
+        make(["seq_model=ffm", f"policy.rnn_hidden_size={above}"])
+
+
 def test_ffm_sizes_follow_the_reference(hydra_ctx):
     c = make(["seq_model=ffm"])
     opts = c.policy.seq_model_options()
@@ -235,7 +263,8 @@ BAD_VALUES = [
         "policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 must be >= 1",
     ),
     (["policy.rnn_hidden_size=0", "seq_model=gru"], "policy.rnn_hidden_size=0 must be >= 1"),
-    (["policy.rnn_hidden_size=100"], "policy.rnn_hidden_size=100 with policy.ffm.context_size=None"),
+    (["policy.rnn_hidden_size=100"], "policy.rnn_hidden_size=100 must be a multiple of its c = h // 32 = 3 with "),
+    (["policy.rnn_hidden_size=16"], "policy.rnn_hidden_size=16 must be at least 32 with policy.seq_model=ffm "),
     (["policy.rnn_num_layers=0", "seq_model=gru"], "policy.rnn_num_layers=0 must be >= 1"),
     (["policy.rnn_num_layers=2"], "policy.rnn_num_layers=2 must be 1 with policy.seq_model=ffm"),
     (["policy.separate=false"], "policy.separate=False must be true (one memory shared by actor and critic"),
@@ -301,6 +330,16 @@ BAD_VALUES = [
     (["train.batch_size=-3"], "train.batch_size=-3 must be >= 1"),
     (["train.sampled_seq_len=1"], "train.sampled_seq_len=1 must be -1 (whole episodes) or >= 2"),
     (["train.sampled_seq_len=-2"], "train.sampled_seq_len=-2 must be -1 (whole episodes) or >= 2"),
+    (
+        ["train.sampled_seq_len=500000"],
+        "train.sampled_seq_len=500000 must be -1 (whole episodes) or in [2, 200], 200 being the episode length of "
+        "Pendulum-V-v0 (a longer window is only padding)",
+    ),
+    (
+        ["env=HopperBLT-V-v0", "train.sampled_seq_len=1001"],
+        "train.sampled_seq_len=1001 must be -1 (whole episodes) or in [2, 1000], 1000 being the episode length of "
+        "HopperBLT-V-v0",
+    ),
     (["train.sample_weight_baseline=-1"], "train.sample_weight_baseline=-1.0 must be >= 0"),
     (["eval.log_interval=0"], "eval.log_interval=0 must be >= 1"),
     (["eval.save_interval=0"], "eval.save_interval=0 must be -1 (no snapshots) or >= 1"),
@@ -358,6 +397,7 @@ def test_edge_values_are_accepted(hydra_ctx):
     assert (c.policy.gamma, c.seed, c.device, c.train.num_init_rollouts_pool) == (1.0, 2**32 - 1, "cuda:3", 0)
     assert make(["seq_model=lstm", "policy.rnn_num_layers=2"]).policy.seq_model_options() == {"num_layers": 2}
     assert make(["seq_model=gru", "policy.rnn_hidden_size=100"]).policy.rnn_hidden_size == 100
+    assert make(["train.sampled_seq_len=200"]).train.sampled_seq_len == 200  # Pendulum's whole episode
     make(["policy.rnn_hidden_size=100", "policy.ffm.context_size=4", "policy.ffm.memory_size=25"])
 
 

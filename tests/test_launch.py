@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from hang import HANG_S
 from pomdp_ffm.launch.exits import EXIT_FAILED, EXIT_REFUSED
 from pomdp_ffm.launch.grid import sweep_jobs
 from pomdp_ffm.launch.precheck import precheck
-from pomdp_ffm.launch.rundir import RunDir, load_checkpoint
+from pomdp_ffm.launch.rundir import CheckpointError, RunDir, load_checkpoint
 from pomdp_ffm.launch.start import Refused, config_differences
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,7 +184,8 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
         check=False,
     )
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0
-    assert "FFM cannot split hidden_size=32" in proc.stderr and "(in the job seq_model=ffm " in proc.stderr
+    assert "policy.rnn_hidden_size=32 must be a multiple of policy.ffm.context_size=5 with" in proc.stderr
+    assert "(in the job seq_model=ffm " in proc.stderr
     assert not root.exists()
     # Fixed, both run; rerun, both are skipped.
     train(
@@ -778,6 +782,91 @@ def test_a_sweep_names_every_refused_job_and_sums_up(tmp_path, launcher):
     trained = [root / "Pendulum-V-v0" / "sac_ffm" / "seed-1", root / "Pendulum-V-v0" / "sac_gru" / "seed-0"]
     assert all((d / "DONE").exists() for d in trained)
     assert sorted(p.name for p in root.iterdir()) == ["Pendulum-V-v0", "multirun.yaml"]  # no outcome files left
+
+
+def _foreign_zip() -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("notes.txt", "not a checkpoint")
+    return out.getvalue()
+
+
+NOT_CHECKPOINTS = {
+    "empty": (b"", "an empty file, not a checkpoint pomdp-ffm wrote"),
+    "garbage": (
+        b"garbage",
+        "not a checkpoint pomdp-ffm wrote: not the zip archive torch.save writes, but another program's file or "
+        "one cut short",
+    ),
+    "another zip": (
+        _foreign_zip(),
+        "not a checkpoint pomdp-ffm wrote: a zip archive, but one without torch.save's data.pkl",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", NOT_CHECKPOINTS)
+def test_a_file_pomdp_ffm_did_not_write_is_named_as_such(tmp_path, case):
+    # torch's own reason for these, where a resume maps the checkpoint, was "mmap can only be used with files saved
+    # with `_use_new_zipfile_serialization=True`", which says nothing of the file.
+    data, why = NOT_CHECKPOINTS[case]
+    path = tmp_path / "last.pt"
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path, mmap=True)
+    assert str(e.value) == f"{path} cannot be read as a tensors-only checkpoint ({why})"
+
+
+def test_a_resume_from_a_checkpoint_pomdp_ffm_did_not_write_is_refused_in_one_line(tmp_path):
+    data, why = NOT_CHECKPOINTS["garbage"]
+    ckpt = tmp_path / "run" / "checkpoints" / "last.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(data)
+    proc = train(tmp_path, "env=Pendulum-V-v0", "resume=true", "hydra.run.dir=run", check=False)
+    assert proc.returncode == EXIT_REFUSED and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"error: {ckpt} cannot be read as a tensors-only checkpoint ({why}): it cannot be resumed. Delete it to "
+        "start this run again from scratch, or choose another run directory"
+    ]
+    assert [p.relative_to(tmp_path) for p in sorted(tmp_path.rglob("*"))] == [
+        Path("run"),
+        Path("run/checkpoints"),
+        Path("run/checkpoints/last.pt"),
+    ] and ckpt.read_bytes() == data  # nothing written
+
+
+def test_an_override_hydra_cannot_lex_gets_a_quoting_hint(tmp_path):
+    # Hydra's lexer takes a non-ASCII letter only in quotes; it said "LexerNoViableAltException" and nothing more.
+    proc = train(tmp_path, "hydra.run.dir=runs/ünïcødé", check=False)
+    assert proc.returncode == EXIT_REFUSED and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "error: Hydra cannot read the override hydra.run.dir=runs/ünïcødé: 'ü' is read only in quotes; quote it "
+        "for the shell and Hydra: 'hydra.run.dir=\"runs/ünïcødé\"'"
+    ]
+    assert list(tmp_path.iterdir()) == []  # nothing started
+    # The override as the hint writes it is read, to the path asked for.
+    (word,) = shlex.split(proc.stderr.split("Hydra: ", 1)[1])
+    assert precheck([word], check_dirs=False).hydra.run.dir == "runs/ünïcødé"
+
+
+UNLEXABLE = [
+    (["hydra.run.dir=ünï", "x"], "'ü' is read only in quotes", "'hydra.run.dir=\"ünï x\"'"),  # split by the shell
+    (["hydra.run.dir=a\"b"], "'\"' is read only in quotes", "\"hydra.run.dir='a\\\"b'\""),
+    (["-m", "hydra.sweep.dir=a,ü"], "'ü' is read only in quotes", "'hydra.sweep.dir=a,\"ü\"'"),  # still a sweep
+    (["+a.ü=1"], "'ü' cannot be in a key (keys are ASCII letters, digits, _ and -, joined by .)", None),
+]
+
+
+@pytest.mark.parametrize("argv,why,hint", UNLEXABLE, ids=[" ".join(a) for a, _, _ in UNLEXABLE])
+def test_every_override_hydra_cannot_lex_is_named_with_its_character(argv, why, hint):
+    with pytest.raises(Refused) as e:
+        precheck(argv, check_dirs=False)
+    override = next(a for a in argv if "=" in a)
+    expected = f"Hydra cannot read the override {override}: {why}"
+    assert str(e.value) == expected + (f"; quote it for the shell and Hydra: {hint}" if hint else "")
+    if hint:  # the shell gives the hinted override as one word, which Hydra reads
+        (word,) = shlex.split(hint)
+        precheck([*(a for a in argv if a.startswith("-")), word], check_dirs=False)
 
 
 @pytest.mark.parametrize("file", ["Pendulum-V-v0/sac_gru/seed-1", "Pendulum-V-v0/sac_gru"])

@@ -1,6 +1,7 @@
 """The registry contract, and FFM's claims: its parallel form equals its recurrence, at any length."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -120,9 +121,12 @@ def test_ffm_informed_init():
     torch.testing.assert_close(ffm.context_periods(), torch.linspace(32, 104, 4), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("hidden", [16, 100, 130])
-def test_ffm_unsplittable_hidden_size(hidden):
-    with pytest.raises(ValueError, match=rf"FFM cannot split hidden_size={hidden}.*multiple of 32"):
+@pytest.mark.parametrize(
+    "hidden,rule",
+    [(16, "at least 32"), (100, "a multiple of its c = h // 32 = 3"), (130, "a multiple of its c = h // 32 = 4")],
+)
+def test_ffm_unsplittable_hidden_size(hidden, rule):
+    with pytest.raises(ValueError, match=rf"FFM cannot split hidden_size={hidden}: it must be {re.escape(rule)} \("):
         build("ffm", input_size=8, hidden_size=hidden)
 
 

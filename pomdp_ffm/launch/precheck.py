@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import stat
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
@@ -101,6 +105,8 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
                 raise Refused(f"{e}" + (f" (in the job {' '.join(job)})" if len(every) > 1 else "")) from None
     except Refused:
         raise
+    except OverrideParseException as e:
+        raise Refused(_unlexable(e, argv) or _one_line(e) + _quoting_hint(argv)) from None
     except Exception as e:  # Hydra's and OmegaConf's composition errors
         raise Refused(_one_line(e) + _quoting_hint(argv)) from None
     # A run or sweep directory that cannot be made (a file in its way, no permission, a read-only file system, a
@@ -135,6 +141,70 @@ def _quoting_hint(argv: list[str]) -> str:
             key, value = prev.split("=", 1)
             return f"; if '{value} {word}' is one value, quote it for the shell and Hydra: '{key}=\"{value} {word}\"'"
     return ""
+
+
+_LEXER = "LexerNoViableAltException: "
+
+
+def _unlexable(e: OverrideParseException, argv: list[str]) -> str | None:
+    """Hydra's lexer refusing an override (a character its grammar allows only quoted: a non-ASCII letter, a quote
+    mark, ...) in one line naming the override and the character, and showing the override quoted for Hydra, as
+    one shell word; None for Hydra's other parse errors."""
+    lines = str(e).splitlines()
+    override = getattr(e, "override", None)
+    if not override or not lines or not lines[0].startswith(_LEXER):
+        return None
+    # Hydra marks where its lexer stopped with a caret in the line below the override: at the character, or at the
+    # start of the token it was reading (".ü" in a key), so the first non-ASCII character from there on is named.
+    at = lines[1].find("^") - len(_LEXER) if len(lines) > 1 else -1
+    if 0 <= at < len(override):
+        at = next((i for i in range(at, len(override)) if not override[i].isascii()), at)
+    char = f"{override[at]!r}" if 0 <= at < len(override) else "a character"
+    head = f"Hydra cannot read the override {override}"
+    key, eq, value = override.partition("=")
+    if not eq:  # a word of a value the shell split, or no override at all
+        return f"{head}: an override is key=value" + _quoting_hint(argv)
+    if at < len(key):  # (no quoting makes a key)
+        return f"{head}: {char} cannot be in a key (keys are ASCII letters, digits, _ and -, joined by .)"
+    # A value the shell split at a space: its next words belong in the quotes too.
+    words = argv[argv.index(override) + 1 :] if override in argv else []
+    while words and "=" not in words[0] and not words[0].startswith("-"):
+        value += " " + words.pop(0)
+    quoted = _quoted(key, value)
+    if quoted is None:
+        return f"{head}: {char} is read only in quotes (https://hydra.cc/docs/advanced/override_grammar/basic/)"
+    return f"{head}: {char} is read only in quotes; quote it for the shell and Hydra: {_shell_word(quoted)}"
+
+
+def _reads_as(override: str, value=None) -> bool:
+    """Whether Hydra parses ``override`` (to ``value``, where one is given)."""
+    with contextlib.suppress(OverrideParseException):
+        parsed = OverridesParser.create().parse_overrides([override])[0]
+        return value is None or parsed.value() == value
+    return False
+
+
+def _quoted(key: str, value: str) -> str | None:
+    """``key=value`` with ``value`` quoted so that Hydra reads it as that string, or a sweep's elements (a,b) each
+    quoted where they need it, so that it stays a sweep; None where no quoting tried reads."""
+    if "," in value and not any(c in value for c in "[]{}()'\"\\"):
+        parts = [v if _reads_as(f"{key}={v}") else f'"{v}"' for v in value.split(",")]
+        if _reads_as(f"{key}={','.join(parts)}"):
+            return f"{key}={','.join(parts)}"
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return next(
+        (f"{key}={q}" for q in (f'"{value}"', f"'{value}'", f'"{escaped}"') if _reads_as(f"{key}={q}", value)), None
+    )
+
+
+def _shell_word(text: str) -> str:
+    """``text`` as one shell word: in single quotes (as the hint for a split value writes it), else, where it has
+    one, in double quotes (with ", $, ` and \\ escaped); shlex's form where a ! would expand in a shell's history."""
+    if "'" not in text:
+        return f"'{text}'"
+    if "!" in text:
+        return shlex.quote(text)
+    return '"' + re.sub(r'(["$`\\])', r"\\\1", text) + '"'
 
 
 def printed_config_overrides(argv: list[str]) -> list[str] | None:

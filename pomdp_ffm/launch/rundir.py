@@ -384,10 +384,36 @@ def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) ->
         AttributeError,
         TypeError,
     ) as e:
-        raise CheckpointError(f"{path} cannot be read as a tensors-only checkpoint ({_why(e)})") from None
+        why = _why(e)
+        # torch's reason for a file that is no torch.save archive at all is about torch's internals ("mmap can only
+        # be used with files saved with _use_new_zipfile_serialization=True"): name what the file is instead. (A
+        # pickle that names a Python object keeps its reason: it says more.)
+        what = None if why.startswith("it holds the Python object") else _not_saved_by_torch(path)
+        if what is not None:
+            why = what
+        raise CheckpointError(f"{path} cannot be read as a tensors-only checkpoint ({why})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint dict")
     return state
+
+
+def _not_saved_by_torch(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be a checkpoint this project wrote, found from its size and zip index: each is
+    torch.save's zip archive, a folder holding data.pkl. None where it may be one."""
+    try:
+        if path.stat().st_size == 0:
+            return "an empty file, not a checkpoint pomdp-ffm wrote"
+        if not zipfile.is_zipfile(path):
+            return (
+                "not a checkpoint pomdp-ffm wrote: not the zip archive torch.save writes, but another program's "
+                "file or one cut short"
+            )
+        with zipfile.ZipFile(path) as z:
+            if not any(n.count("/") == 1 and n.endswith("/data.pkl") for n in z.namelist()):
+                return "not a checkpoint pomdp-ffm wrote: a zip archive, but one without torch.save's data.pkl"
+    except (OSError, zipfile.BadZipFile):
+        return None  # (torch's reason stands)
+    return None
 
 
 def _why(e: Exception) -> str:

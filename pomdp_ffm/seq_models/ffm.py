@@ -74,22 +74,49 @@ def _bound_after_load(module: FFM, _keys) -> None:
     module.bound_()  # load_state_dict wrote alpha: bound it in either mode, as the reference's next call would
 
 
+def _splits(h: int, context_size: int | None, memory_size: int | None) -> bool:
+    c = h // 32 if context_size is None else context_size
+    return c >= 1 and (memory_size is not None or h % c == 0)
+
+
+def size_rule(h: int, context_size: int | None = None, memory_size: int | None = None) -> tuple[str, str] | None:
+    """What a hidden size ``h`` must be for FFM to split it, and why: ("at least 32", "(FFM's ...)"), or None where
+    it splits. FFM's state is m memory rows by c context columns: c = context_size, else h // 32; m = memory_size,
+    else h // c, which must then fill h (m * c = h: the reference's sizing). So by default h >= 32 (c >= 1) and h a
+    multiple of its c: every h in 32-63 (c = 1), 64, 66, ... 94 (c = 2), but not 100 (c = 3, m = 33, m * c = 99).
+    Given memory_size, any c >= 1 and m >= 1 (the read-out maps the 2 m c state floats to h outputs)."""
+    if _splits(h, context_size, memory_size):
+        return None
+    if context_size is not None:  # (memory_size None: m = h // c must fill h)
+        c = context_size
+        m = h // c
+        return (
+            f"a multiple of context_size={c}",
+            f"(m = h // c = {m} memory rows of c columns must fill it: {m} x {c} = {m * c})",
+        )
+    if h < 32:
+        return "at least 32", "(FFM's c = h // 32 context columns must be at least 1; m = h // c memory rows fill h)"
+    c, below = h // 32, next(n for n in range(h, 31, -1) if _splits(n, None, None))
+    above = next(n for n in range(h + 1, 32 * (c + 1) + 1) if _splits(n, None, None))  # (32 (c + 1) splits)
+    m = h // c
+    return (
+        f"a multiple of its c = h // 32 = {c}",
+        f"(FFM's m = h // c = {m} memory rows of c context columns must fill it: {m} x {c} = {m * c}), "
+        f"e.g. {below} or {above}",
+    )
+
+
 def ffm_sizes(hidden_size: int, context_size: int | None = None, memory_size: int | None = None) -> tuple[int, int]:
-    """The reference experiments' sizing: c = h // 32, m = h // c, so that m * c = h."""
+    """The reference experiments' sizing: c = h // 32, m = h // c, so that m * c = h (``size_rule``)."""
+    for name, size in (("context_size", context_size), ("memory_size", memory_size)):
+        if size is not None and size < 1:
+            raise ValueError(f"FFM option {name}={size} must be >= 1")
+    rule = size_rule(hidden_size, context_size, memory_size)
+    if rule is not None:
+        fix = "pass a context_size that divides it" if context_size is None else "pass memory_size too"
+        raise ValueError(f"FFM cannot split hidden_size={hidden_size}: it must be {' '.join(rule)}; or {fix}")
     c = hidden_size // 32 if context_size is None else context_size
-    if c < 1:
-        raise ValueError(
-            f"FFM cannot split hidden_size={hidden_size}: context_size = hidden_size // 32 = {c}; "
-            f"use a hidden size that is a multiple of 32 (32, 64, 96, 128, 256, ...) or pass context_size"
-        )
-    m = hidden_size // c if memory_size is None else memory_size
-    if m < 1 or (memory_size is None and m * c != hidden_size):
-        raise ValueError(
-            f"FFM cannot split hidden_size={hidden_size} into memory_size x context_size: "
-            f"c={c}, m={m}, m*c={m * c}; use a multiple of 32 (32, 64, 96, 128, 256, ...) "
-            f"or pass both context_size and memory_size"
-        )
-    return m, c
+    return (hidden_size // c if memory_size is None else memory_size), c
 
 
 _SIZE_OR_NULL = must(lambda v: v is None or v >= 1, "null (derived from policy.rnn_hidden_size) or >= 1")
@@ -136,13 +163,12 @@ class FFMConfig:
 
     def check_chosen(self, key: str, policy) -> None:
         """The rules tying the section to the policy's other fields, where FFM is policy.seq_model."""
-        try:
-            ffm_sizes(policy.rnn_hidden_size, self.context_size, self.memory_size)
-        except ValueError as err:
-            raise ValueError(
-                f"policy.rnn_hidden_size={policy.rnn_hidden_size} with {key}.context_size="
-                f"{self.context_size}, memory_size={self.memory_size}: {err}"
-            ) from None
+        h, c = policy.rnn_hidden_size, self.context_size
+        rule = size_rule(h, c, self.memory_size)
+        if rule is not None:
+            must, why = rule[0].replace("context_size=", f"{key}.context_size="), rule[1]
+            fix = f"set {key}.context_size to a divisor of it" if c is None else f"set {key}.memory_size too"
+            raise ValueError(f"policy.rnn_hidden_size={h} must be {must} with policy.seq_model=ffm {why}; or {fix}")
 
 
 class FFM(SeqModel):
