@@ -140,8 +140,10 @@ class POMDPWrapper(gymnasium.Wrapper):
         act = env.action_space
         if not isinstance(act, spaces.Box):
             raise ValueError(f"Unsupported action space {act!r} for {spec.base_id!r}; allowed: Box")
-        self._act_low, self._act_high = act.low.astype(np.float64), act.high.astype(np.float64)
-        self._pending_seed = seed
+        self._act_low, self._act_high = act.low, act.high
+        # The reference seeds its one env object with `seed`, then again with `seed + 1` as its evaluation env
+        # (policies/learner.py), and its action sampler with `seed`: its episodes start from `seed + 1`'s stream.
+        self._pending_seed = None if seed is None else seed + 1
         self._past_first_reset = False  # see set_rng_state
         if seed is not None:
             self.action_space.seed(seed)
@@ -188,14 +190,16 @@ class POMDPWrapper(gymnasium.Wrapper):
         return self._observe(obs), info
 
     def _rescale(self, action: Any) -> np.ndarray:
-        a = np.asarray(action, dtype=np.float64)
+        # In the box's own dtype (float32), as the reference's wrapper computes (envs/pomdp/wrappers.py, step) on
+        # the float32 actions its agent and sampler give it: in float64, about half the components round otherwise.
+        a = np.asarray(action, dtype=self._act_low.dtype)
         if a.shape != self._act_low.shape:
             raise ValueError(
                 f"Action shape {a.shape} does not match {self._task_spec.name!r}, "
                 f"which expects shape {self._act_low.shape}"
             )
-        a = self._act_low + (np.clip(a, -1.0, 1.0) + 1.0) * 0.5 * (self._act_high - self._act_low)
-        return np.clip(a, self._act_low, self._act_high).astype(self.env.action_space.dtype)
+        a = self._act_low + (np.clip(a, -1, 1) + 1.0) * 0.5 * (self._act_high - self._act_low)
+        return np.clip(a, self._act_low, self._act_high)
 
     def step(self, action: Any):
         obs, reward, terminated, truncated, info = self.env.step(self._rescale(action))
@@ -334,7 +338,8 @@ def _first(info: dict) -> dict:
 
 
 def make_env(name: str, seed: int | None = None) -> POMDPWrapper:
-    """The masked environment of task ``name``; ``seed`` seeds its first ``reset()`` and its action sampler."""
+    """The masked environment of task ``name``; with ``seed``, its first ``reset()`` is seeded with ``seed + 1`` and
+    its action sampler with ``seed``, as the reference's env of that seed is."""
     spec = get_task(name)
     if spec.base_id.endswith("BulletEnv-v0"):
         import pybullet_envs_gymnasium  # noqa: F401  (registers the BLT ids; only those tasks pay for pybullet)

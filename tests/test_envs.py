@@ -131,7 +131,7 @@ def test_pendulum_action_rescaling(agent_a, torque):
         # The wrapper keeps the native box because random exploration samples from it.
         assert env.action_space == spaces.Box(-2.0, 2.0, (1,), np.float32)
         o_env, _ = env.reset()
-        o_base, _ = base.reset(seed=7)
+        o_base, _ = base.reset(seed=8)  # the reference's env of seed 7 starts from 8 (make_env)
         np.testing.assert_array_equal(o_env, o_base)
         o_env, r_env, *_ = env.step(np.array([agent_a]))
         assert env.unwrapped.last_u == pytest.approx(torque)
@@ -224,8 +224,96 @@ def test_only_first_reset_is_implicitly_seeded():
     first, _ = env.reset()
     second, _ = env.reset()
     assert not np.array_equal(first, second)
-    again, _ = env.reset(seed=3)
+    again, _ = env.reset(seed=4)  # seed + 1, as the reference's env of seed 3 (make_env)
     np.testing.assert_array_equal(first, again)
+
+
+class _ReferenceWrapper:
+    """What the reference does to a base env, as docs/reference.md describes it (POMDP-Baselines'
+    envs/pomdp/wrappers.py and policies/learner.py): the env seeded with ``seed``, then, being also the evaluation
+    env, with ``seed + 1``, its action sampler with ``seed``; observations cut to the task's indices; an action
+    clipped to [-1, 1], mapped onto the base box and clipped again, in numpy's arithmetic on the float32 actions
+    its agent and sampler give it. gym 0.21's ``env.seed(s)`` set the env's generator to ``seeding.np_random(s)``
+    (the PyBullet envs keep that method; Gymnasium's Pendulum has only the generator)."""
+
+    def __init__(self, name, seed):
+        spec = get_task(name)
+        if spec.base_id.endswith("BulletEnv-v0"):
+            import pybullet_envs_gymnasium  # noqa: F401
+
+        self.env = gymnasium.make(spec.base_id, max_episode_steps=spec.max_episode_steps)
+        self.idx = list(spec.obs_indices)
+        for s in (seed, seed + 1):
+            if hasattr(self.env.unwrapped, "seed"):
+                self.env.unwrapped.seed(s)
+            else:
+                self.env.unwrapped.np_random = gymnasium.utils.seeding.np_random(s)[0]
+        self.env.action_space.seed(seed)
+
+    def reset(self):
+        return self.env.reset()[0][self.idx].copy()
+
+    def step(self, action):
+        lb, ub = self.env.action_space.low, self.env.action_space.high
+        action = np.clip(action, -1, 1)
+        action = lb + (action + 1.0) * 0.5 * (ub - lb)
+        action = np.clip(action, lb, ub)
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        return obs[self.idx].copy(), reward, terminated or truncated
+
+
+@pytest.mark.parametrize(
+    "name", ["Pendulum-V-v0", "HopperBLT-V-v0", "WalkerBLT-P-v0", "AntBLT-V-v0", "HalfCheetahBLT-P-v0"]
+)
+def test_first_episodes_equal_the_reference_wrappers(name):
+    # The same seed and the same actions (the random pool's, drawn from the action sampler, then an agent's in
+    # [-1.2, 1.2], some outside the box): the same observations and rewards, bit for bit, over the first
+    # episodes. The reference's agent sees its observations as float32 (its buffer's and networks' dtype).
+    ours, ref = make_env(name, seed=3), _ReferenceWrapper(name, seed=3)
+    agent = np.random.default_rng(0)
+    try:
+        for episode in range(3):
+            o_ours, o_ref = ours.reset()[0], ref.reset()
+            np.testing.assert_array_equal(o_ours, o_ref.astype(np.float32), err_msg=f"episode {episode}, reset")
+            for t in range(150):
+                if episode == 0:
+                    a, a_ref = ours.action_space.sample(), ref.env.action_space.sample()
+                    np.testing.assert_array_equal(a, a_ref)
+                else:
+                    a = agent.uniform(-1.2, 1.2, ours.action_space.shape).astype(np.float32)
+                o_ours, r_ours, term, trunc, _ = ours.step(a)
+                o_ref, r_ref, done = ref.step(a)
+                np.testing.assert_array_equal(o_ours, o_ref.astype(np.float32), err_msg=f"episode {episode}, t={t}")
+                assert r_ours == r_ref, (episode, t)
+                assert (term or trunc) == done
+                if done:
+                    break
+    finally:
+        ours.close()
+        ref.env.close()
+
+
+def test_the_action_mapping_is_the_reference_float32_arithmetic():
+    # Where float64 arithmetic rounds otherwise: the action the base env receives is the float32 computation's.
+    env = make_env("HopperBLT-V-v0", seed=0)
+    base = env.unwrapped
+    stepped = []
+    original = base.step
+    base.step = lambda a: (stepped.append(np.array(a)), original(a))[1]
+    try:
+        env.reset()
+        actions = np.random.default_rng(1).uniform(-1, 1, (200, 3)).astype(np.float32)
+        lb, ub = env.action_space.low, env.action_space.high
+        for a in actions:
+            env.step(a)
+        got = np.stack(stepped)
+        in_float32 = np.clip(lb + (np.clip(actions, -1, 1) + 1.0) * 0.5 * (ub - lb), lb, ub)
+        in_float64 = (lb + (actions.astype(np.float64) + 1.0) * 0.5 * (ub.astype(np.float64) - lb)).astype(np.float32)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, in_float32)
+        assert (got != in_float64).any()  # the test can tell the two apart on these actions
+    finally:
+        env.close()
 
 
 def _episodes(env, actions):

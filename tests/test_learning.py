@@ -26,19 +26,20 @@ point and evaluation and requires it to score at least 200 below the threshold, 
 evaluation easy fails here instead of passing. The whole fast run without learning (lr and alpha_lr 1e-9) scores
 at best -1092 (seed 0) and -1060 (seed 1) over its 8 evaluations: the best-of-8 alone does not reach the threshold.
 
-Measured with the current code, one run at a time on a shared 2-core VM; load: the 1-min load average at start and
-end, this run included (1.0 = the machine otherwise idle); wall: the whole subprocess:
+Measured with the current code (the float32 action mapping and the reference's env seeding, patches/006), as one
+5-seed axis (``seeds=[0,1,2,3,4]``, whose seeds equal solo runs) on a shared 2-core VM:
 
-    seed  best eval (at env step)  last eval (4k)  first eval (1.2k)  wall   load
-    0     -412.6 (3600)            -482.2          -752.1             53 s   1.0-1.0
-    1     -312.3 (3600)            -319.0          -698.9             53 s   2.1-1.4
-    2     -185.3 (2800)            -500.1          -749.0             52 s   1.4-1.2
-    3     -237.7 (4000)            -237.7          -1219.9            48 s   1.1-1.0
-    4     -647.0 (2000)            -650.8          -1021.2            55 s   1.2-1.1
+    seed  best eval (at env step)  last eval (4k)  first eval (1.2k)
+    0     -228.5 (3600)            -240.9          -841.4
+    1     -283.5 (2800)            -811.2          -771.2
+    2     -693.6 (3600)            -780.8          -1244.6
+    3     -631.4 (4000)            -631.4          -1054.2
+    4     -138.5 (3200)            -317.4          -1041.5
 
-Margins over the threshold: 387, 488, 615, 562 and 153 (seed 4, the weakest). The first evaluation already comes
-after 1200 updates, so it is no untrained baseline. The test runs seed 0: 57 s in all (the untrained run ~4 s) with
-pytest on the same VM otherwise idle (load 0.3-0.9).
+Margins over the threshold: 572, 517, 106 (seed 2, the weakest), 169 and 662. Before that change (float64 mapping,
+first reset seeded with ``seed``): -412.6, -312.3, -185.3, -237.7, -647.0. The first evaluation already comes after
+1200 updates, so it is no untrained baseline. The test runs seed 0: 57 s in all (the untrained run ~4 s) with
+pytest on the same VM otherwise idle (load 0.3-0.9), before that change.
 
 Slow (make test-all, ~3 min): test_sac_ffm_solves_pendulum_v
 -------------------------------------------------------------
