@@ -4,10 +4,16 @@ complex128, defined only while gamma^(-t) fits a float64), ``loop`` (sqrt(T) chu
 arithmetic throughout; ``auto`` under torch.compile on a GPU) never multiply by |gamma| > 1: no overflow and no
 chunks at any length, with the adjoint recurrence as their backward (docs/benchmarks.md). Not exact: in complex64
 the error grows about linearly with T for decays slower than the window (gamma's complex64 rounding, ~1e-7, raised
-to the power t; ~T eps / 8 with eps = 2^-23). Measured against the reference's complex128 function of the same
-float32 alpha, omega (state-norm relative, alpha in [1e-8, 0.05]): 9e-7 at T = 64, 2.9e-6 at 200, 1.55e-5 at 1100,
-6.4e-5 at 4096; under 8e-7 at any T for the default init's decays. ``closed`` here takes the complex64 gamma too
-and drifts alike (patches/001)."""
+to the power t; ~T eps / 8 with eps = 2^-23), in every aggregator (``closed`` here takes the complex64 gamma too);
+``assoc`` adds its own, as it forms gamma's powers by repeated complex64 products (~T eps / 14). Measured against the
+reference's complex128 function of the same float32 alpha, omega (state-norm relative, alpha in [1e-8, 0.05], m = 32,
+c = 4, B = 4; tests/test_ledger_measurements.py), at T = 64 / 200 / 1100 / 4096:
+    loop    8.2e-7 / 2.7e-6 / 1.7e-5 / 6.9e-5
+    scan    8.4e-7 / 2.7e-6 / 1.7e-5 / 7.0e-5
+    closed  8.3e-7 / 2.7e-6 / 1.7e-5 / 7.0e-5
+    assoc   9.1e-7 / 2.9e-6 / 2.1e-5 / 8.7e-5  (1.06-1.26x the loop's)
+and under 8e-7 at any T for the default init's decays (6.3e-7 to 6.7e-7 at 4096, every aggregator). patches/001,
+020."""
 
 from __future__ import annotations
 
