@@ -178,6 +178,14 @@ class SeqReplayBuffer:
         out["terminals"] = out["terminals"].astype(np.float32)
         return Batch(**out, masks=mask[:, :, None].astype(np.float32))
 
+    def blank_batch(self, batch_size: int) -> Batch:
+        """A batch of ``sample``'s layout (shapes and dtypes) drawing nothing: zeros, every step masked in. What a
+        compiled update is compiled on before the run acts (graph.UpdateRunner.warm_up)."""
+        shape = (self.sampled_seq_len, _positive_int("batch_size", batch_size))
+        out = {k: np.zeros((*shape, v.shape[1]), v.dtype) for k, v in self._data.items()}
+        out["terminals"] = out["terminals"].astype(np.float32)
+        return Batch(**out, masks=np.ones((*shape, 1), np.float32))
+
     def state_dict(self) -> dict[str, Any]:
         # Slots fill from 0 and only wrap once full, so the filled part is always [0, size).
         s = self._size

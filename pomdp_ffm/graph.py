@@ -2,12 +2,13 @@
 each host path (grad_norms, actor step due) is captured after ``warmup`` eager updates on the side stream, then
 replayed, with the eager RNG stream. Adam runs capturable; a loaded optimiser state or a moved parameter drops the
 graphs. ``backend`` is ``CudaGraphs`` or a test double. With ``compile`` (``train.compile``), the update, captured
-or not, runs its losses through torch.compile (update.compiled_losses) and its Adam steps fused: the warm-up
-updates compile them, the capture records inductor's kernels."""
+or not, runs its losses through torch.compile (update.compiled_losses) and its Adam steps fused: ``warm_up``
+compiles them before the run acts (else the first update does), the capture records inductor's kernels."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -16,7 +17,8 @@ import torch
 
 from .agent import RecurrentAgent
 from .buffer import Batch
-from .seq_models import SeqModel, drop_caches
+from .compiling import check_compilable, compile_errors_named, compile_pays
+from .seq_models import drop_caches
 from .update import Aligned, update
 
 WARMUP_UPDATES = 3  # eager updates on the side stream before the first capture (PyTorch's recipe uses 3)
@@ -26,24 +28,6 @@ _ALIGN = 64  # bytes: every array of the flat buffers starts on this boundary
 
 class CaptureError(RuntimeError):
     """A failed capture; the message is one line naming the switch."""
-
-
-class CompileError(RuntimeError):
-    """A failed torch.compile of the update; the message is one line naming the switch."""
-
-
-@contextlib.contextmanager
-def compile_errors_named():
-    """torch.compile's errors (a graph break under fullgraph, a failed lowering) as a CompileError: they surface at
-    the first update, which compiles, before any optimiser step of a compiled loss."""
-    try:
-        yield
-    except torch._dynamo.exc.TorchDynamoException as e:
-        detail = (str(e).strip().splitlines() or [""])[0]
-        raise CompileError(
-            f"compiling the update with torch.compile failed: {type(e).__name__}: {detail}; "
-            "set train.compile=false to run it uncompiled"
-        ) from e
 
 
 def guarded_capture(what: str, instead: str, modules, make: Callable):
@@ -238,31 +222,6 @@ class CudaGraphs:
         torch.cuda.synchronize(self.device)
 
 
-def _compile_failure(agents: Sequence[RecurrentAgent]) -> str | None:
-    for m in (m for a in agents for m in a.modules() if isinstance(m, SeqModel)):
-        why = m.compile_failure()
-        if why is not None:
-            return why
-    return None
-
-
-def compile_pays(agents: Sequence[RecurrentAgent]) -> bool:
-    """``train.compile=null``: where compiling was measured to pay (docs/benchmarks.md, "The compiled update"): on
-    CUDA, for memories that declare it (FFM). Not on a CPU (slower than eager), nor for GRU/LSTM (dynamo unrolls
-    cuDNN's kernel step by step)."""
-    memories = {type(a.critic.encoder.memory) for a in agents}
-    return (
-        agents[0].device.type == "cuda" and all(m.compile_pays for m in memories) and _compile_failure(agents) is None
-    )
-
-
-def check_compilable(agents: Sequence[RecurrentAgent]) -> None:
-    """A CompileError, before any update, where a compile is known to fail."""
-    why = _compile_failure(agents) if agents[0].device.type == "cuda" else None
-    if why is not None:
-        raise CompileError(f"train.compile=true with {why}")
-
-
 class UpdateRunner:
     """``runner(batch, grad_norms)`` = ``agent.update(batch, grad_norms)``. With several agents (a seed axis),
     ``update_all(batches)`` updates each on its own batch, on CUDA as one graph with a branch stream per agent."""
@@ -298,6 +257,27 @@ class UpdateRunner:
     @property
     def captured_paths(self) -> set[tuple[bool, bool]]:  # (grad_norms, actor_step) of each graph held
         return set(self._graphs)
+
+    def warm_up(self, batch: Batch) -> bool:
+        """``train.compile``: the update compiled now, before the run acts, so that no update of the run waits for a
+        compile (nor does a stop signal, which is looked at between updates; patches/020). One update of a throwaway
+        copy of the first agent on ``batch``, a batch of the run's layout (the graphs are specialised on shapes,
+        never on values: ``SeqReplayBuffer.blank_batch``), its actor's step included, forward and backward
+        (AOTAutograd compiles a backward at its first call). The agents of one runner share one architecture, hence
+        one set of graphs (update.compiled_losses), which the copy's going leaves valid: dynamo guards on the
+        modules' structure, not on which ones they are. The agents, their optimisers and torch's generators
+        (``fallback_random`` draws the noise from them) are left as they were, so that the run draws, updates and
+        checkpoints as one whose first update compiled. Any error is a CompileError. False where nothing compiles."""
+        if not self.compiled:
+            return False
+        cuda = self.device.type == "cuda"
+        devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
+        with compile_errors_named(everything=True), torch.random.fork_rng(devices=devices):
+            twin = copy.deepcopy(self.agent)
+            update(twin, Aligned.from_batch(batch, self.device), actor_step_due=True, compiled=True)
+            if cuda:
+                torch.cuda.synchronize(self.device)  # a failure of its kernels surfaces here, named, not in an update
+        return True
 
     def __call__(self, batch, grad_norms: bool = False) -> dict[str, torch.Tensor]:
         if len(self.agents) != 1:

@@ -16,7 +16,7 @@ def host_rng_state() -> tuple:
 
 
 def saved(host: tuple) -> dict:
-    """The process-wide generators' states, tensors and plain containers only (``rundir.load_checkpoint`` reads
+    """The process-wide generators' states, tensors and plain containers only (``checkpoint.load_checkpoint`` reads
     tensors-only); ``host``: numpy's and Python's (a seed of an axis keeps its own)."""
     (kind, keys, pos, has_gauss, cached), py_state = host
     np_state = {

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from .compiling import compile_before_acting
 from .joint import JointActs, JointBursts
 from .launch.rundir import RunDir, RunDirError
 from .launch.signals import StopSignals
@@ -123,6 +124,7 @@ class SeedAxis:
                     s.attempt.begin()
                     s.trainer.open(s.attempt.state)
             try:
+                self.compile_update()
                 while self.running:
                     self.collect([s for s in self.running if s.trainer.counters.burst is None])
                     self.end_units(self.updates(list(self.running)))
@@ -148,6 +150,21 @@ class SeedAxis:
             "stop": self.stop,
             "skipped": all(r.get("skipped") for r in self.results.values()),
         }
+
+    def compile_update(self) -> None:
+        """``train.compile``: the update compiled before any seed's first episode (compiling.compile_before_acting),
+        once: the seeds share one architecture, hence one set of compiled graphs. A failure fails every seed; a stop
+        that came while it compiled is taken right after."""
+        if not self.running:
+            return
+        try:
+            with self.turn(self.running[0]):
+                compile_before_acting(self.running[0].trainer)
+        except StopRequested:
+            raise
+        except Exception as e:
+            for s in list(self.running):
+                self.failed(s, e)
 
     def collect(self, seeds: list[Seed]) -> None:
         """These seeds' next units' episodes, then their bursts (``Trainer.collect``): gathered where acting is,

@@ -36,6 +36,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from .compiling import CompileError
 from .config import register_configs
 from .launch import signals
 from .launch.exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
@@ -126,6 +127,9 @@ def _job(cfg: DictConfig, hc) -> dict:
             sys.exit(EXIT_REFUSED)
         sys.exit(EXIT_UNWRITABLE if unwritable else EXIT_DIVERGED)
     except Exception as e:
+        if not multirun and isinstance(e, CompileError):  # one line; its chain is in the run's log (start.Attempt.fail)
+            print(f"error: {e} (all of it: {run_dir / RunDir.LOG})", file=sys.stderr)
+            sys.exit(EXIT_FAILED)
         if not multirun:
             raise
         log.error("%s failed", run_dir, exc_info=not (run_dir / RunDir.ERROR).exists())  # (else ERROR.txt has it)

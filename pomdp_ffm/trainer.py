@@ -22,11 +22,13 @@ from .acting_graph import make_actor
 from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
 from .burst import Burst, BurstState
+from .compiling import compile_before_acting
 from .config import RunConfig, check_eval_clock, env_step_budget, resolve_device
 from .envs import get_task, make_env
 from .evaluation import Clocks, EvalResult, Evaluation, Evaluator
 from .graph import make_updater
-from .launch.rundir import CHECKPOINT_FORMAT, RunDir
+from .launch.checkpoint import CHECKPOINT_FORMAT
+from .launch.rundir import RunDir
 from .launch.signals import StopSignals
 from .logger import MetricsWriter
 from .metrics import (
@@ -140,6 +142,7 @@ class Trainer:
         self.open(resume)
         c = self.counters
         try:
+            compile_before_acting(self)  # (train.compile; a stop that came meanwhile is taken right after)
             while c.burst is not None or c.env_steps < self.budget:
                 if c.burst is None:  # (else resumed inside a burst, its unit's episodes in the buffer)
                     self.collect()  # the initial pool's random episodes, or an iteration's; its burst's size
@@ -411,7 +414,7 @@ class Trainer:
         )
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
-        """Tensors and plain containers only, for ``rundir.load_checkpoint`` to read tensors-only."""
+        """Tensors and plain containers only, for ``checkpoint.load_checkpoint`` to read tensors-only."""
         self.finish_deferred()  # played and logged now: the checkpoint holds the rows
         self.counters.elapsed = time.time() - self._t0
         rng = {**rngs.saved(rngs.host_rng_state()), "env": self.env.rng_state()}

@@ -506,7 +506,7 @@ def test_a_compiled_seed_axis_graph_equals_its_seeds_compiled_alone_bit_for_bit(
 
 
 def test_compile_is_on_where_it_pays_and_refused_where_it_fails():
-    from pomdp_ffm.graph import CompileError
+    from pomdp_ffm.compiling import CompileError
 
     ffm, small, gru = (
         make_agent("sac", m, **kw).to(CUDA)

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from hang import HANG_S
 
+from pomdp_ffm.launch.checkpoint import CheckpointError, load_checkpoint
 from pomdp_ffm.launch.exits import EXIT_FAILED, EXIT_REFUSED
 from pomdp_ffm.launch.grid import sweep_jobs
 from pomdp_ffm.launch.precheck import precheck
-from pomdp_ffm.launch.rundir import CheckpointError, RunDir, load_checkpoint
+from pomdp_ffm.launch.rundir import RunDir
 from pomdp_ffm.launch.start import Refused, config_differences
 
 ROOT = Path(__file__).resolve().parent.parent

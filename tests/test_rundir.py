@@ -19,10 +19,11 @@ import torch
 from conftest import TINY, compose_cfg
 from hang import HANG_S
 
+from pomdp_ffm.launch.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
 from pomdp_ffm.launch.grid import combined_status
 from pomdp_ffm.launch.grid import main as grid_main
-from pomdp_ffm.launch.rundir import CHECKPOINT_FORMAT, CheckpointError, RunDir, RunDirError, load_checkpoint
+from pomdp_ffm.launch.rundir import RunDir, RunDirError
 from pomdp_ffm.launch.rundir import main as rundir_main
 from pomdp_ffm.launch.start import status
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS

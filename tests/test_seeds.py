@@ -291,7 +291,7 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
     # its next episode while the others wait mid-burst. A stop there checkpoints them mid-burst; on resume the
     # rounds go on as they would have, and every log is the uninterrupted one's.
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.launch.rundir import load_checkpoint
+    from pomdp_ffm.launch.checkpoint import load_checkpoint
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     overrides = (
@@ -517,7 +517,7 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
     out = run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopMidway)
     assert out["stopped"] and all(r["stopped"] for r in out["seeds"].values())
     # Every seed played its episode, or its evaluation, to the end: the stop is taken at the next burst or unit.
-    from pomdp_ffm.launch.rundir import load_checkpoint
+    from pomdp_ffm.launch.checkpoint import load_checkpoint
 
     at = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["env_steps"] for k in range(3)]
     steps = [pd.read_csv(tmp_path / "cut" / f"seed-{k}" / "progress.csv")["z/env_steps"].max() for k in range(3)]
@@ -568,7 +568,7 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
 
 
 def _host_rng(run_dir: Path) -> tuple:
-    from pomdp_ffm.launch.rundir import load_checkpoint
+    from pomdp_ffm.launch.checkpoint import load_checkpoint
 
     rng = load_checkpoint(RunDir(run_dir).checkpoint)["rng"]
     return rng["numpy"]["keys"].tolist(), rng["numpy"]["pos"], rng["python"]

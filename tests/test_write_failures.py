@@ -204,8 +204,9 @@ def test_a_log_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(
 
 
 def test_restore_config_says_an_unwritable_file_or_a_refusal_in_one_line_with_its_exit_code(tmp_path, capsys):
+    from pomdp_ffm.launch.checkpoint import CHECKPOINT_FORMAT
     from pomdp_ffm.launch.exits import EXIT_REFUSED
-    from pomdp_ffm.launch.rundir import CHECKPOINT_FORMAT, RunDir
+    from pomdp_ffm.launch.rundir import RunDir
     from pomdp_ffm.launch.rundir import main as rundir_main
 
     run = RunDir(tmp_path / "run")

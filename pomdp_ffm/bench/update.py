@@ -198,7 +198,7 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
     import torch._dynamo
     from torch._inductor import metrics as inductor_metrics
 
-    from ..graph import CompileError
+    from ..compiling import CompileError
 
     rng = np.random.default_rng(0)
     cuda = device.type == "cuda"

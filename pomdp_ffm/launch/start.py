@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ..agent import DoesNotFit
+from ..compiling import CompileError, compile_switch_said, log_compile_failure
 from ..config import (
     RunConfig,
     as_read_now,
@@ -27,7 +28,8 @@ from ..config import (
 )
 from ..envs import get_task
 from ..trainer import Outcome, Trainer, TrainingDiverged
-from .rundir import CheckpointError, LockLost, RunDir, RunDirError, Status, load_checkpoint, other_format, set_aside
+from .checkpoint import CheckpointError, load_checkpoint, other_format
+from .rundir import LockLost, RunDir, RunDirError, Status, set_aside
 from .unwritable import Unwritable, writing
 
 
@@ -306,7 +308,7 @@ def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Train
         run.release(untouched=True)  # (changed between the two looks: started as any other)
     try:  # (also checks what only the task can tell, e.g. the eval clock)
         trainer = trainer_cls(run_cfg, run, composed=composed, **needs)
-    except ValueError as e:
+    except (ValueError, CompileError) as e:  # (a compile known to fail: compiling.check_compilable)
         raise Refused(str(e)) from None
     except (MemoryError, RuntimeError) as e:  # host memory only: a GPU's may be short for a while (another job)
         if not (isinstance(e, MemoryError) or re.search(r"(can't|cannot) allocate memory|not enough memory", str(e))):
@@ -392,16 +394,13 @@ class Attempt:
                     set_aside(run.progress, "no-checkpoint").name,
                 )
             run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(self.composed)))
-        run.record_attempt("start")
+        run.record_attempt("start" + compile_switch_said(self.state, self.trainer, run.path))
 
     def end(self, outcome: Outcome) -> dict:
         c = outcome.counters
         if outcome.stopped:
-            saved = (
-                "checkpoint saved"
-                if self.trainer.cfg.checkpoint.save_buffer
-                else "checkpoint saved without its replay buffer: it cannot be resumed"
-            )
+            lost = "" if self.trainer.cfg.checkpoint.save_buffer else " without its replay buffer: it cannot be resumed"
+            saved = f"checkpoint saved{lost}"
             log.info(
                 "stopped by signal %d at %d env steps, %d updates; %s", outcome.signal, c.env_steps, c.rl_steps, saved
             )
@@ -427,6 +426,7 @@ class Attempt:
         if isinstance(e, LockLost):
             return
         event, kind = "interrupted (KeyboardInterrupt)", "diverged" if isinstance(e, TrainingDiverged) else "failed"
+        log_compile_failure(self.handler, e)
         try:
             if not isinstance(e, KeyboardInterrupt):
                 try:
