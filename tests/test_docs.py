@@ -151,3 +151,39 @@ def test_every_ledger_entry_named_exists():
             if not (ROOT / "patches" / n).is_file()
         ]
     assert not missing, "ledger entries that do not exist:\n" + "\n".join(missing)
+
+
+# A path in code quotes (`pomdp_ffm/{envs,trainer}.py`, `launch/start.py`) under one of the project's folders.
+QUOTED_PATH = re.compile(r"`((?:pomdp_ffm|analysis|conf|launch|patches|tests|docs)/[\w.{},/-]*)`")
+GUIDES = ["README.md", "docs/architecture.md"]
+
+
+def expand_braces(path: str) -> list[str]:
+    """`a/{b,c}.py` -> [`a/b.py`, `a/c.py`], as a shell expands it."""
+    m = re.search(r"\{([^{}]*)\}", path)
+    if m is None:
+        return [path]
+    return [p for alt in m.group(1).split(",") for p in expand_braces(path[: m.start()] + alt + path[m.end() :])]
+
+
+def named_paths(text: str) -> list[str]:
+    return [p for quoted in QUOTED_PATH.findall(text) for p in expand_braces(quoted)]
+
+
+def test_path_expansion():
+    assert named_paths("see `pomdp_ffm/{envs,trainer}.py` and `docs/`, not `x/y.py`") == [
+        "pomdp_ffm/envs.py",
+        "pomdp_ffm/trainer.py",
+        "docs/",
+    ]
+
+
+@pytest.mark.parametrize("guide", GUIDES)
+def test_every_path_a_guide_names_exists(guide):
+    # docs/architecture.md names the package's modules from inside it (`launch/start.py`): either root will do.
+    missing = [
+        p
+        for p in named_paths((ROOT / guide).read_text())
+        if not any((r / p).exists() for r in (ROOT, ROOT / "pomdp_ffm"))
+    ]
+    assert not missing, f"{guide} names paths that do not exist: {missing}"
