@@ -94,8 +94,8 @@ def test_no_module_is_longer_than_a_reader_can_hold():
 
 def test_the_core_uses_only_what_a_run_needs_of_the_launch_side():
     # A trainer saves its checkpoints (rundir) in this version's format (checkpoint), is told to stop (signals) and
-    # reports a file it cannot write (unwritable); a seed axis starts its seeds' attempts (start), as train.run starts one. Checking a command,
-    # sweeping and exit codes are the commands' own (train.py, bench/).
+    # reports a file it cannot write (unwritable); a seed axis starts its seeds' attempts (start), as train.run starts
+    # one. Checking a command, sweeping and exit codes are the commands' own (train.py, bench/).
     commands = ("pomdp_ffm.launch", "pomdp_ffm.train", "pomdp_ffm.bench")
     used = {
         dep
