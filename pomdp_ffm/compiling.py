@@ -102,9 +102,6 @@ def check_compilable(agents: Sequence[RecurrentAgent]) -> None:
         raise CompileError(f"train.compile=true with {why}")
 
 
-_CACHES_SET: dict[str, str] = {}  # an inductor cache folder this process chose -> the folder it was chosen in
-
-
 def run_cache_dir(run: str | Path) -> Path:
     """The on-disk inductor cache of the run in ``run``: a folder of its own, under the user's (inductor's default,
     <tmp>/torchinductor_<user>, or the TORCHINDUCTOR_CACHE_DIR they set), named by the run directory's absolute path.
@@ -112,10 +109,12 @@ def run_cache_dir(run: str | Path) -> Path:
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     now = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    base = _CACHES_SET.get(now, now) if now else default_cache_dir()
+    base = Path(now) if now else Path(default_cache_dir())
+    if base.parent.name == "pomdp_ffm-runs":  # an earlier run's of this process (use_run_cache): the user's is above
+        base = base.parents[1]
     path = Path(run).resolve()
     key = hashlib.sha256(str(path).encode()).hexdigest()[:16]
-    return Path(base).resolve() / "pomdp_ffm-runs" / f"{path.name}-{key}"
+    return base.resolve() / "pomdp_ffm-runs" / f"{path.name}-{key}"
 
 
 def use_run_cache(run: str | Path) -> Path:
@@ -126,7 +125,6 @@ def use_run_cache(run: str | Path) -> Path:
     would make the jobs of one node compile one after another. The cost: each run compiles cold once (tens of
     seconds, a resume excepted), against hours of training."""
     folder = run_cache_dir(run)
-    _CACHES_SET[str(folder)] = str(folder.parents[1])  # (the next run of this process chooses in the user's again)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
     os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
     try:  # inductor memoises some paths under its cache folder (as its own temporary_cache_dir clears them)
