@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pomdp_ffm import algos, metrics, seq_models
+from pomdp_ffm import algos, catalog, metrics
 
 # progress.csv column names: declared once, by the logger's metrics table (identical to the reference's).
 COL_ENV_STEPS, COL_ROLLOUTS, COL_RL_STEPS = metrics.ENV_STEPS, metrics.ROLLOUTS, metrics.RL_STEPS
@@ -32,10 +32,10 @@ EVAL_COLUMNS = {
     COL_FPS: "fps",
 }
 
-# The memories an agent of the comparison is built on: the registry's (its entries declare their label and colour);
-# Markovian and Oracle are the reference's baselines, not memory models.
-MEMORY_MODELS = tuple(sorted(seq_models.available()))
-_MEMORIES = [seq_models.get(m) for m in MEMORY_MODELS]
+# The memories an agent of the comparison is built on, in the registry's order, with their labels and colours (the
+# catalog's, read without importing torch); Markovian and Oracle are the reference's baselines, not memory models.
+_MEMORIES = list(catalog.memories().values())
+MEMORY_MODELS = tuple(m.name for m in _MEMORIES)
 MODEL_LABELS = {**{m.name: m.label for m in _MEMORIES}, "markovian": "Markovian", "oracle": "Oracle"}
 # Our algorithms, and the reference's discrete SAC.
 ALGO_LABELS = {**{a: algos.get(a).label for a in algos.ALGORITHMS}, "sacd": "SACD"}

@@ -17,7 +17,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from . import algos, seq_models
+from . import algos, catalog, seq_models
 from .algos import SACConfig, TD3Config  # noqa: F401 (the option sections, where callers import them from)
 from .envs import available_tasks, get_task
 from .rules import above, at_least, checked, must, one_of, within
@@ -34,8 +34,7 @@ SEEDS = 2**32  # numpy's seeds: [0, 2^32 - 1]
 _WIDTHS = must(lambda v: all(x >= 1 for x in v), "a list of layer widths >= 1")
 
 
-# An algorithm's or a memory's own options: a section of policy named after it, its registry entry's options_config
-# (a memory registered after this import has none: _check_together says so).
+# An algorithm's or a memory's own options: a section of policy named after it, its registry entry's options_config.
 ALGORITHM_OPTIONS = {name: algos.get(name).options_config for name in algos.ALGORITHMS}
 MEMORY_OPTIONS = {
     name: seq_models.get(name).options_config for name in available() if seq_models.get(name).options_config is not None
@@ -258,11 +257,6 @@ def _check_together(c: RunConfig) -> None:
         section = getattr(p, p.seq_model)
         if hasattr(section, "check_chosen"):
             section.check_chosen(f"policy.{p.seq_model}", p)
-    elif seq_models.get(p.seq_model).options_config is not None:
-        raise ValueError(
-            f"policy.seq_model={p.seq_model} was registered after pomdp_ffm.config was imported: its "
-            f"options have no section policy.{p.seq_model}; register it first"
-        )
     steps = get_task(c.env.env_name).max_episode_steps if _given(c.env.env_name) else 0
     # A window longer than the task's episodes holds no more of an episode than -1's, only padding, masked out at
     # the update's every step (a window of 500000 on Pendulum crawled); checked before the buffer, which it would
@@ -380,4 +374,9 @@ def yaml_problem(e: BaseException) -> str | None:
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    # A plug-in's memory (pomdp_ffm.catalog) gets its conf group option here, as a built-in one has its file in conf/.
+    for name in available():
+        if not catalog.built_in(name):
+            store.store(group="seq_model", name=name, node={"policy": {"seq_model": name}}, package="_global_")

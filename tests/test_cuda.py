@@ -351,8 +351,8 @@ def test_acting_after_a_replay_uses_the_new_parameters():
     after = act()
     twin = copy.deepcopy(agent)
     for m in twin.modules():
-        if hasattr(m, "drop_gamma_cache"):
-            m.drop_gamma_cache()
+        if hasattr(m, "drop_caches"):
+            m.drop_caches()
     expected = twin.act(probe.observs[0, 0], probe.actions[0, 0], 0.0, twin.initial_state(1), True)[0]
     assert (after == expected).all() and not (after == before).all()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
 import os
 import subprocess
 import sys
@@ -20,13 +19,19 @@ from hang import HANG_S
 
 from analysis import constants as C
 from analysis import figstyle
-from pomdp_ffm import algos, config, seq_models
+from pomdp_ffm import algos, catalog, config, seq_models
 from pomdp_ffm.envs import available_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The toy's module, as a user would write it outside the package: a read-out of the running mean of its inputs,
-# with one option of its own (policy.toymem.scale) and a state of two tensors.
+# The toy plug-in, as a user would write it in a package of their own: a read-out of the running mean of its inputs,
+# with one option of its own (policy.toymem.scale) and a state of two tensors. Its catalog record sits in a module
+# that does not import torch, named by an entry point in the group pomdp_ffm.seq_models.
+TOY_RECORD = '''
+from pomdp_ffm.catalog import Memory
+
+MEMORY = Memory("toymem", "Toy", "#cc79a7", "toymem.model:ToyMemory")
+'''
 TOY_MODULE = '''
 from dataclasses import dataclass
 
@@ -34,7 +39,7 @@ import torch
 from torch import nn
 
 from pomdp_ffm.rules import checked, within
-from pomdp_ffm.seq_models import SeqModel, register
+from pomdp_ffm.seq_models import SeqModel
 
 
 @dataclass
@@ -42,9 +47,8 @@ class ToyConfig:
     scale: float = checked(1.0, within(0, 10))
 
 
-@register
 class ToyMemory(SeqModel):
-    name, label, color, options_config = "toymem", "Toy", "#cc79a7", ToyConfig
+    options_config = ToyConfig
 
     def __init__(self, input_size, hidden_size, scale=1.0):
         super().__init__()
@@ -64,55 +68,44 @@ class ToyMemory(SeqModel):
     def activation_floats(self):
         return 2 * self.input_size + 2 * self.hidden_size
 '''
-TOY_CONF = "# @package _global_\npolicy:\n  seq_model: toymem\n  toymem:\n    scale: 0.5\n"
 
 
-def write_toy(tmp_path: Path) -> tuple[Path, Path]:
-    """The toy's module and conf folder (conf/seq_model/toymem.yaml), nothing else."""
-    (tmp_path / "plugin").mkdir()
-    (tmp_path / "plugin" / "toymem.py").write_text(TOY_MODULE)
-    (tmp_path / "conf" / "seq_model").mkdir(parents=True)
-    (tmp_path / "conf" / "seq_model" / "toymem.yaml").write_text(TOY_CONF)
-    return tmp_path / "plugin", tmp_path / "conf"
+def install_toy(site: Path, entry: str = "toymem = toymem:MEMORY") -> Path:
+    """The toy package installed in ``site`` as pip would leave it: the package and its .dist-info, whose
+    entry_points.txt is what importlib.metadata reads."""
+    (site / "toymem").mkdir(parents=True)
+    (site / "toymem" / "__init__.py").write_text(TOY_RECORD)
+    (site / "toymem" / "model.py").write_text(TOY_MODULE)
+    info = site / "toymem-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toymem\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[pomdp_ffm.seq_models]\n{entry}\n")
+    return site
 
 
 @pytest.fixture
-def toy_registered(tmp_path, monkeypatch):
-    """The toy imported (so registered) here, after pomdp_ffm.config; unregistered after the test."""
-    plugin, _ = write_toy(tmp_path)
-    monkeypatch.syspath_prepend(str(plugin))
-    module = importlib.import_module("toymem")
-    yield module.ToyMemory
-    seq_models.unregister("toymem")
-    sys.modules.pop("toymem", None)
+def plugged_in(tmp_path, monkeypatch):
+    """Installs a toy plug-in (``install``'s argument: its entry point line) on sys.path; the catalog read afresh,
+    then forgotten."""
+
+    def install(entry: str = "toymem = toymem:MEMORY"):
+        monkeypatch.syspath_prepend(str(install_toy(tmp_path / "site", entry)))
+        catalog.memories.cache_clear()
+
+    yield install
+    catalog.memories.cache_clear()
+    for name in [m for m in sys.modules if m == "toymem" or m.startswith("toymem.")]:
+        del sys.modules[name]
 
 
-def test_a_toy_memory_trains_from_its_module_and_conf_file(tmp_path):
-    # A user's module, imported before `python -m pomdp_ffm.train` runs, and a --config-dir holding its conf file.
-    plugin, conf = write_toy(tmp_path)
+def test_a_plugged_in_memory_trains_from_the_command_line(tmp_path):
+    # A package installed beside pomdp_ffm, found through its entry point: nothing else is given.
+    site = install_toy(tmp_path / "site")
     run_dir = tmp_path / "run"
-    main = "import runpy, toymem; runpy.run_module('pomdp_ffm.train', run_name='__main__', alter_sys=True)"
-    cmd = [
-        sys.executable,
-        "-c",
-        main,
-        "--config-dir",
-        str(conf),
-        "env=Pendulum-V-v0",
-        "seq_model=toymem",
-        "device=cpu",
-        *TINY,
-        f"hydra.run.dir={run_dir}",
-    ]
-    proc = subprocess.run(
-        cmd,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": f"{plugin}:{ROOT}"},
-    )
+    cmd = [sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-V-v0", "seq_model=toymem", "policy.toymem.scale=0.5"]
+    cmd += ["device=cpu", *TINY, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     progress = pd.read_csv(run_dir / "progress.csv")
     evaluations = progress[progress["z/env_steps"].notna()]
@@ -123,32 +116,52 @@ def test_a_toy_memory_trains_from_its_module_and_conf_file(tmp_path):
     assert stored["policy"]["seq_model"] == "toymem" and stored["policy"]["toymem"] == {"scale": 0.5}
 
 
-def test_config_names_a_registered_toy_among_the_allowed(toy_registered, run_cfg):
-    with pytest.raises(ValueError) as err:
-        run_cfg("policy.seq_model=transformer")
-    assert str(err.value) == "policy.seq_model='transformer' is not one of ['lstm', 'gru', 'ffm', 'mlp', 'toymem']"
-    # Its options section is part of the schema only when it was registered before pomdp_ffm.config was imported.
-    with pytest.raises(
-        ValueError,
-        match=r"^policy.seq_model=toymem was registered after pomdp_ffm.config was "
-        r"imported: .*register it first$",
-    ):
-        run_cfg("policy.seq_model=toymem")
+def test_a_plug_in_is_listed_after_the_built_in_memories(plugged_in):
+    plugged_in()
+    assert seq_models.available() == [*(m.name for m in catalog.BUILT_IN), "toymem"]
+    model = seq_models.build("toymem", input_size=3, hidden_size=4, scale=2.0)
+    assert type(model).__name__ == "ToyMemory" and model.scale == 2.0
+    assert catalog.memories()["toymem"].label == "Toy"
 
 
-def test_a_registered_toy_is_gone_after_its_test():
-    assert "toymem" not in seq_models.available()
-    with pytest.raises(ValueError, match=r"unknown seq model 'toymem'"):
-        seq_models.get("toymem")
+@pytest.mark.parametrize(
+    "entry, error",
+    [
+        ("gru = toymem:MEMORY", r"names its record 'toymem': the two names must be the same"),
+        ("toymem = toymem.model:ToyMemory", r"must name a pomdp_ffm.catalog.Memory record, not a type"),
+        ("toymem = toymem:NOTHING", r"does not load: AttributeError"),
+    ],
+)
+def test_a_bad_plug_in_is_named_in_one_line(plugged_in, entry, error):
+    plugged_in(entry)
+    with pytest.raises(ValueError, match=rf"^entry point '\w+' = '[\w.:]+' \(group pomdp_ffm.seq_models\).*{error}"):
+        catalog.memories()
 
 
-def test_a_name_is_registered_once(toy_registered):
-    class Other(seq_models.SeqModel):
-        name = "toymem"
+def test_a_plug_in_cannot_take_a_built_in_name(plugged_in, monkeypatch):
+    plugged_in()
+    monkeypatch.setattr(catalog, "BUILT_IN", (*catalog.BUILT_IN, catalog.Memory("toymem", "T", "#000000", "a.b:C")))
+    with pytest.raises(ValueError, match=r"memory 'toymem' is already taken by a.b:C$"):
+        catalog.memories()
 
-    with pytest.raises(ValueError, match="'toymem' is already registered, by ToyMemory"):
-        seq_models.register(Other)
-    assert seq_models.register(toy_registered) is toy_registered  # (registering it again changes nothing)
+
+@pytest.mark.parametrize(
+    "fields, error",
+    [
+        (("Toy", "Toy", "#cc79a7", "a:B"), r"memory name 'Toy' must match"),
+        (("toy", "Toy", "red", "a:B"), r"memory 'toy': color 'red' must be '#rrggbb'"),
+        (("toy", "Toy", "#cc79a7", "a.B"), r"memory 'toy': target 'a.B' must be 'package.module:Class'"),
+    ],
+)
+def test_a_catalog_record_checks_its_fields(fields, error):
+    with pytest.raises(ValueError, match=error):
+        catalog.Memory(*fields)
+
+
+def test_the_catalog_does_not_import_torch():
+    code = "import sys, pomdp_ffm.catalog as c; c.memories(); print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)
+    assert proc.stdout.strip() == "False", proc.stderr
 
 
 def test_config_and_analysis_take_their_lists_from_the_registries():
@@ -167,9 +180,9 @@ def test_config_and_analysis_take_their_lists_from_the_registries():
     }
     assert all(policy[name].default_factory is section for name, section in sections.items())
     # Analysis: each memory's label and colour, each algorithm's label, the figures' order.
-    assert C.MEMORY_MODELS == tuple(sorted(memories))
-    assert {m: C.MODEL_LABELS[m] for m in memories} == {m: seq_models.get(m).label for m in memories}
-    assert {m: C.MODEL_COLORS[m] for m in memories} == {m: seq_models.get(m).color for m in memories}
+    assert C.MEMORY_MODELS == tuple(memories)
+    assert {m: C.MODEL_LABELS[m] for m in memories} == {m: catalog.memories()[m].label for m in memories}
+    assert {m: C.MODEL_COLORS[m] for m in memories} == {m: catalog.memories()[m].color for m in memories}
     assert {a: C.ALGO_LABELS[a] for a in algorithms} == {a: algos.get(a).label for a in algorithms}
     assert set(memories) <= set(figstyle._MODEL_ORDER) and set(memories) <= set(C.KNOWN_MODELS)
     # The conf groups: one file per entry.
@@ -181,7 +194,7 @@ def names_outside_the_registries() -> list[tuple[str, int, str]]:
     """(module, line, name) of each string literal that is a memory's or an algorithm's name, in the package's
     modules but the registries' own (and the benchmarks, which name the variants they time)."""
     names = set(seq_models.available()) | set(algos.ALGORITHMS)
-    owners = {"algos.py", "seq_models", "bench"}
+    owners = {"algos.py", "catalog.py", "seq_models", "bench"}
     found = []
     for path in sorted((ROOT / "pomdp_ffm").rglob("*.py")):
         if owners & set(path.relative_to(ROOT / "pomdp_ffm").parts):

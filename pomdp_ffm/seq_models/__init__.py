@@ -1,45 +1,32 @@
-"""The sequence-model registry, the only code that knows model names: ``build("ffm", input_size=64, hidden_size=128)``
-maps ``x[T, B, 64], state`` (None: zeros) to ``y[T, B, 128], state``. A model declares what others need of it on its
-class (base.SeqModel); ``register`` adds one from outside the package, before pomdp_ffm.config is imported where it
-has an option section."""
+"""The sequence-model registry: ``build("ffm", input_size=64, hidden_size=128)`` maps ``x[T, B, 64], state`` (None:
+zeros) to ``y[T, B, 128], state``. The names, and where each class lives, are pomdp_ffm.catalog's (built-in models
+and plug-ins' entry points); a model declares what others need of it on its class (base.SeqModel)."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 from torch import nn
 
+from .. import catalog
 from .base import SeqModel, State
 from .ffm import ABLATIONS, FFM
-from .rnn import GRU, LSTM, MLP
-
-_REGISTRY: dict[str, type[SeqModel]] = {}
-
-
-def register(cls: type[SeqModel]) -> type[SeqModel]:
-    """Make ``cls`` buildable as ``cls.name`` (usable as a class decorator)."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"seq model {cls.name!r} is already registered, by {_REGISTRY[cls.name].__qualname__}")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def unregister(name: str) -> None:
-    del _REGISTRY[name]
-
-
-for _cls in (LSTM, GRU, FFM, MLP):  # (the order errors list them in)
-    register(_cls)
 
 
 def available() -> list[str]:
-    return list(_REGISTRY)
+    return list(catalog.memories())
 
 
 def get(name: str) -> type[SeqModel]:
-    if name not in _REGISTRY:
+    memory = catalog.memories().get(name)
+    if memory is None:
         raise ValueError(f"unknown seq model {name!r}; available: {available()}")
-    return _REGISTRY[name]
+    module, _, attr = memory.target.partition(":")
+    cls = getattr(importlib.import_module(module), attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, SeqModel)):
+        raise ValueError(f"seq model {name!r}: {memory.target} is not a pomdp_ffm.seq_models.SeqModel subclass")
+    return cls
 
 
 def options(name: str) -> list[str]:
@@ -53,7 +40,7 @@ def build(name: str, *, input_size: int, hidden_size: int, **opts) -> SeqModel:
     unknown = sorted(set(opts) - set(allowed))
     if unknown:
         raise TypeError(f"seq model {name!r} got unknown option(s) {unknown}; allowed: {allowed}")
-    return _REGISTRY[name](input_size=input_size, hidden_size=hidden_size, **opts)
+    return get(name)(input_size=input_size, hidden_size=hidden_size, **opts)
 
 
 def drop_caches(*modules: nn.Module) -> None:
@@ -62,19 +49,4 @@ def drop_caches(*modules: nn.Module) -> None:
         m.drop_caches()
 
 
-__all__ = [
-    "ABLATIONS",
-    "FFM",
-    "GRU",
-    "LSTM",
-    "MLP",
-    "SeqModel",
-    "State",
-    "available",
-    "build",
-    "drop_caches",
-    "get",
-    "options",
-    "register",
-    "unregister",
-]
+__all__ = ["ABLATIONS", "FFM", "SeqModel", "State", "available", "build", "drop_caches", "get", "options"]

@@ -14,12 +14,8 @@ State = Any
 
 
 class SeqModel(nn.Module):
-    # The registry's entry (seq_models.register): the name policy.seq_model takes, the label and colour analysis
-    # draws it in, and the dataclass of its own options, the config section policy.<name> (None: none; a model
-    # stacking layers takes num_layers from policy.rnn_num_layers instead).
-    name: ClassVar[str]
-    label: ClassVar[str]
-    color: ClassVar[str]
+    # The dataclass of its own options, the config section policy.<name> (None: none; a model stacking layers takes
+    # num_layers from policy.rnn_num_layers instead). Its name, label and colour are pomdp_ffm.catalog's.
     options_config: ClassVar[type | None] = None
     # Where train.compile=null compiles the update on CUDA: measured to pay for this memory (docs/benchmarks.md).
     compile_pays: ClassVar[bool] = False

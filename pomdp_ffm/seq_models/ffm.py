@@ -178,7 +178,7 @@ class FFM(SeqModel):
     (``bounded_by_owner()``), the owner calls ``bound_()`` after each write; ``load_state_dict`` clamps in both
     (patches/014)."""
 
-    name, label, color, options_config = "ffm", "FFM", "#d55e00", FFMConfig
+    options_config = FFMConfig
     # On CUDA, compiled updates of FFM were measured faster than eager ones (docs/benchmarks.md)
     compile_pays = True
 
@@ -280,8 +280,6 @@ class FFM(SeqModel):
 
     def drop_caches(self) -> None:
         self._gamma_cache = None
-
-    drop_gamma_cache = drop_caches  # (tests/test_cuda.py's name)
 
     def activation_floats(self) -> int:
         return 4 * self.hidden_size + 6 * self.memory_size * self.context_size  # gates, state, output

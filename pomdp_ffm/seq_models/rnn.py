@@ -36,20 +36,16 @@ class _TorchRNN(SeqModel):
 
 
 class GRU(_TorchRNN):
-    name, label, color = "gru", "GRU", "#0072b2"
     rnn_cls, activations = nn.GRU, 8
 
 
 class LSTM(_TorchRNN):
-    name, label, color = "lstm", "LSTM", "#009e73"
     rnn_cls, activations = nn.LSTM, 10
 
 
 class MLP(SeqModel):
     """A memoryless Linear + ReLU per step, inside the recurrent agent and sequence buffer: not the reference's
     Markovian baseline (patches/012-mlp-is-not-the-markovian-baseline.md)."""
-
-    name, label, color = "mlp", "MLP", "#7f7f7f"
 
     def __init__(self, input_size: int, hidden_size: int):
         super().__init__()

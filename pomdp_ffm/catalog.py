@@ -1,0 +1,77 @@
+"""The memory models by name, without importing torch: what ``policy.seq_model`` takes, the label and colour
+analysis draws each in, and where its class lives (imported only when a model is built, by pomdp_ffm.seq_models).
+
+The package's own models are ``BUILT_IN``. Another package adds one through an entry point of the group
+``pomdp_ffm.seq_models`` whose object is a ``Memory`` record, kept in a module that does not import torch::
+
+    # pyproject.toml of the plug-in
+    [project.entry-points."pomdp_ffm.seq_models"]
+    toymem = "toymem:MEMORY"
+
+    # toymem/__init__.py
+    from pomdp_ffm.catalog import Memory
+    MEMORY = Memory("toymem", "Toy", "#cc79a7", "toymem.model:ToyMemory")
+
+It then trains from the ordinary command line, ``python -m pomdp_ffm.train seq_model=toymem``, its options
+(the class's ``options_config``) under ``policy.toymem`` (docs/memory_models.md)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import re
+from dataclasses import dataclass
+
+ENTRY_POINT_GROUP = "pomdp_ffm.seq_models"
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # a conf group option, a config section and part of a run's folder name
+_COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
+
+
+@dataclass(frozen=True)
+class Memory:
+    name: str
+    label: str
+    color: str  # "#rrggbb"
+    target: str  # "package.module:Class", a pomdp_ffm.seq_models.SeqModel
+
+    def __post_init__(self):
+        if not _NAME.match(self.name):
+            raise ValueError(f"memory name {self.name!r} must match {_NAME.pattern} (lower case, digits, _)")
+        if not _COLOR.match(self.color):
+            raise ValueError(f"memory {self.name!r}: color {self.color!r} must be '#rrggbb'")
+        if self.target.count(":") != 1:
+            raise ValueError(f"memory {self.name!r}: target {self.target!r} must be 'package.module:Class'")
+
+
+# The order the registry lists them in (errors, --help, figures' legends before FFM): the FFM paper's table of models,
+# then the recurrences it did not compare against.
+BUILT_IN = (
+    Memory("mlp", "MLP", "#7f7f7f", "pomdp_ffm.seq_models.rnn:MLP"),
+    Memory("gru", "GRU", "#0072b2", "pomdp_ffm.seq_models.rnn:GRU"),
+    Memory("lstm", "LSTM", "#009e73", "pomdp_ffm.seq_models.rnn:LSTM"),
+    Memory("ffm", "FFM", "#d55e00", "pomdp_ffm.seq_models.ffm:FFM"),
+)
+
+
+@functools.cache
+def memories() -> dict[str, Memory]:
+    """Every memory by name: the built-in ones, then those of installed plug-ins."""
+    found = {m.name: m for m in BUILT_IN}
+    for point in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
+        where = f"entry point {point.name!r} = {point.value!r} (group {ENTRY_POINT_GROUP})"
+        try:
+            memory = point.load()
+        except Exception as e:
+            raise ValueError(f"{where} does not load: {type(e).__name__}: {e}") from e
+        if not isinstance(memory, Memory):
+            raise ValueError(f"{where} must name a pomdp_ffm.catalog.Memory record, not a {type(memory).__name__}")
+        if memory.name != point.name:
+            raise ValueError(f"{where} names its record {memory.name!r}: the two names must be the same")
+        if memory.name in found:
+            raise ValueError(f"{where}: memory {memory.name!r} is already taken by {found[memory.name].target}")
+        found[memory.name] = memory
+    return found
+
+
+def built_in(name: str) -> bool:
+    return any(m.name == name for m in BUILT_IN)
