@@ -43,13 +43,27 @@ class Memory:
             raise ValueError(f"memory {self.name!r}: target {self.target!r} must be 'package.module:Class'")
 
 
-# The order the registry lists them in (errors, --help, figures' legends before FFM): the FFM paper's table of models,
-# then the recurrences it did not compare against.
+# The order the registry lists them in (errors, --help, figures' legends before FFM): the FFM paper's table of models
+# (POPGym's baselines), then the linear recurrences it did not compare against, then FFM. Colours: every pair, and
+# each against the Markovian and Oracle baselines' grey and black, at least 20 apart in CIELAB (tests/test_registries.py).
+_M = "pomdp_ffm.seq_models."
 BUILT_IN = (
-    Memory("mlp", "MLP", "#7f7f7f", "pomdp_ffm.seq_models.rnn:MLP"),
-    Memory("gru", "GRU", "#0072b2", "pomdp_ffm.seq_models.rnn:GRU"),
-    Memory("lstm", "LSTM", "#009e73", "pomdp_ffm.seq_models.rnn:LSTM"),
-    Memory("ffm", "FFM", "#d55e00", "pomdp_ffm.seq_models.ffm:FFM"),
+    Memory("mlp", "MLP", "#7f7f7f", _M + "rnn:MLP"),
+    Memory("posmlp", "PosMLP", "#bcbd22", _M + "posmlp:PosMLP"),
+    Memory("stack", "Stack", "#f0027f", _M + "stack:Stack"),
+    Memory("tcn", "TCN", "#6a3d9a", _M + "tcn:TCN"),
+    Memory("fwp", "FWP", "#843c39", _M + "fwp:FWP"),
+    Memory("fart", "FART", "#17becf", _M + "fart:FART"),
+    Memory("s4d", "S4D", "#2ca02c", _M + "s4d:S4D"),
+    Memory("lmu", "LMU", "#fdae6b", _M + "lmu:LMU"),
+    Memory("indrnn", "IndRNN", "#8c6d31", _M + "indrnn:IndRNN"),
+    Memory("elman", "Elman", "#ff9896", _M + "elman:Elman"),
+    Memory("gru", "GRU", "#0072b2", _M + "rnn:GRU"),
+    Memory("lstm", "LSTM", "#009e73", _M + "rnn:LSTM"),
+    Memory("dnc", "DNC", "#e69f00", _M + "dnc:DNC"),
+    Memory("lru", "LRU", "#e41a1c", _M + "lru:LRU"),
+    Memory("mingru", "minGRU", "#8ca252", _M + "mingru:MinGRU"),
+    Memory("ffm", "FFM", "#d55e00", _M + "ffm:FFM"),
 )
 
 

@@ -269,7 +269,7 @@ BAD_VALUES = [
     (["policy.rnn_num_layers=2"], "policy.rnn_num_layers=2 must be 1 with policy.seq_model=ffm"),
     (["policy.separate=false"], "policy.separate=False must be true (one memory shared by actor and critic"),
     (["policy.algo_name=ppo"], "policy.algo_name='ppo' is not one of ['sac', 'td3']"),
-    (["policy.seq_model=rnn"], "policy.seq_model='rnn' is not one of ['lstm', 'gru', 'ffm', 'mlp']"),
+    (["policy.seq_model=rnn"], f"policy.seq_model='rnn' is not one of {available()}"),
     (["policy.dqn_layers=[256,0]"], "policy.dqn_layers=[256, 0] must be a list of layer widths >= 1"),
     (["policy.policy_layers=[-1]"], "policy.policy_layers=[-1] must be a list of layer widths >= 1"),
     (["policy.sac.entropy_alpha=-0.1"], "policy.sac.entropy_alpha=-0.1 must be >= 0"),

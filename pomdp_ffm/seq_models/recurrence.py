@@ -248,3 +248,79 @@ def aggregate_closed(u: torch.Tensor, gamma: torch.Tensor, s0: torch.Tensor, chu
 
 aggregate_loop, aggregate_scan = _recurrence("loop"), _recurrence("scan")
 AGGREGATE = {"loop": aggregate_loop, "scan": aggregate_scan, "assoc": aggregate_assoc, "closed": aggregate_closed}
+
+
+def _doubling(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """S_t = a_t * S_{t-1} + x_t from S_{-1} = 0 in ceil(log2 T) data-parallel steps: step i adds the partial sum
+    2^i steps back times the product of the a's between (a's time dim T, or 1 for a constant a)."""
+    T, varying, k = x.shape[0], a.shape[0] != 1, 1
+    while k < T:
+        x = torch.cat([x[:k], x[k:] + (a[k:] if varying else a) * x[:-k]])
+        if k * 2 < T:
+            a = torch.cat([a[:k], a[k:] * a[:-k]]) if varying else a * a
+        k *= 2
+    return x
+
+
+def _sum_to(grad: torch.Tensor, shape: torch.Size, is_complex: bool) -> torch.Tensor:
+    """A gradient reduced to a broadcast input's shape (and to its real part for a real input)."""
+    if grad.is_complex() and not is_complex:
+        grad = grad.real
+    return grad.sum_to_size(shape)
+
+
+class _LinearScan(torch.autograd.Function):
+    """S_t = a_t * S_{t-1} + x_t, S_{-1} = s0, with the adjoint recurrence as its backward, so that a window keeps
+    only its states S (not every level of the doubling): C_t = dL/dS_t + conj(a_{t+1}) C_{t+1}, then
+    dL/dx_t = C_t, dL/da_t = C_t conj(S_{t-1}), dL/ds0 = conj(a_0) C_0 (torch's conjugate convention for complex
+    gradients), each summed over what was broadcast."""
+
+    @staticmethod
+    def forward(a: torch.Tensor, x: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
+        x = x + torch.zeros_like(a[:1])  # (x at the states' dtype and shape)
+        return _doubling(a, torch.cat([(x[0] + a[0] * s0).unsqueeze(0), x[1:]]))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        a, x, s0 = inputs
+        ctx.save_for_backward(a, s0, output)
+        ctx.x_kind = (x.shape, x.is_complex())
+
+    @staticmethod
+    def backward(ctx, grad_S: torch.Tensor):
+        a, s0, S = ctx.saved_tensors
+        ac = a.conj()
+        if a.shape[0] == 1:
+            back = ac
+        else:  # C_t takes a_{t+1}: reversed in time, the first step's decay (unused: no state enters) is zero
+            back = torch.cat([torch.zeros_like(ac[:1]), ac[1:].flip(0)])
+        C = _doubling(back, grad_S.flip(0)).flip(0)
+        grad_a = grad_x = grad_s0 = None
+        if ctx.needs_input_grad[0]:
+            prev = torch.cat([s0.expand_as(S[:1]), S[:-1]])
+            grad_a = _sum_to(C * prev.conj(), a.shape, a.is_complex())
+        if ctx.needs_input_grad[1]:
+            grad_x = _sum_to(C, *ctx.x_kind)
+        if ctx.needs_input_grad[2]:
+            grad_s0 = _sum_to(ac[0] * C[0], s0.shape, s0.is_complex())
+        return grad_a, grad_x, grad_s0
+
+
+def linear_scan(a: torch.Tensor, x: torch.Tensor, s0: torch.Tensor | None = None) -> torch.Tensor:
+    """S_t = a_t * S_{t-1} + x_t over dim 0 (S_{-1} = s0, None: zeros), real or complex: the recurrence of the
+    memories whose state update is diagonal (LRU, minGRU, S4D's recurrent form) or summed (linear attention and
+    fast weights: a = 1). ``a`` has x's dims, with time T (a gate per step) or 1 (a constant decay), and broadcasts
+    against x; the states S have the broadcast shape. Log-depth forward, adjoint backward (``_LinearScan``)."""
+    if s0 is None:
+        s0 = torch.zeros((), dtype=torch.promote_types(a.dtype, x.dtype), device=x.device)
+    return _LinearScan.apply(a, x, s0)
+
+
+def linear_scan_loop(a: torch.Tensor, x: torch.Tensor, s0: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear_scan`` one step at a time: the definition the tests hold the scan to, and the acting step's form."""
+    s = torch.zeros_like(x[0] * a[0]) if s0 is None else s0
+    out = []
+    for t in range(x.shape[0]):
+        s = a[t if a.shape[0] != 1 else 0] * s + x[t]
+        out.append(s)
+    return torch.stack(out)

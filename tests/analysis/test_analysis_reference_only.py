@@ -12,6 +12,7 @@ from analysis_synth import steps_grid, write_reference_run
 
 from analysis import aggregate, cli, stats
 from analysis import constants as C
+from analysis.options import BASELINES
 
 # Normalised best returns (0 = Random, 1 = Oracle) per agent folder, task and seed.
 PLAIN = {
@@ -184,7 +185,7 @@ def test_the_console_shows_every_kind_of_warning_once_with_its_count(tmp_path, c
     [
         (
             ["--compare", "gru,transformer"],
-            "error: --compare: unknown baseline 'transformer'; choose from gru, lstm, mlp, comma separated\n",
+            f"error: --compare: unknown baseline 'transformer'; choose from {', '.join(BASELINES)}, comma separated\n",
         ),
         (["--seed", "-1"], "error: --seed must be >= 0, got -1\n"),
     ],

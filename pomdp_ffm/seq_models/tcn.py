@@ -1,0 +1,89 @@
+"""Temporal convolution, POPGym's baseline "TCN" (Morad et al., 2023, "POPGym: Benchmarking Partially Observable
+Reinforcement Learning"; POPGym's ``ray_models/ray_frameconv.py`` class ``Frameconv``), after Bai, Kolter and
+Koltun (2018), "An Empirical Evaluation of Generic Convolutional and Recurrent Networks for Sequence Modeling":
+one causal convolution whose kernel spans the last k = stack_size inputs, with no activation:
+
+    e_t = (1 - s) x_t + s PE(t)                          POPGym's default sine time embedding (time_embedding.py)
+    y_t = b + sum_{j=0}^{k-1} W_j e_{t-k+1+j}            W: [h, input_size, k] (a Conv1d's weight), b: [h]
+
+with e_t = 0 before the episode's first step (the zero initial window) and h = hidden_size, POPGym's hidden_size,
+the convolution's output channels.
+
+State: (window, steps): the last k - 1 embedded inputs e_{t-k+2} .. e_t, batch-first [B, k - 1, input_size]
+(POPGym's layout, oldest first), and the step count, int64 [B], the time index of the next input (counted whether
+or not the embedding reads it). Acting is O(1) per step: one step convolves the window's k frames.
+
+Differences from the paper's TCN, as POPGym has them: a single layer, no dilation, no residual blocks, no weight
+norm, dropout nor activation. Differences from POPGym: POPGym asserts that k divides h (an assertion copied from its
+frame stack; its convolution needs none), here any h works; with k = 1 POPGym's state slice (``-k + 1:``, that is
+``0:``) keeps the whole padded input, growing at each call, where here the window is empty. The embedding is
+time_embedding.py's, shared with the other models; its differences from POPGym's (no table, so no limit on the time
+index) are listed there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..rules import at_least, checked
+from .base import SeqModel, State
+from .time_embedding import DEFAULT_HORIZON, EMBEDDING_RULE, HORIZON_RULE, check_embedding_options, sine_embedding
+
+
+@dataclass
+class TCNConfig:
+    """TCN's options, the config section policy.tcn (conf/seq_model/tcn.yaml); defaults are POPGym's."""
+
+    stack_size: int = checked(4, at_least(1))  # k, the kernel's extent in steps
+    embedding: str = checked("sine", EMBEDDING_RULE)  # POPGym's time embedding on its input, or "none"
+    embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)  # the sinusoid's frequency base (max_seq_len)
+    scale_embedding: bool = True  # mix input and code by a learned strength in [0, 1] (POPGym's scale_embedding)
+
+
+class TCN(SeqModel):
+    """POPGym's temporal convolution (module docstring); state ``(window [B, k - 1, input_size], steps int64 [B])``."""
+
+    options_config = TCNConfig
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        stack_size: int = 4,
+        embedding: str = "sine",
+        embedding_horizon: int = 1024,
+        scale_embedding: bool = True,
+    ):
+        super().__init__()
+        check_embedding_options("TCN", embedding=embedding, embedding_horizon=embedding_horizon)
+        if stack_size < 1:
+            raise ValueError(f"TCN option stack_size={stack_size} must be >= 1")
+        self.input_size, self.hidden_size, self.stack_size = input_size, hidden_size, stack_size
+        self.embedding = sine_embedding(embedding, input_size, embedding_horizon, scale_embedding)
+        self.core = nn.Conv1d(input_size, hidden_size, stack_size)  # torch's default init, as POPGym leaves it
+
+    def initial_state(self, batch_size: int, device=None) -> State:
+        shape = (batch_size, self.stack_size - 1, self.input_size)
+        window = torch.zeros(shape, dtype=self.core.weight.dtype, device=device)  # float64 for a float64 model
+        return window, torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
+        self._check_input(x)
+        T, B, _ = x.shape
+        window, steps = self.initial_state(B, x.device) if state is None else state
+        if self.embedding is not None:
+            x = self.embedding(x, steps)
+        frames = torch.cat([window.transpose(0, 1), x])  # [T + k - 1, B, input_size], oldest first
+        y = self.core(frames.permute(1, 2, 0))  # [B, h, T]
+        return y.permute(2, 0, 1), (frames[T:].transpose(0, 1).contiguous(), steps + T)
+
+    def bound_(self) -> None:
+        if self.embedding is not None:
+            self.embedding.bound_()
+
+    def activation_floats(self) -> int:
+        # the (embedded) input the convolution keeps, its code, the output
+        return 2 * self.input_size + self.hidden_size

@@ -1,0 +1,65 @@
+"""Every registered memory trains in SAC and TD3 with separate actor and critic memories, through the seed axis and
+a stop and resume: the models' own tests hold each to its reference, these to the loop that uses them."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pomdp_ffm.launch.rundir import RunDir
+from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
+from pomdp_ffm.seq_models import available
+from pomdp_ffm.train import run
+from pomdp_ffm.trainer import Trainer
+
+
+class StopSeed1(Trainer):
+    """Seed 1 asks to stop, as a SIGTERM would, once it has collected 600 steps (after its first evaluation)."""
+
+    def end_burst(self):
+        super().end_burst()
+        if self.cfg.seed == 1 and self.counters.env_steps >= 600:
+            self.stop.request(signal.SIGTERM)
+
+
+def progress(run_dir) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "progress.csv").drop(columns=TIME_COLUMNS)
+
+
+def axis_stopped_and_resumed(composed, run_dir, overrides):
+    out = run(composed(*overrides, "seeds=[0,1]"), run_dir, trainer_cls=StopSeed1)
+    assert out["stopped"] and RunDir(run_dir.parent / "seed-1").status() == "resumable"
+    assert not run(composed(*overrides, "seeds=[0,1]", "resume=true"), run_dir)["stopped"]
+
+
+@pytest.mark.parametrize("model", available())
+def test_every_memory_trains_through_the_seed_axis_and_a_resume(composed, tmp_path, model):
+    # SAC, whose actor's memory gradient shows in the log's 4 decimals (TD3's updates with every memory:
+    # tests/test_agent.py; both resumed to the uninterrupted log: below).
+    overrides = ("env=Pendulum-V-v0", "algo=sac", f"seq_model={model}", "device=cpu")
+    axis_stopped_and_resumed(composed, tmp_path / "axis" / "seed-0", overrides)
+    for k in (0, 1):
+        run_dir = tmp_path / "axis" / f"seed-{k}"
+        assert RunDir(run_dir).status() == "done"
+        log = progress(run_dir)
+        assert log["z/env_steps"].dropna().tolist() == [400, 600, 800]
+        losses = log[["rl_loss/qf1_loss", "rl_loss/qf2_loss", "rl_loss/policy_loss"]].dropna()
+        assert len(losses) > 0 and np.isfinite(losses.to_numpy()).all()
+        for norm in ("rl_loss/q_rnn_grad_norm", "rl_loss/pi_rnn_grad_norm"):  # both memories were trained
+            assert (log[norm].dropna() > 0).any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("model", available())
+def test_every_memory_resumes_to_the_uninterrupted_log(composed, tmp_path, model, algo):
+    overrides = ("env=Pendulum-V-v0", f"algo={algo}", f"seq_model={model}", "device=cpu")
+    axis_stopped_and_resumed(composed, tmp_path / "axis" / "seed-0", overrides)
+    for k in (0, 1):
+        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+        pd.testing.assert_frame_equal(
+            progress(tmp_path / "axis" / f"seed-{k}"), progress(tmp_path / "solo" / f"seed-{k}"), check_exact=True
+        )
