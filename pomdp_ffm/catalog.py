@@ -43,9 +43,10 @@ class Memory:
             raise ValueError(f"memory {self.name!r}: target {self.target!r} must be 'package.module:Class'")
 
 
-# The order the registry lists them in (errors, --help, figures' legends before FFM): the FFM paper's table of models
-# (POPGym's baselines), then the linear recurrences it did not compare against, then FFM. Colours: every pair, and
-# each against the Markovian and Oracle baselines' grey and black, at least 20 apart in CIELAB (tests/test_registries.py).
+# The order the registry lists them in (errors, --help, figures' legends before FFM): the FFM paper's table of
+# models (POPGym's baselines), then the linear recurrences it did not compare against, then FFM. Colours: every pair,
+# and each against the Markovian and Oracle baselines' grey and black, at least 20 apart in CIELAB
+# (tests/test_registries.py).
 _M = "pomdp_ffm.seq_models."
 BUILT_IN = (
     Memory("mlp", "MLP", "#7f7f7f", _M + "rnn:MLP"),

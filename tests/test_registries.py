@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -156,6 +157,32 @@ def test_a_plug_in_cannot_take_a_built_in_name(plugged_in, monkeypatch):
 def test_a_catalog_record_checks_its_fields(fields, error):
     with pytest.raises(ValueError, match=error):
         catalog.Memory(*fields)
+
+
+def _cielab(color: str) -> np.ndarray:
+    """sRGB "#rrggbb" to CIELAB (D65), the space in which a distance of about 2 is just noticeable."""
+    rgb = np.array([int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    r = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(r > (6 / 29) ** 3, np.cbrt(r), r / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_every_memory_keeps_a_colour_of_its_own():
+    # Every registered memory, and the Markovian and Oracle baselines' grey and black, pairwise at least 20 apart in
+    # CIELAB (a difference a reader sees at a glance in a legend).
+    colors = {name: m.color for name, m in catalog.memories().items()}
+    colors |= {name: C.MODEL_COLORS[name] for name in ("markovian", "oracle")}
+    assert len(set(colors.values())) == len(colors)
+    names = list(colors)
+    gaps = {
+        (a, b): float(np.linalg.norm(_cielab(colors[a]) - _cielab(colors[b])))
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    }
+    assert min(gaps.values()) >= 20, sorted(gaps.items(), key=lambda kv: kv[1])[:3]
+    assert _cielab("#ffffff")[0] == pytest.approx(100, abs=0.01) and _cielab("#000000")[0] == pytest.approx(0)
 
 
 def test_the_catalog_does_not_import_torch():
