@@ -1134,3 +1134,13 @@ def test_a_failing_job_is_named_and_counted_and_the_sweep_goes_on(tmp_path):
     ]
     assert "RuntimeError: boom in seed 1" in (failed / "ERROR.txt").read_text()
     assert (root / "Pendulum-V-v0" / "sac_ffm" / "seed-0" / "DONE").exists()
+
+
+def test_the_zoo_check_sweeps_every_registered_memory():
+    # seq_model=glob(*) (conf/experiment/zoo_check.yaml) lists the config group's options, one per registry entry.
+    from pomdp_ffm.launch.grid import job_overrides
+    from pomdp_ffm.seq_models import available
+
+    jobs, cfg = job_overrides(["experiment=zoo_check"])
+    assert sorted(job[0] for job in jobs) == sorted(f"seq_model={m}" for m in available())
+    assert cfg.seeds == [0, 1, 2] and cfg.env.env_name == "Pendulum-V-v0" and cfg.policy.algo_name == "sac"

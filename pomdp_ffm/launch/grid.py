@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -96,12 +97,14 @@ def job_overrides(overrides: list[str], multirun: bool = True) -> tuple[list[lis
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=fixed, return_hydra_config=True)
-    if multirun or cfg.hydra.mode == RunMode.MULTIRUN:
-        preset = cfg.hydra.sweeper.params or {}
-    else:
-        preset = {}
-    params = [f"{k}={v}" for k, v in preset.items()] + list(overrides)
-    batches = BasicSweeper.split_arguments(parser.parse_overrides(params), None)
+        if multirun or cfg.hydra.mode == RunMode.MULTIRUN:
+            preset = cfg.hydra.sweeper.params or {}
+        else:
+            preset = {}
+        params = [f"{k}={v}" for k, v in preset.items()] + list(overrides)
+        # (a glob sweep, seq_model=glob(*), lists a config group's options: the parser needs the config loader)
+        with_groups = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        batches = BasicSweeper.split_arguments(with_groups.parse_overrides(params), None)
     return [list(job) for batch in batches for job in batch], cfg
 
 
