@@ -69,7 +69,7 @@ def test_masked_mean_counts_valid_steps_only():
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
+@pytest.mark.parametrize("model", available())
 def test_a_padded_step_changes_no_loss(algo, model):
     agent = make_agent(algo, model)
     clean = make_batch(pad_from=7)

@@ -13,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.bench.update import ACT, OBS, random_batch
 from pomdp_ffm.config import PolicyConfig
+from pomdp_ffm.seq_models import available
 
 
 def test_sac_ffm_update_flop_budget():
@@ -183,7 +184,7 @@ def test_bench_refuses_bad_input_in_one_line_before_any_work(capsys, argv, needl
 
 # --- the acting benchmark's CPU copy computes what the agent computes -------------------------------------------
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+@pytest.mark.parametrize("model", available())
 def test_cpu_acting_is_the_agents_acting_as_of_its_last_refresh(algo, model):
     from test_agent import make_agent, make_batch
 

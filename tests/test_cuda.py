@@ -19,7 +19,7 @@ from test_agent import EQUIVALENCE_CASES, make_agent, make_batch, tensor_batch
 from test_trainer import read, train
 
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
-from pomdp_ffm.seq_models import build
+from pomdp_ffm.seq_models import available, build
 from pomdp_ffm.seq_models.ffm import DECAY_MIN, reference_decay_limit
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -56,7 +56,7 @@ def test_ffm_gradients_on_cuda_match_cpu():
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
+@pytest.mark.parametrize("model", available())
 def test_agent_on_cuda_matches_cpu_and_updates(algo, model):
     from pomdp_ffm.agent import Aligned
 
@@ -81,7 +81,7 @@ def test_agent_on_cuda_matches_cpu_and_updates(algo, model):
 
 @pytest.mark.parametrize("grad_norms", [False, True])
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+@pytest.mark.parametrize("model", available())
 def test_update_on_cuda_never_synchronises(algo, model, grad_norms):
     # patches/014: with the batch on the GPU an update only queues work (Adam's step counters stay on the CPU and
     # are read there, which is no device synchronisation); the caller synchronises when it reads the stats.
@@ -544,7 +544,7 @@ def test_seed_axis_replays_never_synchronise():
 
 
 # --- acting as graph replays ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+@pytest.mark.parametrize("model", available())
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_acting_replays_equal_the_agents_acting(algo, model):
     # Episodes of batch 1 (stochastic, as collected) and batch 3 (deterministic, as evaluated together), with

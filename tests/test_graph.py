@@ -17,7 +17,7 @@ from pomdp_ffm.acting_graph import ActingRunner
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import TD3Config, TrainConfig
 from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, _copied, make_capturable_
-from pomdp_ffm.seq_models import FFM
+from pomdp_ffm.seq_models import FFM, available
 
 
 class PythonGraph:
@@ -345,7 +345,7 @@ def test_several_agents_bad_calls():
 
 
 # --- acting as replays ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm", "mlp"])
+@pytest.mark.parametrize("model", available())
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_acting_runner_logic_equals_the_agents_acting(algo, model):
     # Episodes of batch 1 (stochastic) and 3 (deterministic) with updates between them, through the runner's

@@ -42,13 +42,14 @@ from torch.distributions import Normal
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
+from pomdp_ffm.seq_models import available
 from pomdp_ffm.update import Aligned, actor_loss, critic_loss
 
 O, A, T, B = 3, 2, 4, 3
 GAMMA = 0.8
 ALPHA0 = 0.5  # the SAC temperature the tests start from (log_alpha = log 0.5; not 1, so alpha's role shows)
 RTOL, ATOL = 1e-9, 1e-12
-MODELS = ["ffm", "gru", "lstm", "mlp"]
+MODELS = available()
 
 
 # ------------------------------------------------------------------------------------------------------
