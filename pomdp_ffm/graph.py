@@ -282,9 +282,8 @@ class UpdateRunner:
     def __call__(self, batch, grad_norms: bool = False) -> dict[str, torch.Tensor]:
         if len(self.agents) != 1:
             raise TypeError(f"this runner updates {len(self.agents)} agents together: call update_all(batches)")
-        # A wrapper a test or tool set on the instance's update is honoured.
         with compile_errors_named() if self.compiled else contextlib.nullcontext():
-            if not self.graphed or "update" in vars(self.agent):
+            if not self.graphed:
                 return self.agent.update(batch, grad_norms=grad_norms, compiled=self.compiled)
             return self._update(agents_batches=[batch], grad_norms=grad_norms)[0]
 
@@ -417,6 +416,3 @@ def _copied(outputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tens
         return [{k: v.clone() for k, v in out.items()} for out in outputs]
     flat = iter(torch.stack(values).unbind())
     return [{k: next(flat) for k in out} for out in outputs]
-
-
-make_updater = UpdateRunner  # (agent, cuda_graph, compile=...): the trainer's, which tests replace

@@ -173,8 +173,3 @@ class Rollout:
         while not self.done:
             self.step()
         return self.episodes()
-
-
-def play_episodes(envs: Sequence, policy: AgentPolicy | RandomPolicy, record: bool, **kw) -> list[Episode]:
-    """One episode per env, played to the end (``Rollout``'s keywords)."""
-    return Rollout(envs, policy, record, **kw).play()

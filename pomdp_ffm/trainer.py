@@ -26,7 +26,7 @@ from .compiling import compile_before_acting
 from .config import RunConfig, check_eval_clock, env_step_budget, resolve_device
 from .envs import get_task, make_env
 from .evaluation import Clocks, EvalResult, Evaluation, Evaluator
-from .graph import make_updater
+from .graph import UpdateRunner
 from .launch.checkpoint import CHECKPOINT_FORMAT
 from .launch.rundir import RunDir
 from .launch.signals import StopSignals
@@ -129,7 +129,7 @@ class Trainer:
                 int(t.buffer_size), obs_dim, act_dim, self.seq_len, t.sample_weight_baseline, seed=cfg.seed
             )
             self.agent = RecurrentAgent(obs_dim, act_dim, cfg.policy).to(self.device)
-            self.updater = make_updater(self.agent, t.cuda_graph, compile=t.compile)
+            self.updater = UpdateRunner(self.agent, t.cuda_graph, compile=t.compile)
             self.acting = make_actor(self.agent, t.cuda_graph)
             self.evaluator = Evaluator(cfg, self.env, self.acting, self.agent, self.timers)
             self.columns = columns(self.agent.algo.metrics, cfg.eval.eval_stochastic)

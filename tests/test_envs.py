@@ -543,7 +543,7 @@ def test_a_trainer_that_fails_to_build_closes_its_env(run_cfg, tmp_path, monkeyp
         raise RuntimeError("no memory left for the updater")
 
     monkeypatch.setattr(trainer_mod, "make_env", recorded)
-    monkeypatch.setattr(trainer_mod, "make_updater", broken)
+    monkeypatch.setattr(trainer_mod, "UpdateRunner", broken)
     with pytest.raises(RuntimeError, match="no memory left"):
         trainer_mod.Trainer(run_cfg(), tmp_path / "r")
     assert len(made) == 1 and closed == made

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..envs import EnvInWorker, make_env
 from ..launch.rundir import RunDir
-from ..rollout import AgentPolicy, RandomPolicy, play_episodes
+from ..rollout import AgentPolicy, RandomPolicy, Rollout
 from ..trainer import Trainer
 from .common import Row, interleaved_medians
 from .loop import compose_run
@@ -42,9 +42,9 @@ def run(overrides: list[str], repeats: int, device: str, threads: int | None) ->
         for v in (gymnasium.vector.SyncVectorEnv, gymnasium.vector.AsyncVectorEnv)
     )
     fns = {
-        "one-after-another": lambda: [play_episodes([single], policy, record=False) for _ in range(n)],
-        "together": lambda: play_episodes(envs, policy, record=False),
-        "workers": lambda: play_episodes(workers, policy, record=False),
+        "one-after-another": lambda: [Rollout([single], policy, record=False).play() for _ in range(n)],
+        "together": lambda: Rollout(envs, policy, record=False).play(),
+        "workers": lambda: Rollout(workers, policy, record=False).play(),
         "sync-vector": lambda: _vector_episodes(sync, policy, n),
         "async-vector": lambda: _vector_episodes(asyn, policy, n),
     }
@@ -62,7 +62,7 @@ def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, t
     trainer = Trainer(cfg, RunDir(tempfile.gettempdir()))
     env, evaluator, steps = trainer.env, trainer.evaluator, 0
     while steps < trainer.max_len:  # at least one full episode's worth of windows, from random actions
-        (ep,) = play_episodes([env], RandomPolicy([env]), record=True)
+        (ep,) = Rollout([env], RandomPolicy([env]), record=True).play()
         if ep.length >= 2:
             trainer.buffer.add_episode(ep)
         steps += ep.length
