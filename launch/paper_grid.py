@@ -23,9 +23,9 @@ import sys
 from collections import Counter
 
 from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED
-from pomdp_ffm.launch.grid import kind, show_job, sweep_jobs
+from pomdp_ffm.launch.grid import show_job, sweep_jobs
 from pomdp_ffm.launch.precheck import precheck
-from pomdp_ffm.launch.rundir import STATUSES
+from pomdp_ffm.launch.rundir import STATUSES, Status
 from pomdp_ffm.launch.signals import STOP_SIGNALS
 from pomdp_ffm.launch.start import Refused
 
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_REFUSED
     for job in jobs:  # all of them in a dry run; else the damaged ones, which the sweep will refuse
-        if args.dry_run or kind(job.status) == "damaged":
+        if args.dry_run or job.status.kind == Status.DAMAGED:
             print("\n".join(show_job(job, f"{job.run_dir}  [{' '.join(job.overrides)}]")))
-    counts = Counter(kind(job.status) for job in jobs)
+    counts = Counter(job.status.kind.value for job in jobs)
     runs = sum(len(job.run_dirs) for job in jobs)
     print(
         f"{len(jobs)} jobs"

@@ -113,7 +113,7 @@ def test_dry_run_reports_run_status(tmp_path, capsys):
     held = RunDir(slot["locked"])
     held.acquire()
     try:
-        status = {j.run_dir: j.status for j in sweep_jobs(["experiment=paper", f"hydra.sweep.dir={root}"])}
+        status = {j.run_dir: str(j.status) for j in sweep_jobs(["experiment=paper", f"hydra.sweep.dir={root}"])}
         assert sum(s == "new" for s in status.values()) == 154
         got = {name: status[d] for name, d in slot.items()}
         assert got["only DONE"].startswith(f"damaged: {slot['only DONE']} is finished but config.yaml is missing")

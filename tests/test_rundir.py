@@ -23,7 +23,7 @@ from pomdp_ffm.launch.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load
 from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
 from pomdp_ffm.launch.grid import combined_status
 from pomdp_ffm.launch.grid import main as grid_main
-from pomdp_ffm.launch.rundir import RunDir, RunDirError
+from pomdp_ffm.launch.rundir import RunDir, RunDirError, RunStatus, Status
 from pomdp_ffm.launch.rundir import main as rundir_main
 from pomdp_ffm.launch.start import status
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
@@ -756,7 +756,7 @@ def test_status_of_a_missing_directory_and_restore_from_another_format(cut_run, 
     torch.save(state, run_dir / "checkpoints" / "last.pt")
     assert rundir_main(["restore-config", str(run_dir)]) == 2
     assert f"another version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}" in capsys.readouterr().err
-    assert status(run_dir).startswith(
+    assert str(status(run_dir)).startswith(
         f"damaged: {run_dir / 'checkpoints' / 'last.pt'} was written by another "
         f"version of pomdp-ffm (format {CHECKPOINT_FORMAT + 1}"
     )
@@ -861,9 +861,9 @@ def test_status_is_what_a_start_would_do(finished, tmp_path, case, expected):
     _damage(run_dir, case, tmp_path)
     cfg = compose_cfg([*TINY, *GRU, "resume=true"])
     before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
-    got = status(run_dir, cfg)
+    got = str(status(run_dir, cfg))
     assert re.fullmatch(expected, got) and "\n" not in got, got
-    assert status(run_dir).split(":")[0] == got.split(":")[0]
+    assert status(run_dir).kind == status(run_dir, cfg).kind
     assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before  # read only
     if got.startswith("damaged: "):
         with pytest.raises(Refused) as e:
@@ -878,12 +878,12 @@ def test_status_is_what_a_start_would_do(finished, tmp_path, case, expected):
 def test_a_file_where_a_folder_above_the_run_belongs_is_named(tmp_path):
     above = tmp_path / "above"
     above.write_text("not a folder\n")
-    assert status(above / "run") == f"damaged: {above} is a file where a folder of {above / 'run'} belongs"
+    assert str(status(above / "run")) == f"damaged: {above} is a file where a folder of {above / 'run'} belongs"
 
 
 def test_a_finished_run_does_not_fill_another_tasks_slot(finished):
-    assert status(finished) == "done"
-    got = status(finished, compose_cfg([*TINY, *GRU, "env=HopperBLT-V-v0"]))
+    assert status(finished) == RunStatus(Status.DONE)
+    got = str(status(finished, compose_cfg([*TINY, *GRU, "env=HopperBLT-V-v0"])))
     assert got.startswith(f"damaged: {finished} was finished with a different config (config.yaml); ")
     assert "env.env_name: 'Pendulum-V-v0' -> 'HopperBLT-V-v0'" in got
 
@@ -900,8 +900,10 @@ def test_a_seed_axis_job_is_as_good_as_its_worst_seed(finished, tmp_path, capsys
     assert lines[1] == "    done      seed-0"
     for k, line in enumerate(lines[2:], start=1):
         assert line.startswith(f"    damaged   seed-{k}  {job / f'seed-{k}'}"), line
-    assert combined_status(["done", "damaged: x", "running: locked by y", "new"]) == "damaged: x"
-    assert combined_status(["done", "new"]) == "resumable" and combined_status(["done"] * 5) == "done"
+    done, new = RunStatus(Status.DONE), RunStatus(Status.NEW)
+    damaged, running = RunStatus(Status.DAMAGED, "x"), RunStatus(Status.RUNNING, "locked by y")
+    assert combined_status([done, damaged, running, new]) == damaged
+    assert combined_status([done, new]) == RunStatus(Status.RESUMABLE) and combined_status([done] * 5) == done
 
 
 def test_a_write_reaches_the_disk_and_a_folder_that_cannot_sync_does_not_stop_it(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from hang import HANG_S
 from test_trainer import collect
 
 from pomdp_ffm.launch.grid import combined_status, sweep_jobs
-from pomdp_ffm.launch.rundir import RunDir
+from pomdp_ffm.launch.rundir import RunDir, RunStatus, Status
 from pomdp_ffm.launch.start import seed_dirs
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.train import Refused, run
@@ -134,8 +134,9 @@ def test_the_paper_grid_as_32_seed_axis_jobs(tmp_path, capsys):
     )
     jobs = sweep_jobs(["experiment=paper", f"hydra.sweep.dir={tmp_path / 'grid'}", *grid.SEED_AXIS])
     assert all([d.name for d in j.run_dirs] == [f"seed-{k}" for k in range(5)] for j in jobs)
-    assert combined_status(["done", "new"]) == "resumable" and combined_status(["done"] * 5) == "done"
-    assert combined_status(["done", "running", "failed"]) == "running"
+    done, new, running = RunStatus(Status.DONE), RunStatus(Status.NEW), RunStatus(Status.RUNNING, "locked by x")
+    assert combined_status([done, new]) == RunStatus(Status.RESUMABLE) and combined_status([done] * 5) == done
+    assert combined_status([done, running, RunStatus(Status.FAILED)]) == running
 
 
 @pytest.mark.parametrize("launcher", ["local", "slurm_local"])

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import register_configs
 from .exits import EXIT_OK, EXIT_REFUSED
-from .rundir import RunDir, replace_text
+from .rundir import RunDir, RunStatus, Status, replace_text
 from .start import seed_config, seed_dirs, status
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -46,35 +46,29 @@ class Job:
     overrides: list[str]
     run_dir: Path
     run_dirs: list[Path]  # with seeds=[...]: every seed's directory
-    statuses: list[str]  # start.status of each
+    statuses: list[RunStatus]  # start.status of each
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         return combined_status(self.statuses)
 
 
-def kind(status: str) -> str:
-    """A status's name (one of rundir.STATUSES), without what follows it."""
-    return status.partition(":")[0]
-
-
-def combined_status(statuses: list[str]) -> str:
+def combined_status(statuses: list[RunStatus]) -> RunStatus:
     """A seed-axis job's status: done when every seed is; else the first of damaged, running, failed, resumable
     that any seed has (a job is as good as its worst seed); a mix of done and new seeds is resumable: the job
     continues."""
-    kinds = [kind(s) for s in statuses]
-    for worst in ("damaged", "running", "failed", "resumable"):
+    kinds = [s.kind for s in statuses]
+    for worst in (Status.DAMAGED, Status.RUNNING, Status.FAILED, Status.RESUMABLE):
         if worst in kinds:
             return statuses[kinds.index(worst)]
-    if all(k == "done" for k in kinds):
-        return "done"
-    return "resumable" if "done" in kinds else "new"
+    if all(k == Status.DONE for k in kinds):
+        return RunStatus(Status.DONE)
+    return RunStatus(Status.RESUMABLE if Status.DONE in kinds else Status.NEW)
 
 
-def show(status: str, where) -> str:
-    """One line: the status's name, the directory, and what follows the name (a reason, a lock's holder)."""
-    why = status.partition(": ")[2]
-    return f"{kind(status):9s} {where}" + (f"  {why}" if why else "")
+def show(status: RunStatus, where) -> str:
+    """One line: the status's kind, the directory, and why (a reason, a lock's holder)."""
+    return f"{status.kind:9s} {where}" + (f"  {status.detail}" if status.detail else "")
 
 
 def show_job(job: Job, where, each: bool | None = None) -> list[str]:
@@ -83,7 +77,8 @@ def show_job(job: Job, where, each: bool | None = None) -> list[str]:
         each = len(set(job.statuses)) > 1
     if not each:
         return [show(job.status, where)]
-    return [show(kind(job.status), where)] + ["    " + show(s, d.name) for s, d in zip(job.statuses, job.run_dirs)]
+    head = RunStatus(job.status.kind)
+    return [show(head, where)] + ["    " + show(s, d.name) for s, d in zip(job.statuses, job.run_dirs)]
 
 
 def job_overrides(overrides: list[str], multirun: bool = True) -> tuple[list[list[str]], DictConfig]:
@@ -249,13 +244,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         dirs = seeds or [d]
         job = Job([], d, dirs, [status(p) for p in dirs])
-        missing = not seeds and job.status == "new" and not d.exists()
+        missing = not seeds and job.status.kind == Status.NEW and not d.exists()
         if missing:
             print(f"{'missing':9s} {d}  (no such directory)")
             code = EXIT_REFUSED
         else:
             print("\n".join(show_job(job, d, each=bool(seeds))))
-            if kind(job.status) == "damaged":
+            if job.status.kind == Status.DAMAGED:
                 code = EXIT_REFUSED
     return code
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .checkpoint import CheckpointError, load_checkpoint, other_format
 from .unwritable import Unwritable, writing
@@ -34,8 +34,18 @@ class Status(str, Enum):
     __str__ = str.__str__  # the value in messages and tables, on every Python (3.12 would print "Status.DONE")
 
 
-# What start.status says of a run directory, worst first after done; "damaged" and "running" carry ": <why>".
+# What start.status says of a run directory, worst first after done.
 STATUSES = tuple(s.value for s in Status)
+
+
+class RunStatus(NamedTuple):
+    """What start.status says of a run directory: its kind and, for "damaged" and "running", why."""
+
+    kind: Status
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}" if self.detail else str(self.kind)
 
 
 class RunDirError(RuntimeError):

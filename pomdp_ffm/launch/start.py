@@ -29,7 +29,7 @@ from ..config import (
 from ..envs import get_task
 from ..trainer import Outcome, Trainer, TrainingDiverged
 from .checkpoint import CheckpointError, load_checkpoint, other_format
-from .rundir import LockLost, RunDir, RunDirError, Status, set_aside
+from .rundir import LockLost, RunDir, RunDirError, RunStatus, Status, set_aside
 from .unwritable import Unwritable, writing
 
 
@@ -245,13 +245,14 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[Action, dict 
     return Action.FRESH, None
 
 
-def status(path: str | Path, cfg: DictConfig | None = None) -> str:
-    """One of STATUSES, by plan() reading only; ``cfg``: the config of the slot it fills (a sweep's job) or its own."""
+def status(path: str | Path, cfg: DictConfig | None = None) -> RunStatus:
+    """The run directory's status, by plan() reading only; ``cfg``: the config of the slot it fills (a sweep's job)
+    or its own."""
     run = RunDir(path)
     try:
         if (holder := run.holder()) is not None:  # (a file where the directory belongs: RunDirError, as a start)
-            return f"{Status.RUNNING}: locked by {holder}"
-        marker = run.status()
+            return RunStatus(Status.RUNNING, f"locked by {holder}")
+        marker = RunStatus(run.status())
         if not any(p.exists() for p in (run.done, run.checkpoint, run.config)):
             return marker  # (progress.csv alone: a start sets it aside and starts again)
         if cfg is None:  # the run's own: config.yaml, else the checkpoint's copy
@@ -262,10 +263,11 @@ def status(path: str | Path, cfg: DictConfig | None = None) -> str:
         cfg.resume, cfg.device = True, "cpu"  # (keys a start may change: how it runs, not what it learns)
         action, _ = plan(run, validate(cfg), OmegaConf.to_container(cfg, resolve=True))
     except RunDirError as e:
-        return f"{Status.DAMAGED}: {e}"
+        return RunStatus(Status.DAMAGED, str(e))
     except (Refused, ValueError) as e:  # the run's own config (a slot's was checked before)
-        return f"{Status.DAMAGED}: {run.config} is not a config this version runs ({' '.join(str(e).split())})"
-    return Status.DONE if action == Action.SKIP else marker
+        why = f"{run.config} is not a config this version runs ({' '.join(str(e).split())})"
+        return RunStatus(Status.DAMAGED, why)
+    return RunStatus(Status.DONE) if action == Action.SKIP else marker
 
 
 class RunLog(logging.FileHandler):
