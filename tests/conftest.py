@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -49,6 +50,18 @@ def run_cfg():
         return OmegaConf.to_object(compose_cfg([*(TINY if tiny else []), *overrides]))
 
     return make
+
+
+@pytest.fixture
+def one_thread():
+    """One thread, as a run's default (num_threads: 1) and as the reference runs torch: the bits do not depend on how
+    matmuls split their work between threads, and tensors this small only lose time split over threads, many times
+    over on a machine whose cores are busy (the memory zoo's test files: ``pytestmark =
+    pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

@@ -36,16 +36,6 @@ def ulp(x: torch.Tensor) -> torch.Tensor:
     return (torch.nextafter(x, torch.full_like(x, math.inf)) - x).double()
 
 
-@pytest.fixture
-def one_thread():
-    """One thread, as the reference runs torch (docs/reference.md#command-line): the bits do not depend on how the
-    matmuls split their work between threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --------------------------------------------------------------------------------------------------
 # patches/001: FFM's aggregator in complex64 against the reference's function in complex128.
 

@@ -10,13 +10,13 @@ reading the last step's reads (pomdp_ffm/seq_models/dnc.py's docstring)."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from popgym_reference import ray_model
+from popgym_reference import copy_weights, ray_model
+from zoo_checks import assert_close_scaled, assert_steps_equal_window, option_defaults, outputs_and_grads
 
 from pomdp_ffm.seq_models.dnc import DNC, DNCConfig, allocation
 
@@ -26,14 +26,8 @@ I, H, T, B = 12, 32, 64, 8
 DNC_DELTA = dnc_package.util.δ  # (1e-6) the package's epsilon
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread, as a run's default (num_threads: 1): tensors this small only lose time being split, many
-    times over on a machine whose cores are busy (this file: ~90 s on two busy cores with two threads)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# (one thread: this file took ~90 s on two busy cores with two threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _pair(seed: int = 0, hidden: int = H, **cfg):
@@ -50,12 +44,7 @@ def _pair(seed: int = 0, hidden: int = H, **cfg):
         "output.weight": "output.weight",
         "output.bias": "output.bias",
     }
-    mine, theirs = dict(ours.named_parameters()), dict(ref.core.named_parameters())
-    assert sorted(mine) == sorted(names) and sorted(theirs) == sorted(names.values())  # each used once
-    with torch.no_grad():
-        for n, p in mine.items():
-            assert p.shape == theirs[names[n]].shape
-            p.copy_(theirs[names[n]])
+    copy_weights(ours, ref.core, names)  # each used once
     return ref, ours, names
 
 
@@ -90,51 +79,26 @@ def _carried_state(ref, read_heads, batch, generator, steps=T):
 
 def _compare(ref, ours, names, x, state0, generator, read_heads, fresh=False):
     """Run both on x from state0 (our layout); loss = sum(y * w_y) + sum over the final state's parts of
-    (part * w_part); asserts them equal (``_close``) and returns the largest differences of the outputs, final
-    states and gradients, each over its tensor's scale max(1, max |.|)."""
-    wy = torch.randn(x.shape[0], x.shape[1], ours.hidden_size, generator=generator)
-    ws = [torch.randn(s.shape, generator=generator) for s in state0]
-    results = []
-    for side in ("popgym", "ours"):
-        xs, ss = x.clone().requires_grad_(), [s.clone().requires_grad_() for s in state0]
-        if side == "popgym":
-            ref.zero_grad()
-            y, last = _popgym_steps(ref, xs, _to_popgym(ss))
-            last = _from_popgym(last, read_heads)
-        else:
-            ours.zero_grad()
-            y, last = ours(xs, tuple(ss))
-        loss = (y * wy).sum() + sum((s * w).sum() for s, w in zip(last, ws))
-        loss.backward()
-        if side == "popgym":
-            params = dict(ref.core.named_parameters())
-            grads = {n: params[names[n]].grad for n in names}
-        else:
-            grads = {n: p.grad for n, p in ours.named_parameters()}
-        results.append((y.detach(), [s.detach() for s in last], grads, xs.grad, [s.grad for s in ss]))
-    (y0, s0, g0, gx0, gs0), (y1, s1, g1, gx1, gs1) = results
+    (part * w_part); asserts them equal within float32 rounding at each tensor's scale, |a - b| <= 1e-6 max(1,
+    max |b|) + 1e-6 |b| (the weights' gradients sum T B terms, up to ~40 here; from zeros, the memory's, through the
+    cosine's 1 / (|M| |k| + 1e-6), reach ~1e6), and returns the largest differences of the outputs, final states
+    and gradients, each over its tensor's scale max(1, max |.|)."""
+    weights = [torch.randn(x.shape[0], x.shape[1], ours.hidden_size, generator=generator)]
+    weights += [torch.randn(s.shape, generator=generator) for s in state0]
+
+    def popgym(x, state):
+        y, last = _popgym_steps(ref, x, _to_popgym(state))
+        return y, _from_popgym(last, read_heads)
+
+    params = dict(ref.core.named_parameters())
+    theirs, _ = outputs_and_grads(popgym, x, tuple(state0), weights, {n: params[names[n]] for n in names})
+    mine, _ = outputs_and_grads(ours, x, tuple(state0), weights, ours.named_parameters())
     for n in names:
-        assert g0[n] is not None and g0[n].abs().max() > 0, n
-    for part, grad in enumerate(gs0):
-        assert fresh or grad.abs().max() > 0, part  # (from zeros, links and usage zero the reads' weights' grads)
-    pairs = {"y": [(y1, y0)], "final state": list(zip(s1, s0)), "weights' grads": [(g1[n], g0[n]) for n in names]}
-    pairs |= {"x's grad": [(gx1, gx0)], "carried-in state's grads": list(zip(gs1, gs0))}
-    for what, tensors in pairs.items():
-        for k, (mine, theirs) in enumerate(tensors):
-            _close(mine, theirs, f"{what} [{k}]")
-    return {what: max(_scaled_difference(*p) for p in tensors) for what, tensors in pairs.items()}
-
-
-def _scaled_difference(a, b) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp(min=1)).item()
-
-
-def _close(a, b, what, rtol=1e-6, atol=1e-6):
-    """Equal within float32 rounding at the tensor's scale: |a - b| <= atol max(1, max |b|) + rtol |b| (the
-    weights' gradients sum T B terms, up to ~40 here; from zeros, the memory's, through the cosine's 1 / (|M| |k|
-    + 1e-6), reach ~1e6)."""
-    scale = max(1.0, b.abs().max().item())
-    torch.testing.assert_close(a, b, rtol=rtol, atol=atol * scale, msg=lambda m: f"{what}: {m}")
+        assert theirs[f"grad {n}"].abs().max() > 0, n
+    for part in range(len(state0)):
+        # (from zeros, links and usage zero the reads' weights' grads)
+        assert fresh or theirs[f"grad state {part}"].abs().max() > 0, part
+    return assert_close_scaled(mine, theirs, 1e-6, floor=1.0, rtol=1e-6)
 
 
 def _distinct_usages(state) -> bool:
@@ -220,16 +184,9 @@ def test_acting_step_equals_window():
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
         _, state0 = model(torch.randn(T, B, I, generator=g))
-        x = torch.randn(T, B, I, generator=g)
-        y_window, s_window = model(x, state0)
-        state, ys = state0, []
-        for t in range(T):
-            y, state = model(x[t : t + 1], state)
-            ys.append(y)
+    x = torch.randn(T, B, I, generator=g)
     # measured: 0 (bitwise) for y and state on this CPU
-    torch.testing.assert_close(torch.cat(ys), y_window, rtol=1e-6, atol=1e-7)
-    for a, b in zip(state, s_window):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    state = assert_steps_equal_window(model, x, state0, rtol=1e-6, atol=1e-7)
     assert all(a.shape == b.shape for a, b in zip(state, model.initial_state(B)))  # fixed shapes
 
 
@@ -266,9 +223,8 @@ def test_allocation_without_a_sort_equals_the_sort():
 
 def test_config_defaults_are_popgyms_and_the_conf_files():
     popgym_cfg = type(ray_model("ray_diffnc", "DiffNC", I, H)).MODEL_CONFIG
-    cfg, params = DNCConfig(), inspect.signature(DNC.__init__).parameters
-    for f in dataclasses.fields(DNCConfig):
-        assert getattr(cfg, f.name) == params[f.name].default
+    cfg = DNCConfig()
+    assert dataclasses.asdict(cfg) == option_defaults(DNC)
     for name in ("cell_size", "read_heads", "num_hidden_layers"):
         assert getattr(cfg, name) == popgym_cfg[name]
     assert popgym_cfg["num_layers"] == 1 and popgym_cfg["nonlinearity"] == "tanh"  # (not options here: the docstring)

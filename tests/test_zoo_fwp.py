@@ -4,19 +4,21 @@ from a first window's state."""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-
 import pytest
 import torch
-from popgym_reference import ray_model
+from popgym_reference import attention_pair, popgym_forward, popgym_options, popgym_state_after, ray_model
+from zoo_checks import (
+    assert_close_scaled,
+    assert_steps_equal_window,
+    assert_strength_used_clamped,
+    option_defaults,
+    outputs_and_grads,
+)
 
-from pomdp_ffm.seq_models.fwp import FWP, FWPConfig
+from pomdp_ffm.seq_models.fwp import FWP
 from pomdp_ffm.seq_models.time_embedding import SineTimeEmbedding
 
 I, H, T, B = 12, 32, 64, 8
-# POPGym's parts around the memory core (its feature map, heads) and its frozen sine table, compared on its own
-OUTSIDE_CORE = ("feature_map.", "actor.", "critic.", "embedding.weight")
 # POPGym's cfg names -> ours (the embedding's the same: time_embedding.py)
 OPTION_NAMES = {
     "aggregator": "aggregator",
@@ -36,96 +38,30 @@ SCALED, ATOL = 5e-6, 1e-7
 RTOL_STEP, ATOL_STEP = 1e-5, 1e-6
 
 
-def _ours(popgym_cfg: dict) -> dict:
-    """Our options for POPGym's cfg: its names and values, translated (its embedding None is our "none")."""
-    return {OPTION_NAMES[k]: "none" if k == "embedding" and v is None else v for k, v in popgym_cfg.items()}
-
-
-def _ref_name(ours: str) -> str:
-    if ours == "embedding.strength":
-        return "embedding_strength"
-    return ours if ours.startswith("unmap.") else f"core.{ours}"
-
-
-def _pair(popgym_cfg: dict, seed: int = 0):
-    """POPGym's model and ours with its weights, and the (ours, POPGym's) parameter pairs."""
-    torch.manual_seed(seed)
-    ref = ray_model("ray_fwp", "FastWeightProgrammer", I, H, **popgym_cfg)
-    with torch.no_grad():  # off their initial values, so that a dropped affine or strength shows
-        ref.core.norm.weight.add_(0.3 * torch.randn(I))
-        ref.core.norm.bias.add_(0.3 * torch.randn(I))
-        if ref.cfg["scale_embedding"]:
-            ref.embedding_strength.fill_(0.3)
-    ours = FWP(I, H, **_ours(popgym_cfg))
-    theirs = dict(ref.named_parameters())
-    pairs, used = [], set()
-    for name, p in ours.named_parameters():
-        ref_name = _ref_name(name)
-        assert ref_name in theirs and ref_name not in used, name
-        used.add(ref_name)
-        with torch.no_grad():
-            p.copy_(theirs[ref_name])
-        pairs.append((name, p, theirs[ref_name]))
-    left = set(theirs) - used
-    if popgym_cfg.get("embedding", "sine") is None:
-        left.discard("embedding_strength")  # POPGym makes it whether or not it embeds (when it scales)
-    assert left and all(n.startswith(OUTSIDE_CORE) for n in left), left
-    return ref, ours, pairs
-
-
-def _ref_forward(ref, x: torch.Tensor, state: list, t_starts: torch.Tensor):
-    """POPGym's BaseModel.forward from the feature map's output on: x [B, T, I]."""
-    if ref.cfg["embedding"] is not None:
-        x = ref.apply_embedding(x, t_starts)
-    return ref.forward_memory(ref.pre(x), state, t_starts, torch.full((x.shape[0],), x.shape[1]))
-
-
-def _carried_in(ref, gen: torch.Generator):
-    """The state after a first random window through POPGym (batch first, [B, 1, ...]) and its steps t_starts."""
-    h = ref.h
-    t0 = torch.randint(0, 1024 - 2 * T, (B,), generator=gen)
-    with torch.no_grad():
-        zeros = [torch.zeros(B, 1, h, h)]
-        _, state = _ref_forward(ref, torch.randn(B, T, I, generator=gen), zeros, t0)
-    return state, t0 + T
-
-
-def _close(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
-    assert ours.shape == theirs.shape, what
-    diff, scale = (ours - theirs).abs().max().item(), theirs.abs().max().item()
-    assert diff <= SCALED * scale + ATOL, f"{what}: largest difference {diff:.3g}, largest entry {scale:.3g}"
-
-
 @pytest.mark.parametrize(
     "popgym_cfg",
     [{}, {"aggregator": "max"}, {"sum_normalization": False, "embedding": None}, {"scale_embedding": False}],
     ids=["defaults", "max", "unnormalised-no-embedding", "unscaled-embedding"],
 )
 def test_matches_popgym(popgym_cfg):
-    ref, ours, pairs = _pair(popgym_cfg)
+    ref, ours, pairs = attention_pair("ray_fwp", "FastWeightProgrammer", FWP, (I, H), popgym_cfg, OPTION_NAMES)
     gen = torch.Generator().manual_seed(1)
-    (W_in,), t_in = _carried_in(ref, gen)
-    x = torch.randn(T, B, I, generator=gen)
     h = ours.width
+    t0 = torch.randint(0, 1024 - 2 * T, (B,), generator=gen)
+    (W_in,), t_in = popgym_state_after(ref, [torch.zeros(B, 1, h, h)], torch.randn(B, T, I, generator=gen), t0)
+    x = torch.randn(T, B, I, generator=gen)
     g_y, g_W = torch.randn(T, B, H, generator=gen), torch.randn(B, h, h, generator=gen)
 
-    ref_x = x.transpose(0, 1).clone().requires_grad_()
-    ref_W = W_in.clone().requires_grad_()
-    ref_y, (ref_W_out,) = _ref_forward(ref, ref_x, [ref_W], t_in)
-    ((ref_y * g_y.transpose(0, 1)).sum() + (ref_W_out[:, 0] * g_W).sum()).backward()
+    def popgym(x, state):  # on our layout: time first, the state without POPGym's time axis
+        W, t = state
+        y, (W_out,) = popgym_forward(ref, x.transpose(0, 1), [W.unsqueeze(1)], t)
+        return y.transpose(0, 1), (W_out[:, 0],)
 
-    ours_x = x.clone().requires_grad_()
-    ours_W = W_in[:, 0].clone().requires_grad_()
-    y, (W_out, t_out) = ours(ours_x, (ours_W, t_in.clone()))
-    ((y * g_y).sum() + (W_out * g_W).sum()).backward()
-
-    _close(y, ref_y.transpose(0, 1), "output")
-    _close(W_out, ref_W_out[:, 0], "final W")
+    state = (W_in[:, 0], t_in)
+    theirs, _ = outputs_and_grads(popgym, x, state, [g_y, g_W], {n: q for n, _, q in pairs})
+    mine, (_, t_out) = outputs_and_grads(ours, x, state, [g_y, g_W], {n: p for n, p, _ in pairs})
+    assert_close_scaled(mine, theirs, SCALED, atol=ATOL)  # outputs, final W, every gradient
     assert torch.equal(t_out, t_in + T)
-    for name, p, q in pairs:
-        _close(p.grad, q.grad, f"grad {name}")
-    _close(ours_x.grad, ref_x.grad.transpose(0, 1), "grad x")
-    _close(ours_W.grad, ref_W.grad[:, 0], "grad carried-in W")
 
 
 @pytest.mark.parametrize("embedding", ["sine", "none"])
@@ -134,17 +70,10 @@ def test_acting_steps_match_the_window(embedding):
     ours = FWP(I, H, embedding=embedding)
     with torch.no_grad():
         ours.norm.bias.normal_()
-        x = torch.randn(T, B, I)
-        h = ours.width
-        state = (torch.randn(B, h, h), torch.randint(0, 500, (B,)))
-        y, last = ours(x, state)
-        steps, s = [], state
-        for t in range(T):
-            y_t, s = ours(x[t : t + 1], s)
-            steps.append(y_t)
-    torch.testing.assert_close(torch.cat(steps), y, rtol=RTOL_STEP, atol=ATOL_STEP)
-    for a, b in zip(s, last):
-        torch.testing.assert_close(a, b, rtol=RTOL_STEP, atol=ATOL_STEP)
+    x = torch.randn(T, B, I)
+    h = ours.width
+    state = (torch.randn(B, h, h), torch.randint(0, 500, (B,)))
+    s = assert_steps_equal_window(ours, x, state, rtol=RTOL_STEP, atol=ATOL_STEP)
     assert torch.equal(s[1], state[1] + T)
 
 
@@ -160,23 +89,14 @@ def test_steps_past_popgyms_table_and_fresh_state():
 
 
 def test_the_strength_is_used_clamped_and_bound_clamps_it():
-    ours = FWP(I, H)
-    x = torch.randn(4, 2, I)
-    with torch.no_grad():
-        ours.embedding.strength.fill_(1.7)
-    y = ours(x)[0]
-    assert ours.embedding.strength.item() == pytest.approx(1.7)  # a call writes nothing
-    ours.bound_()  # (the agent's update, after each optimiser write)
-    assert ours.embedding.strength.item() == 1.0
-    torch.testing.assert_close(ours(x)[0], y, rtol=0, atol=0)  # the call had used it clamped
+    assert_strength_used_clamped(FWP(I, H), I)
 
 
 def test_options_and_sizes():
     ref = ray_model("ray_fwp", "FastWeightProgrammer", I, H)
-    defaults = {f.name: f.default for f in dataclasses.fields(FWPConfig)}
-    signature = {k: p.default for k, p in inspect.signature(FWP.__init__).parameters.items() if k in defaults}
-    assert defaults == signature
-    assert _ours({k: ref.cfg[k] for k in OPTION_NAMES}) == {k: defaults[k] for k in OPTION_NAMES.values()}
+    defaults = option_defaults(FWP)
+    theirs = popgym_options({k: ref.cfg[k] for k in OPTION_NAMES}, OPTION_NAMES)
+    assert theirs == {k: defaults[k] for k in OPTION_NAMES.values()}
     # the shared embedding as POPGym's (time_embedding.py; its code against POPGym's table and the options' rules,
     # one set for the five models using it: test_zoo_windowed.py)
     emb = FWP(I, H).embedding

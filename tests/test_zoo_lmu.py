@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from popgym_reference import ray_model
+from popgym_reference import copy_weights, ray_model
+from zoo_checks import assert_close_scaled, assert_steps_equal_window, option_defaults, outputs_and_grads
 
 from pomdp_ffm.seq_models.lmu import LMU, LMUConfig
 
@@ -24,12 +25,8 @@ def _pair(learn: bool, seed: int = 0):
         for n, p in cell.named_parameters():  # off the init (e_m starts at zero) so that every term counts
             # (A, B, e_m little: the memory's own loop A + B e_m, spectral radius 0.87, stays under 1 (0.96 here))
             p.add_({"A": 0.001, "B": 0.01, "e_m": 0.01}.get(n, 0.1) * torch.randn_like(p))
-        theirs = dict(cell.named_parameters())
-        mine = dict(ours.named_parameters())
-        assert sorted(theirs) == sorted(n for n in NAMES if n in theirs)
-        assert sorted(mine) == sorted(NAMES[n] for n in theirs)  # every parameter of both sides used once
-        for n, p in theirs.items():
-            mine[NAMES[n]].copy_(p)
+    copy_weights(ours, cell, {NAMES[n]: n for n, _ in cell.named_parameters()})  # every parameter of both once
+    with torch.no_grad():
         for n, buf in cell.named_buffers():
             ours.get_buffer(NAMES[n]).copy_(buf)
     return ref, ours
@@ -42,15 +39,12 @@ def _popgym(ref, x, h, m):
 
 
 def test_lmu_config_defaults_match_the_signature_and_popgym():
-    import inspect
-
     popgym_defaults = type(ray_model("ray_lmu", "LMU", I, H)).MODEL_CONFIG
-    params = inspect.signature(LMU.__init__).parameters
+    defaults = option_defaults(LMU)
+    assert set(defaults) == {"memory_size", "theta", "learn_a", "learn_b"}
     cfg = LMUConfig()
-    for name in ("memory_size", "theta", "learn_a", "learn_b"):
-        assert getattr(cfg, name) == params[name].default
     for name in ("theta", "learn_a", "learn_b"):
-        assert getattr(cfg, name) == popgym_defaults[name]
+        assert getattr(cfg, name) == defaults[name] == popgym_defaults[name]
     assert LMU(I, H).memory_size == H  # ray_lmu's memory_size = hidden_size
 
 
@@ -64,18 +58,6 @@ def test_delay_matrices_match_popgym(n, theta):
         # measured: bitwise equal but one entry of A 1.8e-12 off at n = 256, theta = 100 (expm's rounding)
         torch.testing.assert_close(ours.A, ref.A, rtol=0, atol=1e-9)
         torch.testing.assert_close(ours.B, ref.B, rtol=0, atol=1e-9)
-
-
-def _run(model, run, x, h0, m0, weights) -> dict:
-    """Outputs, final state and the gradients of loss = sum(y wy) + sum(h_T wh) + sum(m_T wm) of every parameter,
-    of x and of the carried-in state."""
-    xs, hs, ms = (t.clone().requires_grad_() for t in (x, h0, m0))
-    model.zero_grad()
-    y, (h1, m1) = run(xs, hs, ms)
-    sum((a * w).sum() for a, w in zip((y, h1, m1), weights)).backward()
-    out = {"y": y, "h": h1, "m": m1, "grad x": xs.grad, "grad h0": hs.grad, "grad m0": ms.grad}
-    cell = model.core.cell if hasattr(model, "core") else getattr(model, "cell", model)
-    return out | {f"grad {NAMES.get(n, n)}": p.grad for n, p in cell.named_parameters()}
 
 
 # Tolerance on max |ours - POPGym's| relative to max(1, max |POPGym's|), per tensor. The fused step is the same
@@ -97,16 +79,17 @@ def test_window_with_carried_state_matches_popgym(learn, dtype):
         _, (h0, m0) = _popgym(ref, torch.randn(T, B, I, generator=g).to(dtype), zeros, zeros)
     x = torch.randn(T, B, I, generator=g).to(dtype)
     weights = [torch.randn(shape, generator=g).to(dtype) for shape in ((T, B, H), (B, H), (B, H))]
-    theirs = _run(ref, lambda *a: _popgym(ref, *a), x, h0, m0, weights)
-    mine = _run(ours, lambda x, h, m: ours(x, (h, m)), x, h0, m0, weights)
+    # loss = sum(y wy) + sum(h_T wh) + sum(m_T wm): outputs, final state (h, m: "final 0", "final 1"), the grads of
+    # every parameter (by our names), of x and of the carried-in state
+    cell = {NAMES[n]: p for n, p in ref.core.cell.named_parameters()}
+    theirs, _ = outputs_and_grads(lambda x, s: _popgym(ref, x, *s), x, (h0, m0), weights, cell)
+    mine, _ = outputs_and_grads(ours, x, (h0, m0), weights, ours.named_parameters())
     # a live memory and a tanh mostly off its rails, so that every term counts
-    assert theirs["m"].abs().max() > 1 and (theirs["h"].abs() < 0.99).float().mean() > 0.5
-    assert sorted(mine) == sorted(theirs)  # (names mapped: every parameter's gradient on both sides)
+    assert theirs["final 1"].abs().max() > 1 and (theirs["final 0"].abs() < 0.99).float().mean() > 0.5
     for name, b in theirs.items():
-        a = mine[name]
-        assert a.dtype == dtype and a.shape == b.shape and b.abs().max() > 0, name
-        diff, scale = (a - b).abs().max().item(), max(1.0, b.abs().max().item())
-        assert diff <= SCALED_TOL[dtype] * scale, f"{name}: max |diff| {diff:.3g} over scale {scale:.3g}"
+        assert mine[name].dtype == dtype and b.abs().max() > 0, name
+    # (names mapped: every parameter's gradient on both sides)
+    assert_close_scaled(mine, theirs, SCALED_TOL[dtype], floor=1.0)
 
 
 def test_memory_size_and_theta_options_match_popgym_cell():
@@ -120,22 +103,20 @@ def test_memory_size_and_theta_options_match_popgym_cell():
     with torch.no_grad():
         for name, p in ref.cell.named_parameters():
             p.add_({"A": 0.001, "B": 0.01, "e_m": 0.01}.get(name, 0.1) * torch.randn_like(p))
-            ours.get_parameter(NAMES[name]).copy_(p)
-    assert len(dict(ours.named_parameters())) == len(dict(ref.cell.named_parameters())) == 8
+    pairs = copy_weights(ours, ref.cell, {NAMES[n]: n for n, _ in ref.cell.named_parameters()})
+    assert len(pairs) == 8
     g = torch.Generator().manual_seed(5)
     x, h0, m0 = (torch.randn(shape, generator=g, dtype=torch.float64) for shape in ((T, B, I), (B, H), (B, n)))
     weights = [torch.randn(shape, generator=g, dtype=torch.float64) for shape in ((T, B, H), (B, H), (B, n))]
 
-    def run_ref(x, h, m):
-        y, (h1, m1) = ref(x.transpose(0, 1), (h, m))
-        return y.transpose(0, 1), (h1, m1)
+    def popgym(x, state):  # (POPGym's LMU is batch first)
+        y, state = ref(x.transpose(0, 1), state)
+        return y.transpose(0, 1), state
 
-    theirs = _run(ref, run_ref, x, h0, m0, weights)
-    mine = _run(ours, lambda x, h, m: ours(x, (h, m)), x, h0, m0, weights)
-    assert sorted(mine) == sorted(theirs) and theirs["m"].abs().max() > 1
-    for name, b in theirs.items():  # measured: under 1e-14 of the scale
-        diff, scale = (mine[name] - b).abs().max().item(), max(1.0, b.abs().max().item())
-        assert diff <= 1e-13 * scale, f"{name}: max |diff| {diff:.3g} over scale {scale:.3g}"
+    theirs, _ = outputs_and_grads(popgym, x, (h0, m0), weights, {n: q for n, _, q in pairs})
+    mine, _ = outputs_and_grads(ours, x, (h0, m0), weights, ours.named_parameters())
+    assert theirs["final 1"].abs().max() > 1
+    assert_close_scaled(mine, theirs, 1e-13, floor=1.0)  # measured: under 1e-14 of the scale
 
 
 def test_acting_steps_equal_the_window():
@@ -143,16 +124,8 @@ def test_acting_steps_equal_the_window():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(T, B, I, generator=g)
     state = (torch.randn(B, H, generator=g).tanh(), torch.randn(B, H, generator=g))
-    with torch.no_grad():
-        y, (h, m) = ours(x, state)
-        s, ys = state, []
-        for t in range(T):
-            yt, s = ours(x[t : t + 1], s)
-            ys.append(yt)
     # measured: bitwise equal (the same fused step either way)
-    torch.testing.assert_close(torch.cat(ys), y, rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(s[0], h, rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(s[1], m, rtol=1e-6, atol=1e-7)
+    s = assert_steps_equal_window(ours, x, state, rtol=1e-6, atol=1e-7)
     assert s[0].shape == (B, H) and s[1].shape == (B, H)
 
 

@@ -10,20 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from zoo_checks import assert_close_scaled, assert_steps_equal_window, outputs_and_grads
 
 from pomdp_ffm.seq_models.lru import LRU, LRUConfig
 
 T, B, IN, H, N = 64, 8, 12, 32, 24  # N != H: a transposed B or C would not fit
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread, as a run's default (num_threads: 1): tensors this small only lose time being split, many
-    times over on a machine whose cores are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lru_equations(params: dict, x: torch.Tensor, s0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,24 +63,6 @@ def _inputs(dtype):
     return x0, x, R_y, R_s
 
 
-def _loss(y, s, R_y, R_s):
-    return (y * R_y.to(y.dtype)).sum() + (torch.view_as_real(s) * R_s.to(y.dtype)).sum()
-
-
-def _run(fn, x, s0, params, R_y, R_s):
-    """fn's outputs, final state and the gradients of the loss w.r.t. every parameter, x and the carried state."""
-    x, s0 = x.clone().requires_grad_(), s0.clone().requires_grad_()
-    y, s = fn(x, s0)
-    names = list(params)
-    grads = torch.autograd.grad(_loss(y, s, R_y, R_s), [params[k] for k in names] + [x, s0])
-    return y.detach(), s.detach(), dict(zip(names + ["x", "state"], grads))
-
-
-def _worst(got, want):
-    """The largest |got - want| relative to want's largest magnitude."""
-    return ((got.to(want.dtype) - want).abs().max() / want.abs().max()).item()
-
-
 def _compare(model: LRU, rtol: float) -> dict:
     """The model against the equations on the same weights (the model's dtype for the model, float64 for the
     equations), each result's largest difference relative to its largest magnitude at most ``rtol``."""
@@ -96,14 +72,10 @@ def _compare(model: LRU, rtol: float) -> dict:
     with torch.no_grad():  # the carried-in state: the equations' state after a first window
         _, s0 = lru_equations(params, x0, zero)
     dt = model.nu_log.dtype
-    y, s, grads = _run(model, x.to(dt), s0.to(model.initial_state(1).dtype), params, R_y, R_s)
-    y_ref, s_ref, grads_ref = _run(lambda x, s: lru_equations(params, x, s), x, s0, params, R_y, R_s)
-    assert grads.keys() == grads_ref.keys() and len(grads) == 14 + 2  # every parameter, x and the state
-    worst = {"y": _worst(y, y_ref), "state": _worst(s, s_ref)}
-    worst |= {f"grad {k}": _worst(grads[k], grads_ref[k]) for k in grads}
-    for name, w in worst.items():
-        assert w <= rtol, f"{name}: {w:.3g} > {rtol:g} ({worst})"
-    return worst
+    mine, _ = outputs_and_grads(model, x.to(dt), s0.to(model.initial_state(1).dtype), [R_y, R_s], params)
+    exact, _ = outputs_and_grads(lambda x, s: lru_equations(params, x, s), x, s0, [R_y, R_s], params)
+    assert len(exact) == 2 + 14 + 2  # y and the state, the grads of every parameter, x and the state
+    return assert_close_scaled(mine, exact, rtol)
 
 
 @pytest.mark.parametrize("ring", [{}, {"r_min": 0.9, "r_max": 0.999, "max_phase": math.pi / 10}], ids=["disk", "ring"])
@@ -125,14 +97,8 @@ def test_acting_steps_equal_the_window():
     _, x, _, _ = _inputs(torch.float32)
     x = x.float()
     s0 = torch.randn(B, N, dtype=torch.complex64)
-    with torch.no_grad():
-        y, s = model(x, s0)
-        state, steps = s0, []
-        for t in range(T):
-            y_t, state = model(x[t : t + 1], state)
-            steps.append(y_t)
     # Largest measured: 1.6e-7 (y), 3.8e-7 (state), relative to the largest magnitude.
-    assert _worst(torch.cat(steps), y) <= 1e-6 and _worst(state, s) <= 1e-6
+    state = assert_steps_equal_window(model, x, s0, of_largest=1e-6)
     assert state.shape == (B, N) and state.dtype == torch.complex64
 
 

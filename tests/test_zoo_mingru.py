@@ -8,20 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from zoo_checks import assert_close_scaled, assert_steps_equal_window, outputs_and_grads
 
 from pomdp_ffm.seq_models.mingru import MinGRU
 
 T, B, IN, H = 64, 8, 12, 32
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread, as a run's default (num_threads: 1): tensors this small only lose time being split, many
-    times over on a machine whose cores are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def mingru_equations(params: dict, x: torch.Tensor, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,21 +49,6 @@ def _inputs():
     return x0, x, R_y, R_h
 
 
-def _run(fn, x, h0, params, R_y, R_h):
-    """fn's outputs, final state and the gradients of the loss w.r.t. every parameter, x and the carried state."""
-    x, h0 = x.clone().requires_grad_(), h0.clone().requires_grad_()
-    y, h = fn(x, h0)
-    loss = (y * R_y.to(y.dtype)).sum() + (h * R_h.to(h.dtype)).sum()
-    names = list(params)
-    grads = torch.autograd.grad(loss, [params[k] for k in names] + [x, h0])
-    return y.detach(), h.detach(), dict(zip(names + ["x", "state"], grads))
-
-
-def _worst(got, want):
-    """The largest |got - want| relative to want's largest magnitude."""
-    return ((got.to(want.dtype) - want).abs().max() / want.abs().max()).item()
-
-
 def _compare(model: MinGRU, rtol: float) -> dict:
     """The model against the equations on the same weights (the model's dtype for the model, float64 for the
     equations), each result's largest difference relative to its largest magnitude at most ``rtol``."""
@@ -78,14 +57,10 @@ def _compare(model: MinGRU, rtol: float) -> dict:
     with torch.no_grad():  # the carried-in state: the equations' state after a first window
         _, h0 = mingru_equations(params, x0, torch.zeros(B, H, dtype=torch.float64))
     dt = model.linear.weight.dtype
-    y, h, grads = _run(model, x.to(dt), h0.to(dt), params, R_y, R_h)
-    y_ref, h_ref, grads_ref = _run(lambda x, h: mingru_equations(params, x, h), x, h0, params, R_y, R_h)
-    assert grads.keys() == grads_ref.keys() and len(grads) == 2 + 2  # every parameter, x and the state
-    worst = {"y": _worst(y, y_ref), "state": _worst(h, h_ref)}
-    worst |= {f"grad {k}": _worst(grads[k], grads_ref[k]) for k in grads}
-    for name, w in worst.items():
-        assert w <= rtol, f"{name}: {w:.3g} > {rtol:g} ({worst})"
-    return worst
+    mine, _ = outputs_and_grads(model, x.to(dt), h0.to(dt), [R_y, R_h], params)
+    exact, _ = outputs_and_grads(lambda x, h: mingru_equations(params, x, h), x, h0, [R_y, R_h], params)
+    assert len(exact) == 2 + 2 + 2  # y and the state, the grads of every parameter, x and the state
+    return assert_close_scaled(mine, exact, rtol)
 
 
 def test_float64_model_equals_the_papers_equations():
@@ -104,14 +79,8 @@ def test_acting_steps_equal_the_window():
     _, x, _, _ = _inputs()
     x = x.float()
     h0 = torch.randn(B, H)
-    with torch.no_grad():
-        y, h = model(x, h0)
-        state, steps = h0, []
-        for t in range(T):
-            y_t, state = model(x[t : t + 1], state)
-            steps.append(y_t)
     # Largest measured: 1.1e-7 (y), 5.8e-8 (state), relative to the largest magnitude.
-    assert _worst(torch.cat(steps), y) <= 1e-6 and _worst(state, h) <= 1e-6
+    state = assert_steps_equal_window(model, x, h0, of_largest=1e-6)
     assert state.shape == (B, H) and state.dtype == torch.float32
 
 

@@ -14,7 +14,8 @@ import math
 
 import pytest
 import torch
-from popgym_reference import ray_model
+from popgym_reference import AROUND_THE_MEMORY, copy_weights, ray_model
+from zoo_checks import assert_close_scaled, outputs_and_grads
 
 from pomdp_ffm.seq_models.s4d import S4D, S4DConfig, popgym_d_state
 
@@ -26,36 +27,26 @@ IN, H, T, B = 12, 32, 64, 8
 ray_model("ray_s4d", "S4D", IN, H)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread, as a run's default (num_threads: 1): tensors this small only lose time split over threads, the
-    more so on a machine whose cores are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-# ours <- POPGym's memory core (ray_s4d's map + core), the conversion of each tensor
+# ours <- POPGym's memory core (ray_s4d's map + core)
 MAPPING = {
-    "map.weight": ("map.weight", lambda p: p),
-    "map.bias": ("map.bias", lambda p: p),
-    "log_dt": ("core.kernel.kernel.log_dt", lambda p: p),
-    "inv_A_real": ("core.kernel.kernel.inv_A_real", lambda p: p),
-    "A_imag": ("core.kernel.kernel.A_imag", lambda p: p),
-    "B": ("core.kernel.kernel.B", lambda p: p),
-    "C": ("core.kernel.kernel.C", lambda p: p[0]),  # one channel
-    "D": ("core.D", lambda p: p[0]),
-    "out.weight": ("core.output_linear.0.weight", lambda p: p),
-    "out.bias": ("core.output_linear.0.bias", lambda p: p),
+    "map.weight": "map.weight",
+    "map.bias": "map.bias",
+    "log_dt": "core.kernel.kernel.log_dt",
+    "inv_A_real": "core.kernel.kernel.inv_A_real",
+    "A_imag": "core.kernel.kernel.A_imag",
+    "B": "core.kernel.kernel.B",
+    "C": "core.kernel.kernel.C",
+    "D": "core.D",
+    "out.weight": "core.output_linear.0.weight",
+    "out.bias": "core.output_linear.0.bias",
 }
+# the conversion of a tensor where it is not the same (POPGym's C and D have a channel axis: one channel)
+CONVERT = {"C": lambda p: p[0], "D": lambda p: p[0]}
 # POPGym's SSKernelDiag registers its initial A as a parameter and never reads it (its forward reads inv_A_real
 # and A_imag): asserted below to get no gradient.
 DEAD = {"core.kernel.kernel.A"}
-
-
-def _core_params(ref) -> dict[str, torch.nn.Parameter]:
-    return {n: p for n, p in ref.named_parameters() if n.startswith(("map.", "core."))}
 
 
 def make_pair(dtype=torch.float32, seed=0, **cfg):
@@ -71,14 +62,8 @@ def make_pair(dtype=torch.float32, seed=0, **cfg):
     ref.map.to(dtype), ref.core.to(dtype)
     ours = S4D(IN, H, **cfg).to(dtype)
     assert ours.d_state == ref.h
-    theirs = _core_params(ref)
-    sources = [src for src, _ in MAPPING.values()]
-    assert len(set(sources)) == len(sources) and set(theirs) == set(sources) | DEAD
-    assert {n for n, _ in ours.named_parameters()} == set(MAPPING)
-    with torch.no_grad():
-        for name, p in ours.named_parameters():
-            src, convert = MAPPING[name]
-            p.copy_(convert(theirs[src]))
+    # (POPGym's embedding strength: ray_s4d does not embed)
+    copy_weights(ours, ref, MAPPING, AROUND_THE_MEMORY + ("embedding_strength", *DEAD), CONVERT)
     return ref, ours
 
 
@@ -100,12 +85,9 @@ def _ref_window(ref, x_bt, s0):
     return y, final
 
 
-def assert_near(actual, expected, tol, what=""):
-    """max |actual - expected| <= tol * max |expected|: float32 rounding relative to the tensor's scale (a sum
-    over T and B, like log_dt's gradient, rounds in proportion to its largest terms, not to each element)."""
-    scale = expected.abs().max()
-    diff = (actual - expected).abs().max()
-    assert diff <= tol * scale, f"{what}: max difference {diff:.3g} > {tol:g} x scale {scale:.3g}"
+def _real(tensors: dict) -> dict:
+    """Complex tensors (the state, its gradient) as their real views [..., 2]: compared part by part."""
+    return {k: torch.view_as_real(v) if v.is_complex() else v for k, v in tensors.items()}
 
 
 # Largest differences measured (torch 2.13, CPU), relative to each tensor's largest magnitude, on the window with a
@@ -126,29 +108,17 @@ def test_window_with_carried_state_matches_popgym_convolution(dtype, disc):
     s_in = torch.complex(first[0], first[1])
     tol = TOL[dtype]
 
-    def run(model_fn):
-        xl = x.clone().requires_grad_()
-        s_re, s_im = s_in.real.clone().requires_grad_(), s_in.imag.clone().requires_grad_()
-        y, s = model_fn(xl, torch.complex(s_re, s_im))
-        loss = (y * w_y).sum() + (torch.view_as_real(s) * w_s).sum()
-        loss.backward()
-        return {"y": y.detach(), "state": torch.view_as_real(s.detach()), "x.grad": xl.grad}, s_re.grad, s_im.grad
-
-    def popgym(xl, s0):
-        y, s = _ref_window(ref, xl.transpose(0, 1), s0)
+    def popgym(x, s0):
+        y, s = _ref_window(ref, x.transpose(0, 1), s0)
         return y.transpose(0, 1), s
 
-    theirs_out, *theirs_state_grad = run(popgym)
-    ours_out, *ours_state_grad = run(ours)
-    for key in ours_out:
-        assert_near(ours_out[key], theirs_out[key], tol, key)
-    assert_near(torch.stack(ours_state_grad), torch.stack(theirs_state_grad), tol, "state grad")
-    theirs = _core_params(ref)
+    params = dict(ref.named_parameters())
+    theirs, _ = outputs_and_grads(popgym, x, s_in, [w_y, w_s], {n: params[src] for n, src in MAPPING.items()})
+    ours_out, _ = outputs_and_grads(ours, x, s_in, [w_y, w_s], ours.named_parameters())
     for name in DEAD:
-        assert theirs[name].grad is None
-    for name, p in ours.named_parameters():
-        src, convert = MAPPING[name]
-        assert_near(p.grad, convert(theirs[src].grad), tol, f"{name}.grad")
+        assert params[name].grad is None
+    theirs |= {f"grad {n}": convert(theirs[f"grad {n}"]) for n, convert in CONVERT.items()}
+    assert_close_scaled(_real(ours_out), _real(theirs), tol)
     with torch.no_grad():  # the carried-in state moves the outputs far beyond the tolerance
         assert (ours(x)[0] - ours_out["y"]).abs().max() > 1e-2
 
@@ -163,8 +133,7 @@ def test_zero_state_window_matches_popgym_training_path():
         y, s = ours(x)
         _, s_ref = _ref_window(ref, x.transpose(0, 1), ours.initial_state(B))
     # measured: outputs 1.3e-6, state 1.2e-6 (relative to their scale)
-    assert_near(y, y_ref.transpose(0, 1), 1e-5, "y")
-    assert_near(torch.view_as_real(s), torch.view_as_real(s_ref), 1e-5, "state")
+    assert_close_scaled(_real({"y": y, "state": s}), _real({"y": y_ref.transpose(0, 1), "state": s_ref}), 1e-5)
 
 
 def test_acting_steps_match_popgym_step_and_our_window():
@@ -187,8 +156,7 @@ def test_acting_steps_match_popgym_step_and_our_window():
         y_win, s_win = ours(x, s0)
     # measured: at most 6e-7 of the scale, outputs and states over the 64 steps; window vs steps 1.3e-6
     assert max(diffs) <= 1e-5, max(diffs)
-    assert_near(torch.cat(ys), y_win, 1e-5, "y")
-    assert_near(torch.view_as_real(s), torch.view_as_real(s_win), 1e-5, "state")
+    assert_close_scaled(_real({"y": torch.cat(ys), "state": s}), _real({"y": y_win, "state": s_win}), 1e-5)
 
 
 def test_initialisation_follows_popgym():

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from popgym_reference import ray_model
+from popgym_reference import AROUND_THE_MEMORY, copy_weights, popgym_forward, ray_model
+from zoo_checks import acting_steps, assert_close_scaled, leaves, option_defaults, outputs_and_grads
 
 from pomdp_ffm.seq_models.fart import FART
 from pomdp_ffm.seq_models.fwp import FWP
@@ -25,15 +26,10 @@ IN, H, T, B = 12, 32, 64, 8
 HORIZON = 1024  # POPGym's max_seq_len in its experiments (ppo.py's bptt_cutoff), its sine table's length
 # Measured largest differences over test_window_equals_popgym's cases: outputs and final windows 0 (bit for bit),
 # the gradients of x and of the carried-in window 2.4e-7; the parameters' gradients (entries up to ~40, sums over
-# the T B rows taken in another order, time-major here) up to 6.7e-7 of their largest entry: GRAD_TOL's atol is
-# relative to it.
+# the T B rows taken in another order, time-major here) up to 6.7e-7 of their largest entry: GRAD_TOL's atol
+# (of_largest) is relative to it.
 TOL = dict(rtol=1e-5, atol=1e-6)
-GRAD_TOL = dict(rtol=1e-5, atol_of_largest=2e-6)
-
-
-def _close_grads(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    atol = GRAD_TOL["atol_of_largest"] * ref.abs().amax().item()
-    torch.testing.assert_close(ours, ref, rtol=GRAD_TOL["rtol"], atol=atol)
+GRAD_TOL = dict(rtol=1e-5, of_largest=2e-6)
 
 
 # Our parameter -> POPGym's, per model (the embedding's strength lives in POPGym's BaseModel).
@@ -50,7 +46,7 @@ MODELS = {
 }
 # POPGym's parameters outside the memory: its feature map, actor and critic heads, and the frozen sine table
 # (compared in test_sine_code_equals_popgyms_table).
-_OUTSIDE = ("feature_map.", "actor.", "critic.", "embedding.weight")
+_OUTSIDE = AROUND_THE_MEMORY + ("embedding.weight",)
 
 
 def _pair(name: str, ours_opts: dict | None = None, ref_cfg: dict | None = None, strength: float | None = 0.3):
@@ -66,15 +62,9 @@ def _pair(name: str, ours_opts: dict | None = None, ref_cfg: dict | None = None,
         if strength is not None:
             with torch.no_grad():
                 ref.embedding_strength.fill_(strength)  # off the shared init 0.5, so that a missed copy shows
-    ref_params = dict(ref.named_parameters())
     # (POPGym makes the strength even with no embedding, which then reads it nowhere)
     outside = _OUTSIDE + (("embedding_strength",) if ref.cfg["embedding"] is None else ())
-    ref_memory = {n for n in ref_params if not n.startswith(outside)}
-    ours_params = dict(ours.named_parameters())
-    assert set(mapping) == set(ours_params) and sorted(mapping.values()) == sorted(ref_memory)
-    with torch.no_grad():
-        for mine, theirs in mapping.items():
-            ours_params[mine].copy_(ref_params[theirs])
+    copy_weights(ours, ref, mapping, outside)
     return ours, ref, mapping
 
 
@@ -88,32 +78,27 @@ def _window(name: str, k: int):
     return window, steps
 
 
-def _run_both(name, ours, ref, window, steps, x):
-    """Outputs, final windows and every gradient of a loss on outputs and final window, both sides."""
+def _run_both(ours, ref, mapping, window, steps, x):
+    """Outputs, final windows and every gradient of a loss on outputs and final window, both sides
+    (``outputs_and_grads``' dicts, each parameter's gradient by our name), and our final state."""
     g = torch.Generator().manual_seed(2)
-    R = torch.randn(T, B, H, generator=g)
-    R2 = None if window is None else torch.randn(window.shape, generator=g)
-    out = {}
-    for side in ("ours", "ref"):
-        xs = x.clone().requires_grad_(True)
-        ws = None if window is None else window.clone().requires_grad_(True)
-        if side == "ours":
-            y, state = ours(xs, steps.clone() if ws is None else (ws, steps.clone()))
-            w_end, s_end = (None, state) if ws is None else state
-        else:
-            e = (
-                ref.apply_embedding(xs.transpose(0, 1), steps)
-                if ref.cfg["embedding"] is not None
-                else xs.transpose(0, 1)
-            )
-            y, st = ref.forward_memory(e, [] if ws is None else [ws], steps, torch.full((B,), T))
-            y, w_end, s_end = y.transpose(0, 1), (st[0] if st else None), steps + T  # POPGym's t_ends
-        loss = (y * R).sum() + (0 if w_end is None else (w_end * R2).sum())
-        params = ours if side == "ours" else ref
-        named = dict(params.named_parameters())
-        loss.backward()
-        out[side] = dict(y=y.detach(), w=w_end, s=s_end, x=xs.grad, win=None if ws is None else ws.grad, named=named)
-    return out
+    weights = [torch.randn(T, B, H, generator=g)] + ([] if window is None else [torch.randn(window.shape, generator=g)])
+    state = steps if window is None else (window, steps)
+
+    def popgym(x, state):  # our layout, and POPGym's t_ends as the final steps
+        w, t = (None, state) if window is None else state
+        y, st = popgym_forward(ref, x.transpose(0, 1), [] if w is None else [w], t)
+        return y.transpose(0, 1), (t + T if w is None else (st[0], t + T))
+
+    ref_params = dict(ref.named_parameters())
+    theirs, ref_last = outputs_and_grads(popgym, x, state, weights, {n: ref_params[m] for n, m in mapping.items()})
+    mine, last = outputs_and_grads(ours, x, state, weights, ours.named_parameters())
+    assert torch.equal(leaves(last)[-1], leaves(ref_last)[-1]) and leaves(last)[-1].dtype == torch.long
+    return mine, theirs, last
+
+
+def _without(tensors: dict, names: list) -> dict:
+    return {k: v for k, v in tensors.items() if k not in names}
 
 
 def _max(a, b):
@@ -145,15 +130,10 @@ def test_window_equals_popgym(name, opts, cfg):
     window, steps = _window(name, k)
     steps = steps % (horizon - T + 1)
     x = torch.randn(T, B, IN, generator=torch.Generator().manual_seed(3))
-    out = _run_both(name, ours, ref, window, steps, x)
-    a, b = out["ours"], out["ref"]
-    torch.testing.assert_close(a["y"], b["y"], **TOL)
-    assert torch.equal(a["s"], b["s"]) and a["s"].dtype == torch.long
-    for key in ("w", "x", "win"):
-        if a[key] is not None or b[key] is not None:
-            torch.testing.assert_close(a[key], b[key], **TOL)
-    for mine, theirs in mapping.items():
-        _close_grads(a["named"][mine].grad, b["named"][theirs].grad)
+    mine, theirs, _ = _run_both(ours, ref, mapping, window, steps, x)
+    grads = [f"grad {n}" for n in mapping]
+    assert_close_scaled(_without(mine, grads), _without(theirs, grads), **TOL)  # outputs, final window, x, window
+    assert_close_scaled({g: mine[g] for g in grads}, {g: theirs[g] for g in grads}, **GRAD_TOL)
 
 
 # The five models on the shared embedding and POPGym's (module, class) of each, its default cfg embedding "sine".
@@ -208,13 +188,8 @@ def test_acting_step_by_step_equals_window(name):
     window, steps = _window(name, 4)
     state0 = steps if window is None else (window, steps)
     x = torch.randn(24, B, IN, generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        y_seq, s_seq = ours(x, state0)
-        state, ys = state0, []
-        for t in range(24):
-            y, state = ours(x[t : t + 1], state)
-            ys.append(y)
-    torch.testing.assert_close(torch.cat(ys), y_seq, rtol=1e-5, atol=1e-6)  # measured 0 (CPU)
+    y_seq, s_seq, y_steps, state = acting_steps(ours, x, state0)
+    torch.testing.assert_close(y_steps, y_seq, rtol=1e-5, atol=1e-6)  # measured 0 (CPU)
     for got, want in zip(ours.state_tensors(state), ours.state_tensors(s_seq)):
         assert torch.equal(got, want)
     assert torch.equal(ours.state_tensors(state)[-1], steps + 24)
@@ -224,15 +199,16 @@ def test_acting_step_by_step_equals_window(name):
 def test_strength_out_of_range_is_used_clamped_and_bound(name):
     """POPGym clamps the embedding strength's data to [0, 1] at each call; ours uses the clamped value (the same
     output and gradient) and ``bound_`` (the owner's, after each write) and load_state_dict clamp the parameter."""
-    ours, ref, _ = _pair(name, strength=1.4)
+    ours, ref, mapping = _pair(name, strength=1.4)
     with torch.no_grad():
         ours.embedding.strength.fill_(1.4)
     window, steps = _window(name, getattr(ours, "stack_size", 1))
     x = torch.randn(T, B, IN, generator=torch.Generator().manual_seed(5))
-    out = _run_both(name, ours, ref, window, steps, x)
+    mine, theirs, _ = _run_both(ours, ref, mapping, window, steps, x)
     assert ref.embedding_strength.item() == 1.0 and ours.embedding.strength.item() == pytest.approx(1.4)
-    torch.testing.assert_close(out["ours"]["y"], out["ref"]["y"], **TOL)
-    _close_grads(ours.embedding.strength.grad, ref.embedding_strength.grad)
+    assert_close_scaled({"y": mine["y"]}, {"y": theirs["y"]}, **TOL)
+    strength = "grad embedding.strength"
+    assert_close_scaled({strength: mine[strength]}, {strength: theirs[strength]}, **GRAD_TOL)
     ours.bound_()
     assert ours.embedding.strength.item() == 1.0
     state = ours.state_dict()
@@ -265,9 +241,7 @@ def _popgym_class(name: str) -> type:
 
 def test_options_default_to_popgyms():
     for cls, ref in ((Stack, _popgym_class("stack")), (TCN, _popgym_class("tcn")), (PosMLP, _popgym_class("posmlp"))):
-        init = inspect.signature(cls.__init__).parameters
-        fields = {f.name: f.default for f in dataclasses.fields(cls.options_config)}
-        assert fields == {n: p.default for n, p in init.items() if n not in ("self", "input_size", "hidden_size")}
+        fields = option_defaults(cls)
         assert (
             ref.MODEL_CONFIG["embedding"] == "sine"
             and fields["scale_embedding"] == ref.BASE_CONFIG["scale_embedding"]  # BaseModel's
