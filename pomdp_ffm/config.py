@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -348,6 +349,21 @@ def as_read_now(cfg: dict):
 
 
 def _with_defaults(cfg: dict) -> dict:
+    """``cfg`` as read now, as a plain dict (not to be changed: a start compares the same configs several times, so
+    the merge, a tenth of a second, is made once per config)."""
+    try:
+        text = json.dumps(cfg, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON: merged each time
+        return _merged_with_defaults(cfg)
+    return _defaults_of_json(text)
+
+
+@functools.lru_cache(maxsize=32)
+def _defaults_of_json(text: str) -> dict:
+    return _merged_with_defaults(json.loads(text))
+
+
+def _merged_with_defaults(cfg: dict) -> dict:
     try:
         return OmegaConf.to_container(as_read_now(cfg))
     except Exception:  # a value of a type this version refuses: compared as it is

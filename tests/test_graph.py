@@ -344,8 +344,12 @@ def test_several_agents_bad_calls():
 
 
 # --- acting as replays ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", available())
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+# Every memory's state through the runner's logic with SAC; TD3's head with FFM, and with the others in make test-all.
+@pytest.mark.parametrize(
+    "algo, model",
+    [("sac", m) for m in available()]
+    + [pytest.param("td3", m, marks=() if m == "ffm" else pytest.mark.slow) for m in available()],
+)
 def test_acting_runner_logic_equals_the_agents_acting(algo, model):
     # Episodes of batch 1 (stochastic) and 3 (deterministic) with updates between them, through the runner's
     # logic (eager warm-up, capture, static state handed from episode to episode) with the Python stand-in.

@@ -246,8 +246,7 @@ def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[Action, dict 
 
 
 def status(path: str | Path, cfg: DictConfig | None = None) -> RunStatus:
-    """The run directory's status, by plan() reading only; ``cfg``: the config of the slot it fills (a sweep's job)
-    or its own."""
+    """The run directory's status, by plan() reading only; ``cfg``: its slot's config (a sweep's job) or its own."""
     run = RunDir(path)
     try:
         if (holder := run.holder()) is not None:  # (a file where the directory belongs: RunDirError, as a start)
@@ -265,8 +264,7 @@ def status(path: str | Path, cfg: DictConfig | None = None) -> RunStatus:
     except RunDirError as e:
         return RunStatus(Status.DAMAGED, str(e))
     except (Refused, ValueError) as e:  # the run's own config (a slot's was checked before)
-        why = f"{run.config} is not a config this version runs ({' '.join(str(e).split())})"
-        return RunStatus(Status.DAMAGED, why)
+        return RunStatus(Status.DAMAGED, f"{run.config} is not a config this version runs ({' '.join(str(e).split())})")
     return RunStatus(Status.DONE) if action == Action.SKIP else marker
 
 
