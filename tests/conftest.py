@@ -123,6 +123,7 @@ SLOW = (
     "test_analysis_trust.py::test_out_naming_a_file_is_a_one_line_error",
     "test_launch.py::test_the_paper_grid_names_a_damaged_slot_up_front_and_the_sweep_refuses_it",
     "test_config.py::test_cfg_job_prints_composed_config",
+    "test_config.py::test_every_combination_composes_and_validates",  # (::test_every_file_validates)
 )
 
 # Families of cases that each start the entry point (a few seconds of imports apiece) or run a whole small training:
@@ -146,6 +147,9 @@ SLOW_AFTER_THE_FIRST = (
     "test_seeds.py::test_a_seed_in_the_axis_is_the_seed_alone",
     "test_seeds.py::test_seeds_parted_by_a_policy_delay_are_realigned",
     "test_graph.py::test_a_run_through_both_runners_logs_what_the_eager_run_logs",
+    "test_graph.py::test_several_agents_update_as_each_alone",
+    "test_graph.py::test_runner_logic_equals_the_eager_update",
+    "test_graph.py::test_runner_on_cpu_is_the_eager_update",
     "test_compile.py::test_a_failed_compile_in_a_run_is_one_line_naming_the_switch_and_the_log",
     "test_analysis_figures.py::test_cli_rejects_bad_options",
     "test_analysis_reference_only.py::test_agent_variants_change_nothing_for_the_model_groups",

@@ -98,6 +98,18 @@ def test_every_combination_composes_and_validates(hydra_ctx):
             assert isinstance(cfg.train.num_updates_per_iter, float)
 
 
+def test_every_file_validates(hydra_ctx):
+    # The default suite's share of the test above (which make test-all runs): every task with the default algorithm
+    # and memory, every algorithm x memory on the default task and on a locomotion task's sizes.
+    for env in ENVS:
+        assert OmegaConf.to_object(compose("config", overrides=[f"env={env}"])).env.env_name == env
+    for env in ("Pendulum-V-v0", "HopperBLT-V-v0"):
+        base = compose("config", overrides=[f"env={env}"])
+        for algo, model in itertools.product(ALGOS, MODELS):
+            cfg = OmegaConf.to_object(OmegaConf.merge(base, group_file("algo", algo), group_file("seq_model", model)))
+            assert (cfg.env.env_name, cfg.policy.algo_name, cfg.policy.seq_model) == (env, algo, model)
+
+
 def test_blt_paper_tasks_match_reference_table(hydra_ctx):
     for env in BLT_PAPER:
         c = make([f"env={env}"])
