@@ -124,6 +124,7 @@ SLOW = (
     "test_launch.py::test_the_paper_grid_names_a_damaged_slot_up_front_and_the_sweep_refuses_it",
     "test_config.py::test_cfg_job_prints_composed_config",
     "test_config.py::test_every_combination_composes_and_validates",  # (::test_every_file_validates)
+    "test_config.py::test_every_configured_update_fits_in_4_gib",  # (tests/test_agent.py's update_memory tests)
 )
 
 # Families of cases that each start the entry point (a few seconds of imports apiece) or run a whole small training:
