@@ -24,6 +24,7 @@ from pomdp_ffm.launch.grid import sweep_jobs
 from pomdp_ffm.launch.precheck import precheck
 from pomdp_ffm.launch.rundir import RunDir
 from pomdp_ffm.launch.start import Refused, config_differences
+from pomdp_ffm.seq_models import available
 
 ROOT = Path(__file__).resolve().parent.parent
 BLT_PAPER = {f"{n}BLT-{v}-v0" for n in ("Ant", "HalfCheetah", "Hopper", "Walker") for v in "PV"}
@@ -217,7 +218,7 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
         ("policy.lrr=1e-3", "Could not override 'policy.lrr': Key 'lrr' not in 'PolicyConfig'"),
         ("env=Nope-v0", "Could not find 'env/Nope-v0'; the choices are AntBLT-F-v0"),
         ("algo=ppo", "Could not find 'algo/ppo'; the choices are sac, td3"),
-        ("seq_model=transformer", "the choices are ffm, gru, lstm, mlp"),
+        ("seq_model=transformer", f"the choices are {', '.join(sorted(available()))}"),
         ("seed=abc", "could not be converted to Integer"),
     ],
 )
@@ -310,7 +311,7 @@ def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
     [
         (["env=Foo-V-v0"], "Could not find 'env/Foo-V-v0'"),
         (["polcy.lr=1"], "Could not override 'polcy.lr'"),
-        (["seq_model=ffm,tcn"], "Could not find 'seq_model/tcn'"),
+        (["seq_model=ffm,transformer"], "Could not find 'seq_model/transformer'"),
         (["policy.lr=-1"], "policy.lr=-1.0 must be > 0"),
         (["--seed-axis", "seeds=[0,0]"], "must be null or a list of distinct seeds"),
         (["--seed-axis", "seed=0,1"], "needs seed=0 (the first seed names the job's run directory), not seed=1"),
