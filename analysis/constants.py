@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pomdp_ffm import algos, catalog, metrics
+from pomdp_ffm import catalog, metrics
 
 # progress.csv column names: declared once, by the logger's metrics table (identical to the reference's).
 COL_ENV_STEPS, COL_ROLLOUTS, COL_RL_STEPS = metrics.ENV_STEPS, metrics.ROLLOUTS, metrics.RL_STEPS
@@ -38,7 +38,7 @@ _MEMORIES = list(catalog.memories().values())
 MEMORY_MODELS = tuple(m.name for m in _MEMORIES)
 MODEL_LABELS = {**{m.name: m.label for m in _MEMORIES}, "markovian": "Markovian", "oracle": "Oracle"}
 # Our algorithms, and the reference's discrete SAC.
-ALGO_LABELS = {**{a: algos.get(a).label for a in algos.ALGORITHMS}, "sacd": "SACD"}
+ALGO_LABELS = {**{a.name: a.label for a in catalog.ALGORITHMS}, "sacd": "SACD"}
 KNOWN_ALGOS = tuple(ALGO_LABELS)
 KNOWN_MODELS = tuple(MODEL_LABELS)
 

@@ -1,40 +1,17 @@
 """What SAC and TD3 supply to the one update (pomdp_ffm/update.py), as small functions over tensors; reference
-quirks are config fields (``policy.sac.*``, ``policy.td3.*``, each algorithm's options_config). The registry: the
-only code that knows their names; each class declares its name, the label analysis draws and its option section.
-"""
+quirks are config fields (``policy.sac.*``, ``policy.td3.*``: pomdp_ffm/options.py). Their names, labels and option
+sections are pomdp_ffm.catalog's records, which name these classes."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import nn
 
+from . import catalog
 from .nets import DeterministicHead, TanhGaussianHead
-from .rules import above, at_least, checked, one_of
-
-
-@dataclass
-class SACConfig:
-    entropy_alpha: float = checked(0.2, at_least(0))  # used only when automatic_entropy_tuning is false
-    automatic_entropy_tuning: bool = True
-    alpha_lr: float = checked(3e-4, above(0))
-    target_entropy: Optional[float] = None  # None: -|A|
-    alpha_loss: str = checked("alpha", one_of(("alpha", "log_alpha")))  # the reference's loss (SAC paper: log_alpha)
-
-
-@dataclass
-class TD3Config:
-    exploration_noise: float = checked(0.1, at_least(0))
-    target_noise: float = checked(0.2, at_least(0))
-    target_noise_clip: float = checked(0.5, at_least(0))
-    policy_delay: int = checked(1, at_least(1))  # the reference updates the actor at every step (TD3 paper: 2)
-    actor_q: str = checked("min", one_of(("min", "q1")))  # the reference's actor maximises min(Q1, Q2) (TD3 paper: q1)
 
 
 class SAC(nn.Module):
-    name, label, options_config = "sac", "SAC", SACConfig  # policy.algo_name, analysis's label, policy.sac
     shares_actor_pass = True  # one actor pass over T+1 steps serves the critic target and the actor loss
     uses_target_actor = False
     policy_delay = 1
@@ -100,7 +77,6 @@ class SAC(nn.Module):
 
 
 class TD3(nn.Module):
-    name, label, options_config = "td3", "TD3", TD3Config
     shares_actor_pass = False  # the critic target's actions come from the target actor
     uses_target_actor = True
     metrics = ("qf1_loss", "qf2_loss", "policy_loss")
@@ -137,15 +113,15 @@ class TD3(nn.Module):
         return {}
 
 
-_REGISTRY = {cls.name: cls for cls in (SAC, TD3)}
-ALGORITHMS = tuple(_REGISTRY)
+_TARGETS = {a.name: a.target for a in catalog.ALGORITHMS}
+ALGORITHMS = tuple(_TARGETS)
 
 
 def get(name: str) -> type[nn.Module]:
-    return _REGISTRY[name]
+    if name not in _TARGETS:
+        raise ValueError(f"unknown algo_name {name!r}; available: {list(ALGORITHMS)}")
+    return catalog.load(_TARGETS[name])
 
 
 def build_algorithm(policy_cfg, act_dim: int) -> nn.Module:
-    if policy_cfg.algo_name not in _REGISTRY:
-        raise ValueError(f"unknown algo_name {policy_cfg.algo_name!r}; available: {list(ALGORITHMS)}")
-    return _REGISTRY[policy_cfg.algo_name](policy_cfg, act_dim)
+    return get(policy_cfg.algo_name)(policy_cfg, act_dim)

@@ -14,16 +14,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from . import algos, catalog, seq_models
-from .algos import SACConfig, TD3Config  # noqa: F401 (the option sections, where callers import them from)
+from . import catalog
 from .envs import available_tasks, get_task
+from .options import FFMConfig, SACConfig, TD3Config  # noqa: F401 (the option sections, where callers import them from)
 from .rules import above, at_least, checked, must, one_of, within
-from .seq_models import available, options
-from .seq_models.ffm import FFMConfig  # noqa: F401 (as above)
 
 
 def _given(value) -> bool:  # Hydra builds the schema's defaults (MISSING, "???", included) before values are set
@@ -35,11 +32,10 @@ SEEDS = 2**32  # numpy's seeds: [0, 2^32 - 1]
 _WIDTHS = must(lambda v: all(x >= 1 for x in v), "a list of layer widths >= 1")
 
 
-# An algorithm's or a memory's own options: a section of policy named after it, its registry entry's options_config.
-ALGORITHM_OPTIONS = {name: algos.get(name).options_config for name in algos.ALGORITHMS}
-MEMORY_OPTIONS = {
-    name: seq_models.get(name).options_config for name in available() if seq_models.get(name).options_config is not None
-}
+# An algorithm's or a memory's own options: a section of policy named after it, its catalog record's options (a
+# dataclass of pomdp_ffm.options, or a plug-in's own): read without importing torch, so analysis can merge defaults.
+ALGORITHM_OPTIONS = {a.name: a.options for a in catalog.ALGORITHMS}
+MEMORY_OPTIONS = {m.name: m.options for m in catalog.memories().values() if m.options is not None}
 SECTIONS = {**ALGORITHM_OPTIONS, **MEMORY_OPTIONS}
 
 
@@ -53,8 +49,10 @@ class _Policy:  # PolicyConfig but its option sections
             "supported; the POMDP track and the FFM paper use separate memories)",
         ),
     )
-    seq_model: str = checked("ffm", one_of(available))  # (read when checked: a registry may grow)
-    algo_name: str = checked("sac", one_of(algos.ALGORITHMS))
+    seq_model: str = checked(
+        "ffm", one_of(lambda: list(catalog.memories()))
+    )  # (read when checked: a registry may grow)
+    algo_name: str = checked("sac", one_of(tuple(ALGORITHM_OPTIONS)))
     # 0 leaves that input out; the three sum to >= 1 (_check_together)
     action_embedding_size: int = checked(16, at_least(0))
     observ_embedding_size: int = checked(32, at_least(0))
@@ -71,7 +69,13 @@ class _Policy:  # PolicyConfig but its option sections
         if self.seq_model in MEMORY_OPTIONS:
             opts = dataclasses.asdict(getattr(self, self.seq_model))
             return {k: tuple(v) if isinstance(v, list) else v for k, v in opts.items()}
-        return {"num_layers": self.rnn_num_layers} if "num_layers" in options(self.seq_model) else {}
+        return {"num_layers": self.rnn_num_layers} if _stacks_layers(self.seq_model) else {}
+
+
+def _stacks_layers(name: str) -> bool:
+    from .seq_models import options  # the model's class (torch), imported where a config is checked or used
+
+    return "num_layers" in options(name)
 
 
 # The policy's fields, then each option section in the registries' order (sac, td3, ffm).
@@ -180,7 +184,10 @@ class RunConfig:
         return bool(e.workers and e.episodes_together and (self.env.num_eval_tasks > 1 or e.during_updates))
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str):
+    """The torch.device ``name`` (config's ``device``) means here."""
+    import torch  # not at the top: analysis reads configs without torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     m = re.fullmatch(DEVICE_PATTERN, name)
@@ -249,10 +256,10 @@ def _check_together(c: RunConfig) -> None:
             "policy.action_embedding_size + observ_embedding_size + reward_embedding_size = 0 "
             "must be >= 1 (the memory needs an input)"
         )
-    if p.rnn_num_layers != 1 and "num_layers" not in options(p.seq_model):
+    if p.rnn_num_layers != 1 and not _stacks_layers(p.seq_model):
         raise ValueError(
             f"policy.rnn_num_layers={p.rnn_num_layers} must be 1 with policy.seq_model={p.seq_model} "
-            f"(only {', '.join(m for m in available() if 'num_layers' in options(m))} stack layers)"
+            f"(only {', '.join(m for m in catalog.memories() if _stacks_layers(m))} stack layers)"
         )
     if p.seq_model in MEMORY_OPTIONS:
         section = getattr(p, p.seq_model)
@@ -393,6 +400,6 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     # A plug-in's memory (pomdp_ffm.catalog) gets its conf group option here, as a built-in one has its file in conf/.
-    for name in available():
+    for name in catalog.memories():
         if not catalog.built_in(name):
             store.store(group="seq_model", name=name, node={"policy": {"seq_model": name}}, package="_global_")

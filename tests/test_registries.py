@@ -29,18 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # with one option of its own (policy.toymem.scale) and a state of two tensors. Its catalog record sits in a module
 # that does not import torch, named by an entry point in the group pomdp_ffm.seq_models.
 TOY_RECORD = '''
-from pomdp_ffm.catalog import Memory
-
-MEMORY = Memory("toymem", "Toy", "#cc79a7", "toymem.model:ToyMemory")
-'''
-TOY_MODULE = '''
 from dataclasses import dataclass
 
-import torch
-from torch import nn
-
+from pomdp_ffm.catalog import Memory
 from pomdp_ffm.rules import checked, within
-from pomdp_ffm.seq_models import SeqModel
 
 
 @dataclass
@@ -48,9 +40,16 @@ class ToyConfig:
     scale: float = checked(1.0, within(0, 10))
 
 
-class ToyMemory(SeqModel):
-    options_config = ToyConfig
+MEMORY = Memory("toymem", "Toy", "#cc79a7", "toymem.model:ToyMemory", options=ToyConfig)
+'''
+TOY_MODULE = '''
+import torch
+from torch import nn
 
+from pomdp_ffm.seq_models import SeqModel
+
+
+class ToyMemory(SeqModel):
     def __init__(self, input_size, hidden_size, scale=1.0):
         super().__init__()
         self.input_size, self.hidden_size, self.scale = input_size, hidden_size, scale
@@ -198,19 +197,21 @@ def test_config_and_analysis_take_their_lists_from_the_registries():
     assert policy["algo_name"].metadata["rule"].says() == f"is not one of {algorithms}"
     env = {f.name: f for f in dataclasses.fields(config.EnvConfig)}
     assert env["env_name"].metadata["rule"].says() == f"is not one of {available_tasks()}"
-    # Each option section is the one its entry declares, under its name.
+    # Each option section is the one its catalog record declares, under its name, and holds the constructor's
+    # keyword options besides the sizes (a model stacking layers takes policy.rnn_num_layers instead).
     sections = {**config.ALGORITHM_OPTIONS, **config.MEMORY_OPTIONS}
-    assert sections == {
-        name: cls.options_config
-        for name, cls in [*((a, algos.get(a)) for a in algorithms), *((m, seq_models.get(m)) for m in memories)]
-        if cls.options_config is not None
-    }
+    records = [*catalog.ALGORITHMS, *catalog.memories().values()]
+    assert sections == {r.name: r.options for r in records if r.options is not None}
     assert all(policy[name].default_factory is section for name, section in sections.items())
+    for name in memories:
+        fields = [f.name for f in dataclasses.fields(sections[name])] if name in sections else []
+        assert seq_models.options(name) in (fields, ["num_layers"]), name
     # Analysis: each memory's label and colour, each algorithm's label, the figures' order.
     assert C.MEMORY_MODELS == tuple(memories)
     assert {m: C.MODEL_LABELS[m] for m in memories} == {m: catalog.memories()[m].label for m in memories}
     assert {m: C.MODEL_COLORS[m] for m in memories} == {m: catalog.memories()[m].color for m in memories}
-    assert {a: C.ALGO_LABELS[a] for a in algorithms} == {a: algos.get(a).label for a in algorithms}
+    assert {a: C.ALGO_LABELS[a] for a in algorithms} == {a.name: a.label for a in catalog.ALGORITHMS}
+    assert [algos.get(a).__name__ for a in algorithms] == ["SAC", "TD3"]
     assert set(memories) <= set(figstyle._MODEL_ORDER) and set(memories) <= set(C.KNOWN_MODELS)
     # The conf groups: one file per entry.
     for group, names in (("seq_model", memories), ("algo", algorithms), ("env", available_tasks())):

@@ -18,7 +18,8 @@ import yaml
 from popgym_reference import copy_weights, ray_model
 from zoo_checks import assert_close_scaled, assert_steps_equal_window, option_defaults, outputs_and_grads
 
-from pomdp_ffm.seq_models.dnc import DNC, DNCConfig, allocation
+from pomdp_ffm.options import DNCConfig
+from pomdp_ffm.seq_models.dnc import DNC, allocation
 
 dnc_package = pytest.importorskip("dnc", reason="the dnc package (POPGym's DiffNC's core) is the reference")
 

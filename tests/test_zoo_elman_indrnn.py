@@ -8,8 +8,9 @@ import torch
 from popgym_reference import copy_weights, ray_model
 from zoo_checks import assert_close_scaled, assert_steps_equal_window, outputs_and_grads
 
+from pomdp_ffm.options import IndRNNConfig
 from pomdp_ffm.seq_models.elman import Elman
-from pomdp_ffm.seq_models.indrnn import IndRNN, IndRNNConfig
+from pomdp_ffm.seq_models.indrnn import IndRNN
 
 IN, H, T, B = 12, 32, 64, 8
 

@@ -9,7 +9,8 @@ import torch
 from popgym_reference import copy_weights, ray_model
 from zoo_checks import assert_close_scaled, assert_steps_equal_window, option_defaults, outputs_and_grads
 
-from pomdp_ffm.seq_models.lmu import LMU, LMUConfig
+from pomdp_ffm.options import LMUConfig
+from pomdp_ffm.seq_models.lmu import LMU
 
 I, H, T, B = 12, 32, 64, 8
 # POPGym's cell name -> ours (A, B only where learned: buffers otherwise, copied separately)

@@ -12,7 +12,8 @@ import torch
 from omegaconf import OmegaConf
 from zoo_checks import assert_close_scaled, assert_steps_equal_window, outputs_and_grads
 
-from pomdp_ffm.seq_models.lru import LRU, LRUConfig
+from pomdp_ffm.options import LRUConfig
+from pomdp_ffm.seq_models.lru import LRU
 
 T, B, IN, H, N = 64, 8, 12, 32, 24  # N != H: a transposed B or C would not fit
 

@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from zoo_checks import assert_close_scaled, assert_steps_equal_window, outputs_and_grads
 
+from pomdp_ffm import catalog
 from pomdp_ffm.seq_models.mingru import MinGRU
 
 T, B, IN, H = 64, 8, 12, 32
@@ -86,7 +87,7 @@ def test_acting_steps_equal_the_window():
 
 def test_state_and_conf_file():
     model = _model()
-    assert model.options_config is None and model.initial_state(3).shape == (3, H)
+    assert catalog.memories()["mingru"].options is None and model.initial_state(3).shape == (3, H)
     y, h = model(torch.randn(5, 3, IN))
     assert y.shape == (5, 3, H) and torch.equal(h, y[-1])
     conf = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "seq_model" / "mingru.yaml")

@@ -17,7 +17,8 @@ import torch
 from popgym_reference import AROUND_THE_MEMORY, copy_weights, ray_model
 from zoo_checks import assert_close_scaled, outputs_and_grads
 
-from pomdp_ffm.seq_models.s4d import S4D, S4DConfig, popgym_d_state
+from pomdp_ffm.options import S4DConfig
+from pomdp_ffm.seq_models.s4d import S4D, popgym_d_state
 
 s4d_ref = pytest.importorskip("popgym.baselines.models.s4d")
 

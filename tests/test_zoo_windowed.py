@@ -13,14 +13,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 from popgym_reference import AROUND_THE_MEMORY, copy_weights, popgym_forward, ray_model
-from zoo_checks import acting_steps, assert_close_scaled, leaves, option_defaults, outputs_and_grads
+from zoo_checks import acting_steps, assert_close_scaled, leaves, option_defaults, outputs_and_grads, section_of
 
+from pomdp_ffm.options import EMBEDDING_RULE, HORIZON_RULE, StackConfig
 from pomdp_ffm.seq_models.fart import FART
 from pomdp_ffm.seq_models.fwp import FWP
 from pomdp_ffm.seq_models.posmlp import PosMLP
-from pomdp_ffm.seq_models.stack import Stack, StackConfig
+from pomdp_ffm.seq_models.stack import Stack
 from pomdp_ffm.seq_models.tcn import TCN
-from pomdp_ffm.seq_models.time_embedding import EMBEDDING_RULE, HORIZON_RULE, SineTimeEmbedding
+from pomdp_ffm.seq_models.time_embedding import SineTimeEmbedding
 
 IN, H, T, B = 12, 32, 64, 8
 HORIZON = 1024  # POPGym's max_seq_len in its experiments (ppo.py's bptt_cutoff), its sine table's length
@@ -257,7 +258,7 @@ def test_embedding_options_are_one_set():
     want = {"embedding": ("sine", EMBEDDING_RULE), "embedding_horizon": (HORIZON, HORIZON_RULE)}
     want["scale_embedding"] = (_popgym_class("fart").BASE_CONFIG["scale_embedding"], None)
     for name, (cls, _, _) in EMBEDDED.items():
-        fields = {f.name: f for f in dataclasses.fields(cls.options_config)}
+        fields = {f.name: f for f in dataclasses.fields(section_of(cls))}
         init = inspect.signature(cls.__init__).parameters
         names = set(want) - ({"embedding"} if name == "posmlp" else set())
         assert names <= set(fields) and not (set(want) - names) & set(fields), name

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 import pytest
 import torch
 
+from pomdp_ffm import catalog
+
 
 def leaves(state) -> list[torch.Tensor]:
     """A state's tensors (a tensor, or tuples and lists of them, nested), in order."""
@@ -119,10 +121,16 @@ def assert_steps_equal_window(model: torch.nn.Module, x: torch.Tensor, state, **
     return s
 
 
+def section_of(cls: type) -> type:
+    """The options dataclass of the catalog record that names model class ``cls``."""
+    (section,) = [m.options for m in catalog.memories().values() if catalog.load(m.target) is cls]
+    return section
+
+
 def option_defaults(cls: type) -> dict:
-    """The defaults of ``cls.options_config``'s fields, asserted to be the constructor's options (every argument
-    but the sizes) with the same defaults."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls.options_config)}
+    """The defaults of ``cls``'s option section's fields (its catalog record's), asserted to be the constructor's
+    options (every argument but the sizes) with the same defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(section_of(cls))}
     init = inspect.signature(cls.__init__).parameters
     assert defaults == {n: p.default for n, p in init.items() if n not in ("self", "input_size", "hidden_size")}
     return defaults

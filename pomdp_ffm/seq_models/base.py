@@ -14,9 +14,8 @@ State = Any
 
 
 class SeqModel(nn.Module):
-    # The dataclass of its own options, the config section policy.<name> (None: none; a model stacking layers takes
-    # num_layers from policy.rnn_num_layers instead). Its name, label and colour are pomdp_ffm.catalog's.
-    options_config: ClassVar[type | None] = None
+    # Its name, label, colour and option section (its constructor's keyword options besides the sizes; a model
+    # stacking layers takes num_layers from policy.rnn_num_layers instead) are its pomdp_ffm.catalog record's.
     # Where train.compile=null compiles the update on CUDA: measured to pay for this memory (docs/benchmarks.md).
     compile_pays: ClassVar[bool] = False
 

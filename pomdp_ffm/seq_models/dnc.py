@@ -50,39 +50,13 @@ denominator and the allocation's usage floor. Deliberate differences from POPGym
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..rules import at_least, checked, must
 from .base import SeqModel, State
 
 DELTA = 1e-6  # the package's epsilon: the cosine's denominator and the allocation's usage floor
-
-
-@dataclass
-class DNCConfig:
-    """The DNC's options, the config section policy.dnc (conf/seq_model/dnc.yaml); defaults are POPGym's DiffNC
-    MODEL_CONFIG (nr_cells: its hidden_size // cell_size)."""
-
-    cell_size: int = checked(16, at_least(1))  # W, the width of a memory cell
-    read_heads: int = checked(4, at_least(1))  # R
-    # (typing.Optional: the annotation OmegaConf's structured configs read)
-    nr_cells: Optional[int] = checked(  # noqa: UP045
-        None, must(lambda v: v is None or v >= 1, "null (policy.rnn_hidden_size // cell_size) or >= 1")
-    )  # N
-    num_hidden_layers: int = checked(1, at_least(1))  # the LSTM controller's stacked layers
-
-    def check_chosen(self, key: str, policy) -> None:
-        h = policy.rnn_hidden_size
-        if self.nr_cells is None and h < self.cell_size:
-            raise ValueError(
-                f"policy.rnn_hidden_size={h} must be >= {key}.cell_size={self.cell_size} with policy.seq_model=dnc "
-                f"and {key}.nr_cells=null (the memory has hidden_size // cell_size cells); or set {key}.nr_cells"
-            )
 
 
 def allocation(usage: torch.Tensor, earlier: torch.Tensor | None = None) -> torch.Tensor:
@@ -126,8 +100,6 @@ class _LSTMWeights(nn.Module):
 
 class DNC(SeqModel):
     """The DNC with an LSTM controller (module docstring); state: the tuple ``initial_state`` gives."""
-
-    options_config = DNCConfig
 
     def __init__(
         self,

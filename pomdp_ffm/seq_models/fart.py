@@ -40,26 +40,17 @@ Deliberate differences from POPGym:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..rules import checked, one_of
+from ..options import ATTENTION_AGGREGATORS as AGGREGATORS
+from ..options import fart_width
+from ..rules import one_of
 from .base import SeqModel, State
 from .recurrence import linear_scan
-from .time_embedding import (
-    DEFAULT_HORIZON,
-    EMBEDDING_RULE,
-    HORIZON_RULE,
-    OPTION_RULES,
-    check_option_values,
-    sine_embedding,
-)
+from .time_embedding import OPTION_RULES, check_option_values, sine_embedding
 
-AGGREGATORS = ("sum", "max")
 EPS = 1e-5  # POPGym's: in linear attention's denominator and FWP's sum normalisation
 
 
@@ -84,35 +75,8 @@ def check_options(model: str, **options) -> None:
     check_option_values(model, rules, **options)
 
 
-def fart_width(hidden_size: int) -> int:
-    """ray_linear_attention's key/value width h = round(sqrt(H) - 1)."""
-    return round(math.sqrt(hidden_size) - 1)
-
-
-@dataclass
-class FARTConfig:
-    """FART's options, the config section policy.fart (conf/seq_model/fart.yaml); defaults are POPGym's
-    ray_linear_attention MODEL_CONFIG and BaseModel BASE_CONFIG (and its experiments' max_seq_len for the horizon)."""
-
-    embedding: str = checked("sine", EMBEDDING_RULE)
-    embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)
-    scale_embedding: bool = True
-    s_aggregator: str = checked("sum", one_of(AGGREGATORS))
-    z_aggregator: str = checked("sum", one_of(AGGREGATORS))
-
-    def check_chosen(self, key: str, policy) -> None:
-        h = policy.rnn_hidden_size
-        if fart_width(h) < 1:
-            raise ValueError(
-                f"policy.rnn_hidden_size={h} must be >= 3 with policy.seq_model=fart (its key/value width "
-                f"round(sqrt(h) - 1) = {fart_width(h)} must be >= 1)"
-            )
-
-
 class FART(SeqModel):
     """POPGym's linear attention (FART) as a drop-in for a GRU; the state is (S [B, h, h], z [B, h], t [B])."""
-
-    options_config = FARTConfig
 
     def __init__(
         self,

@@ -15,21 +15,22 @@ The aggregator's evaluation (loop, scan, assoc, closed) is pomdp_ffm/seq_models/
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import List, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..rules import above, checked, must, one_of, within
+from ..options import (
+    DECAY_CONTEXT_PRODUCTS,
+    F64_MAX_LOG,
+    MAX_DECAY_HORIZON,
+    MIN_CLOSED_DECAY_HORIZON,
+    PARAM_MODES,
+    size_rule,
+)
+from ..options import FFM_AGGREGATORS as AGGREGATORS
 from .base import SeqModel, State
 from .recurrence import AGGREGATE, aggregate_closed, aggregate_pairs
-
-AGGREGATORS = ("auto", "loop", "scan", "assoc", "closed")
-PARAM_MODES = ("learned", "fixed", "none")
-# gamma's [m, c] entries: the paper's outer product of m decays and c frequencies, or one of each per entry (HP)
-DECAY_CONTEXT_PRODUCTS = ("outer", "hadamard")
 
 # The paper's ablation table as ``build("ffm", **ABLATIONS[name])`` options: a removed gate is fixed open, "none"
 # fixes omega (NC) or alpha (ND) at zero, "fixed" leaves the initial values untrained.
@@ -44,18 +45,12 @@ ABLATIONS: dict[str, dict] = {
     "FFM-HP": {"decay_context_product": "hadamard"},
 }
 
-_F64_MAX_LOG = math.log(torch.finfo(torch.float64).max)
 DECAY_MIN = 1e-8
-# The longest decay horizon whose bound leaves the default initialisation's top rate positive.
-MAX_DECAY_HORIZON = int(_F64_MAX_LOG / 0.02)
-# The closed form takes log(gamma) of a complex64 gamma: below this horizon the bound lets exp(-alpha) underflow
-# float32 to 0, whose log is -inf.
-MIN_CLOSED_DECAY_HORIZON = math.ceil(_F64_MAX_LOG / (-math.log(torch.finfo(torch.float32).tiny) + 0.01))
 
 
 def reference_decay_limit(decay_horizon: int = 1024) -> float:
     """The largest alpha with exp(alpha * decay_horizon) in a float64 (the reference's bound, ~0.683 for 1024)."""
-    return _F64_MAX_LOG / decay_horizon - 0.01
+    return F64_MAX_LOG / decay_horizon - 0.01
 
 
 # The timescales, written once: FFM's methods and analysis/decay.py's tables (numpy arrays) both call these.
@@ -74,38 +69,6 @@ def _bound_after_load(module: FFM, _keys) -> None:
     module.bound_()  # load_state_dict wrote alpha: bound it in either mode, as the reference's next call would
 
 
-def _splits(h: int, context_size: int | None, memory_size: int | None) -> bool:
-    c = h // 32 if context_size is None else context_size
-    return c >= 1 and (memory_size is not None or h % c == 0)
-
-
-def size_rule(h: int, context_size: int | None = None, memory_size: int | None = None) -> tuple[str, str] | None:
-    """What a hidden size ``h`` must be for FFM to split it, and why: ("at least 32", "(FFM's ...)"), or None where
-    it splits. FFM's state is m memory rows by c context columns: c = context_size, else h // 32; m = memory_size,
-    else h // c, which must then fill h (m * c = h: the reference's sizing). So by default h >= 32 (c >= 1) and h a
-    multiple of its c: every h in 32-63 (c = 1), 64, 66, ... 94 (c = 2), but not 100 (c = 3, m = 33, m * c = 99).
-    Given memory_size, any c >= 1 and m >= 1 (the read-out maps the 2 m c state floats to h outputs)."""
-    if _splits(h, context_size, memory_size):
-        return None
-    if context_size is not None:  # (memory_size None: m = h // c must fill h)
-        c = context_size
-        m = h // c
-        return (
-            f"a multiple of context_size={c}",
-            f"(m = h // c = {m} memory rows of c columns must fill it: {m} x {c} = {m * c})",
-        )
-    if h < 32:
-        return "at least 32", "(FFM's c = h // 32 context columns must be at least 1; m = h // c memory rows fill h)"
-    c, below = h // 32, next(n for n in range(h, 31, -1) if _splits(n, None, None))
-    above = next(n for n in range(h + 1, 32 * (c + 1) + 1) if _splits(n, None, None))  # (32 (c + 1) splits)
-    m = h // c
-    return (
-        f"a multiple of its c = h // 32 = {c}",
-        f"(FFM's m = h // c = {m} memory rows of c context columns must fill it: {m} x {c} = {m * c}), "
-        f"e.g. {below} or {above}",
-    )
-
-
 def ffm_sizes(hidden_size: int, context_size: int | None = None, memory_size: int | None = None) -> tuple[int, int]:
     """The reference experiments' sizing: c = h // 32, m = h // c, so that m * c = h (``size_rule``)."""
     for name, size in (("context_size", context_size), ("memory_size", memory_size)):
@@ -119,58 +82,6 @@ def ffm_sizes(hidden_size: int, context_size: int | None = None, memory_size: in
     return (hidden_size // c if memory_size is None else memory_size), c
 
 
-_SIZE_OR_NULL = must(lambda v: v is None or v >= 1, "null (derived from policy.rnn_hidden_size) or >= 1")
-_STEP_RANGE = must(
-    lambda v: v is None or (len(v) == 2 and all(math.isfinite(x) for x in v) and 0 < v[0] <= v[1]),
-    "null or [low, high] in steps with 0 < low <= high, both finite, e.g. [32,104]",
-)
-
-
-@dataclass
-class FFMConfig:
-    """FFM's options, the config section policy.ffm (conf/seq_model/ffm.yaml); None sizes mean c = h // 32,
-    m = h // c."""
-
-    context_size: Optional[int] = checked(None, _SIZE_OR_NULL)
-    memory_size: Optional[int] = checked(None, _SIZE_OR_NULL)
-    max_period: float = 128  # >= min_period (check_together)
-    min_period: float = checked(1, above(0))
-    beta: float = checked(0.01, must(lambda v: 0 < v < 1, "in (0, 1) (the fraction a trace decays to)"))
-    # |gamma|^(-t) stays finite in float64 over this many steps (the reference's max_len); the closed chunk length.
-    decay_horizon: int = checked(1024, within(1, MAX_DECAY_HORIZON, " (steps)"))
-    decay_bound: bool = True
-    input_gate: bool = True
-    output_gate: bool = True
-    context: str = checked("learned", one_of(PARAM_MODES))
-    decay: str = checked("learned", one_of(PARAM_MODES))
-    # FFM's decay gamma = exp(-alpha) exp(i omega)^T ("outer", the paper) or one alpha, omega per entry ("hadamard")
-    decay_context_product: str = checked("outer", one_of(DECAY_CONTEXT_PRODUCTS))
-    aggregator: str = checked("auto", one_of(AGGREGATORS))
-    # Informed initialisation (the paper's decay figure): ranges of t_alpha and t_omega in steps.
-    init_trace_range: Optional[List[float]] = checked(None, _STEP_RANGE)
-    init_period_range: Optional[List[float]] = checked(None, _STEP_RANGE)
-
-    def check_together(self, key: str) -> None:
-        """The rules tying the section's fields (``key``: "policy.ffm"), checked whichever memory is chosen."""
-        if self.max_period < self.min_period:
-            raise ValueError(f"{key}.max_period={self.max_period!r} must be >= {key}.min_period={self.min_period!r}")
-        if self.aggregator == "closed" and self.decay_horizon < MIN_CLOSED_DECAY_HORIZON:
-            raise ValueError(
-                f"{key}.decay_horizon={self.decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} "
-                f"with {key}.aggregator=closed (a shorter one lets the decay underflow gamma, whose "
-                "log the closed form takes); the other aggregators take any"
-            )
-
-    def check_chosen(self, key: str, policy) -> None:
-        """The rules tying the section to the policy's other fields, where FFM is policy.seq_model."""
-        h, c = policy.rnn_hidden_size, self.context_size
-        rule = size_rule(h, c, self.memory_size)
-        if rule is not None:
-            must, why = rule[0].replace("context_size=", f"{key}.context_size="), rule[1]
-            fix = f"set {key}.context_size to a divisor of it" if c is None else f"set {key}.memory_size too"
-            raise ValueError(f"policy.rnn_hidden_size={h} must be {must} with policy.seq_model=ffm {why}; or {fix}")
-
-
 class FFM(SeqModel):
     """Fast and Forgetful Memory as a drop-in for a GRU; the state is complex64 ``[B, memory_size, context_size]``.
     ``decay_horizon`` (the reference's ``max_len``) sets the bound ``decay_bound`` clamps alpha into. Every call must
@@ -178,7 +89,6 @@ class FFM(SeqModel):
     (``bounded_by_owner()``), the owner calls ``bound_()`` after each write; ``load_state_dict`` clamps in both
     (patches/014)."""
 
-    options_config = FFMConfig
     # On CUDA, compiled updates of FFM were measured faster than eager ones (docs/benchmarks.md)
     compile_pays = True
 

@@ -38,16 +38,14 @@ after each optimiser write).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..rules import checked, one_of
 from .base import SeqModel, State
-from .fart import AGGREGATORS, EPS, accumulate, check_options, feed_forward
-from .time_embedding import DEFAULT_HORIZON, EMBEDDING_RULE, HORIZON_RULE, sine_embedding
+from .fart import EPS, accumulate, check_options, feed_forward
+from .time_embedding import sine_embedding
 
 
 def fwp_width(hidden_size: int) -> int:
@@ -55,22 +53,8 @@ def fwp_width(hidden_size: int) -> int:
     return round(math.sqrt(hidden_size))
 
 
-@dataclass
-class FWPConfig:
-    """FWP's options, the config section policy.fwp (conf/seq_model/fwp.yaml); defaults are POPGym's ray_fwp
-    MODEL_CONFIG and BaseModel BASE_CONFIG (and its experiments' max_seq_len for the horizon)."""
-
-    embedding: str = checked("sine", EMBEDDING_RULE)
-    embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)
-    scale_embedding: bool = True
-    aggregator: str = checked("sum", one_of(AGGREGATORS))
-    sum_normalization: bool = True
-
-
 class FWP(SeqModel):
     """POPGym's fast weight programmer as a drop-in for a GRU; the state is (W [B, h, h], t [B])."""
-
-    options_config = FWPConfig
 
     def __init__(
         self,

@@ -31,15 +31,11 @@ Deliberate differences from POPGym:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from ..rules import at_least, checked, one_of
+from ..options import ACTIVATIONS
 from .base import SeqModel, State
-
-ACTIVATIONS = ("relu", "tanh")
 
 
 class _IndependentRecurrence(torch.autograd.Function):
@@ -89,21 +85,8 @@ def _bound_after_load(module: IndRNN, _keys) -> None:
     module.bound_()  # load_state_dict wrote u: bound it in either mode, as POPGym's next forward would
 
 
-@dataclass
-class IndRNNConfig:
-    """IndRNN's options, the config section policy.indrnn (conf/seq_model/indrnn.yaml)."""
-
-    # ReLU: what POPGym's core computes (its MODEL_CONFIG's "tanh" reaches nothing; module docstring)
-    activation: str = checked("relu", one_of(ACTIVATIONS))
-    recurrent_bound: bool = True  # POPGym's clamp
-    # |u| <= 2^(1 / bound_horizon): POPGym's max_len, RLlib's max_seq_len (1024 in its experiments), in steps
-    bound_horizon: int = checked(1024, at_least(1))
-
-
 class IndRNN(SeqModel):
     """A two-layer IndRNN; the state is ``[2, B, hidden_size]``, each layer's last output."""
-
-    options_config = IndRNNConfig
 
     def __init__(
         self,

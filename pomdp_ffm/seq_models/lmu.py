@@ -31,13 +31,9 @@ is None, so there is no time embedding and no step count in the state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 import torch
 from torch import nn
 
-from ..rules import above, checked, must
 from .base import SeqModel, State
 
 
@@ -54,21 +50,8 @@ def legendre_delay_matrices(memory_size: int, theta: float) -> tuple[torch.Tenso
     return discrete[:memory_size, :memory_size], discrete[:memory_size, memory_size:]
 
 
-@dataclass
-class LMUConfig:
-    """LMU's options, the config section policy.lmu (conf/seq_model/lmu.yaml); defaults are POPGym's ray_lmu
-    MODEL_CONFIG (memory_size None: hidden_size, as ray_lmu sets it)."""
-
-    memory_size: Optional[int] = checked(None, must(lambda v: v is None or v >= 1, "null (= hidden size) or >= 1"))  # noqa: UP045
-    theta: float = checked(64, above(0))
-    learn_a: bool = False
-    learn_b: bool = False
-
-
 class LMU(SeqModel):
     """The LMU cell of POPGym's ray_lmu as a drop-in for a GRU; the state is (h [B, H], m [B, N])."""
-
-    options_config = LMUConfig
 
     def __init__(
         self,

@@ -36,40 +36,17 @@ is pomdp_ffm/seq_models/recurrence.py's ``linear_scan`` (a constant complex deca
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..rules import above, checked, must, within
 from .base import SeqModel, State
 from .recurrence import linear_scan
-
-_SIZE_OR_NULL = must(lambda v: v is None or v >= 1, "null (policy.rnn_hidden_size) or >= 1")
-
-
-@dataclass
-class LRUConfig:
-    """The LRU's options, the config section policy.lru (conf/seq_model/lru.yaml); the defaults are the paper's
-    appendix code's (POPGym has no LRU)."""
-
-    # N, the complex state's size; null: hidden_size. (typing.Optional: the annotation OmegaConf was built around)
-    state_size: Optional[int] = checked(None, _SIZE_OR_NULL)  # noqa: UP045
-    r_min: float = checked(0.0, within(0, 1))  # <= r_max (check_together)
-    r_max: float = checked(1.0, within(0, 1))
-    max_phase: float = checked(2 * math.pi, above(0))
-
-    def check_together(self, key: str) -> None:
-        if self.r_min > self.r_max:
-            raise ValueError(f"{key}.r_min={self.r_min!r} must be <= {key}.r_max={self.r_max!r}")
 
 
 class LRU(SeqModel):
     """One block of the paper's deep LRU (module docstring) mapping [T, B, input_size] to [T, B, hidden_size]."""
-
-    options_config = LRUConfig
 
     def __init__(
         self,

@@ -24,14 +24,11 @@ there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from ..rules import checked
 from .base import SeqModel, State
-from .time_embedding import DEFAULT_HORIZON, HORIZON_RULE, SineTimeEmbedding, check_embedding_options
+from .time_embedding import SineTimeEmbedding, check_embedding_options
 
 
 def leaky_mlp(input_size: int, hidden_size: int) -> nn.Sequential:
@@ -41,20 +38,8 @@ def leaky_mlp(input_size: int, hidden_size: int) -> nn.Sequential:
     )
 
 
-@dataclass
-class PosMLPConfig:
-    """PosMLP's options, the config section policy.posmlp (conf/seq_model/posmlp.yaml); defaults are POPGym's."""
-
-    # The sinusoid's frequency base N (POPGym's max_seq_len, 1024 in its experiments); no limit on episode length.
-    embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)
-    # Mix the input and the code by a learned strength s in [0, 1] (POPGym's scale_embedding); false: x + PE(t).
-    scale_embedding: bool = True
-
-
 class PosMLP(SeqModel):
     """The time-embedded two-layer MLP (module docstring); state: the step count, int64 [B]."""
-
-    options_config = PosMLPConfig
 
     def __init__(self, input_size: int, hidden_size: int, embedding_horizon: int = 1024, scale_embedding: bool = True):
         super().__init__()

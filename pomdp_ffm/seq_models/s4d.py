@@ -39,18 +39,14 @@ Deliberate differences from POPGym's code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..rules import above, checked, must, one_of
+from ..options import DISCRETISATIONS, INITS
 from .base import SeqModel, State
 from .recurrence import linear_scan
-
-INITS = ("lin", "inv")  # S4D-Lin (POPGym's measure "diag-lin") and S4D-Inv ("diag-inv")
-DISCRETISATIONS = ("zoh", "bilinear")
 
 
 def popgym_d_state(hidden_size: int) -> int:
@@ -67,28 +63,8 @@ def s4d_init_imag(init: str, d_state: int) -> torch.Tensor:
     return d_state / math.pi * (d_state / (1 + 2 * n) - 1)
 
 
-@dataclass
-class S4DConfig:
-    """S4D's options, the config section policy.s4d (conf/seq_model/s4d.yaml). POPGym's MODEL_CONFIG for S4D holds
-    only ``embedding: None`` (none here either); these defaults are the values ray_s4d.py passes to its S4 layer
-    and that layer's own defaults."""
-
-    # The paper's N (real state size): d_state / 2 complex modes per feature; null: POPGym's round(sqrt(h) / 2) * 2
-    d_state: int | None = checked(None, must(lambda v: v is None or (v >= 2 and v % 2 == 0), "null or even >= 2"))
-    dt_min: float = checked(0.001, above(0))  # <= dt_max (check_together)
-    dt_max: float = checked(0.1, above(0))
-    init: str = checked("lin", one_of(INITS))
-    disc: str = checked("zoh", one_of(DISCRETISATIONS))
-
-    def check_together(self, key: str) -> None:
-        if self.dt_max < self.dt_min:
-            raise ValueError(f"{key}.dt_max={self.dt_max!r} must be >= {key}.dt_min={self.dt_min!r}")
-
-
 class S4D(SeqModel):
     """S4D as a drop-in for a GRU (module docstring); the state is complex ``[B, hidden_size, d_state // 2]``."""
-
-    options_config = S4DConfig
 
     def __init__(
         self,

@@ -22,39 +22,16 @@ differences from POPGym's (no table, so no limit on the time index) are listed t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from ..rules import at_least, checked
 from .base import SeqModel, State
 from .posmlp import leaky_mlp
-from .time_embedding import DEFAULT_HORIZON, EMBEDDING_RULE, HORIZON_RULE, check_embedding_options, sine_embedding
-
-
-@dataclass
-class StackConfig:
-    """Stack's options, the config section policy.stack (conf/seq_model/stack.yaml); defaults are POPGym's."""
-
-    stack_size: int = checked(4, at_least(1))  # k, which must divide policy.rnn_hidden_size (check_chosen)
-    embedding: str = checked("sine", EMBEDDING_RULE)  # POPGym's time embedding on its input, or "none"
-    embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)  # the sinusoid's frequency base (max_seq_len)
-    scale_embedding: bool = True  # mix input and code by a learned strength in [0, 1] (POPGym's scale_embedding)
-
-    def check_chosen(self, key: str, policy) -> None:
-        h, k = policy.rnn_hidden_size, self.stack_size
-        if h % k:
-            raise ValueError(
-                f"policy.rnn_hidden_size={h} must be a multiple of {key}.stack_size={k} with policy.seq_model=stack "
-                f"(its {k} frames of h / k compressed features fill the MLP's input of h)"
-            )
+from .time_embedding import check_embedding_options, sine_embedding
 
 
 class Stack(SeqModel):
     """POPGym's frame stack (module docstring); state ``(window [B, k - 1, input_size], steps int64 [B])``."""
-
-    options_config = StackConfig
 
     def __init__(
         self,

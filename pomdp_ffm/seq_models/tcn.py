@@ -23,30 +23,15 @@ index) are listed there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from ..rules import at_least, checked
 from .base import SeqModel, State
-from .time_embedding import DEFAULT_HORIZON, EMBEDDING_RULE, HORIZON_RULE, check_embedding_options, sine_embedding
-
-
-@dataclass
-class TCNConfig:
-    """TCN's options, the config section policy.tcn (conf/seq_model/tcn.yaml); defaults are POPGym's."""
-
-    stack_size: int = checked(4, at_least(1))  # k, the kernel's extent in steps
-    embedding: str = checked("sine", EMBEDDING_RULE)  # POPGym's time embedding on its input, or "none"
-    embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)  # the sinusoid's frequency base (max_seq_len)
-    scale_embedding: bool = True  # mix input and code by a learned strength in [0, 1] (POPGym's scale_embedding)
+from .time_embedding import check_embedding_options, sine_embedding
 
 
 class TCN(SeqModel):
     """POPGym's temporal convolution (module docstring); state ``(window [B, k - 1, input_size], steps int64 [B])``."""
-
-    options_config = TCNConfig
 
     def __init__(
         self,

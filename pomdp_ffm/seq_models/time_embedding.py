@@ -42,14 +42,8 @@ import math
 import torch
 from torch import nn
 
-from ..rules import Rule, at_least, one_of
-
-EMBEDDINGS = ("sine", "none")
-DEFAULT_HORIZON = 1024  # POPGym's max_seq_len in its experiments (its ppo.py's bptt_cutoff)
-EMBEDDING_RULE = one_of(EMBEDDINGS)
-HORIZON_RULE = at_least(1)
-# The embedding options' rules by name, for a model's config fields (``checked(default, rule)``) and its checks.
-OPTION_RULES: dict[str, Rule] = {"embedding": EMBEDDING_RULE, "embedding_horizon": HORIZON_RULE}
+from ..options import DEFAULT_HORIZON, OPTION_RULES
+from ..rules import Rule
 
 
 def check_option_values(model: str, rules: dict[str, Rule], **options) -> None:

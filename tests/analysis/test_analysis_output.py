@@ -1,9 +1,15 @@
 """A report is written whole or not at all: it is built beside the previous one and swapped in at the end, so that
 bad input or a failure half-way leaves the previous report as it was (and a folder the command made, nothing)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from analysis_synth import steps_grid, write_our_run
+from hang import HANG_S
 
 from analysis import cli
 
@@ -82,3 +88,27 @@ def test_an_output_that_cannot_be_written_is_one_line_and_leaves_the_previous_re
     ]
     assert snapshot(out) == before
     assert sorted(p.name for p in out.iterdir()) == sorted({".cache", *(p.parts[0] for p in before)})
+
+
+def test_the_command_reads_runs_without_importing_torch(tmp_path):
+    # Each run's config is merged with the schema's defaults, every algorithm's and memory's option section
+    # included (pomdp_ffm.options), to tell its settings apart: the whole command runs without torch.
+    root = tmp_path / "runs"
+    for model in ("ffm", "s4d"):
+        write_our_run(root, "Pendulum-V-v0", "sac", model, 0, steps_grid(8, 2_000, 1_000), np.linspace(-900, -200, 8))
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['analysis', *sys.argv[1:]]\n"
+        "try:\n"
+        "    runpy.run_module('analysis', run_name='__main__', alter_sys=True)\n"
+        "finally:\n"
+        "    print('torch imported:', 'torch' in sys.modules)\n"
+    )
+    args = ["table", str(root), "--out", str(tmp_path / "report"), "--resamples", "50"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "MPLBACKEND": "Agg"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "torch imported: False"
+    assert (tmp_path / "report").is_dir()
