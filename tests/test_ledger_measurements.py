@@ -20,6 +20,7 @@ from torch.distributions import Normal
 from torch.nn import functional as F
 
 from pomdp_ffm.agent import RecurrentAgent
+from pomdp_ffm.algos import SAC
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig
 from pomdp_ffm.graph import make_fused_
@@ -139,7 +140,7 @@ def squash(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor):
 def reference_critic_loss(agent, s: Aligned, eps: torch.Tensor):
     """qf1_loss, qf2_loss as the reference computes them; ``eps``: the critic target's draw over the T+1 steps."""
     masks, num_valid = s.masks, s.masks.sum().clamp(min=1.0)
-    sac = agent.algo.name == "sac"
+    sac = isinstance(agent.algo, SAC)
     with torch.no_grad():
         if sac:  # the actor's first run
             new_actions, new_log_probs = squash(*agent.actor(*s.history)[0], eps)
