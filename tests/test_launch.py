@@ -710,6 +710,27 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
     ]
 
 
+def test_a_paused_and_continued_launcher_is_not_stopped():
+    # SIGSTOP then SIGCONT (a job-control pause, `kill -STOP`) while the launcher's thread waits for stop signals
+    # ends its wait with no signal taken; the sweep goes on, and a stop signal after it is still taken.
+    code = (
+        "import os, signal, subprocess, sys, time\n"
+        "from pomdp_ffm.launch import signals\n"
+        "with signals.SweepSignals(workers=True):\n"
+        "    pause = 'for i in $(seq 20); do kill -STOP $0; sleep 0.05; kill -CONT $0; sleep 0.05; done'\n"
+        "    subprocess.run(['sh', '-c', pause, str(os.getpid())], check=True)\n"
+        "    time.sleep(0.5)\n"
+        "    print('after pauses', signals.sweep_stopped(), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        f"    deadline = time.time() + {HANG_S}\n"
+        "    while signals.sweep_stopped() is None and time.time() < deadline: time.sleep(0.01)\n"
+        "    print('after a stop', signals.sweep_stopped(), flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=HANG_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["after pauses None", f"after a stop {int(signal.SIGUSR1)}"]
+
+
 def test_the_paper_grid_exits_as_its_sweep_did(tmp_path, monkeypatch, capsys):
     # A sweep ended by a signal (one that came before it could stop its runs) reports the shell's 128 + N, not
     # Python's sys.exit of a negative number (241 for SIGTERM).

@@ -142,7 +142,9 @@ class SweepSignals:
     def _watch(self) -> None:
         while self._watcher is not None:  # (__exit__ ends the loop)
             got = signal.sigtimedwait(STOP_SIGNALS, 0.2)
-            if got is not None:
+            # A stop (SIGSTOP) and continue (SIGCONT) of this process during the wait ends it early with a record of
+            # no signal (CPython then reads an unfilled one: any number, 0 included); what was asked is still pending.
+            if got is not None and got.si_signo in STOP_SIGNALS:
                 self._on_stop(got.si_signo)
             else:
                 # Workers started after the stop get it too (blocked until their handler is in, they take it there and
