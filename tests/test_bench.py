@@ -56,6 +56,16 @@ def test_interleaved_rounds_rotate_the_starting_variant():
     assert sorted(order) == sorted("abc" * 6)
 
 
+def test_the_scan_benchmark_times_every_form_at_every_shape():
+    from pomdp_ffm.bench import scan
+
+    rows = scan.run(1, torch.device("cpu"))
+    assert [(r.shape, r.model) for r in rows] == [
+        (shape, form) for shape in scan.SHAPES for form in ("loop", "scan", "step-by-step")
+    ]
+    assert all(r.metric == "fwd_bwd_ms" and r.value > 0 for r in rows)
+
+
 def test_memory_bench_variant_subset_and_unknown_name():
     import pytest
     import torch

@@ -251,16 +251,18 @@ def test_gradients_match_float64_recurrence(T):
 
 @pytest.mark.parametrize("method", ["loop", "scan"])
 def test_custom_backward_passes_gradcheck(method):
-    from pomdp_ffm.seq_models.recurrence import _LinearRecurrence
-
     torch.manual_seed(0)
     for T in (1, 17, 40):
-        u = torch.randn(T, 2, 3, dtype=torch.float64, requires_grad=True)
+        u = torch.randn(T, 2, 3, 1, dtype=torch.float64, requires_grad=True)
         g = torch.polar(
-            torch.rand(3, 2, dtype=torch.float64) * 0.5 + 0.5, torch.randn(3, 2, dtype=torch.float64)
+            torch.rand(1, 1, 3, 2, dtype=torch.float64) * 0.5 + 0.5, torch.randn(1, 1, 3, 2, dtype=torch.float64)
         ).requires_grad_()
         s0 = torch.randn(2, 3, 2, dtype=torch.complex128, requires_grad=True)
-        assert torch.autograd.gradcheck(lambda *a: _LinearRecurrence.apply(*a, method), (u, g, s0))
+        assert torch.autograd.gradcheck(lambda g, u, s0: linear_scan(g, u, s0, method), (g, u, s0))
+        # a decay per step
+        gates = torch.rand(T, 2, 3, dtype=torch.float64, requires_grad=True)
+        x, h0 = torch.randn(T, 2, 3, dtype=torch.float64, requires_grad=True), torch.randn(2, 3, dtype=torch.float64)
+        assert torch.autograd.gradcheck(lambda a, x, s0: linear_scan(a, x, s0, method), (gates, x, h0.requires_grad_()))
 
 
 @pytest.mark.parametrize("aggregate", [aggregate_loop, aggregate_scan])
@@ -481,7 +483,7 @@ def _scan_cases():
     gen = torch.Generator().manual_seed(3)
     rand = lambda *shape, dtype=d: torch.rand(*shape, generator=gen, dtype=dtype)
     randn = lambda *shape, dtype=d: torch.randn(*shape, generator=gen, dtype=dtype)
-    for T in (1, 2, 5, 64):
+    for T in (1, 2, 5, 64, 70):  # (70: chunks of 8 and a tail of 6)
         for steps in (T, 1):  # a gate per step, or a constant decay
             yield f"real-T{T}-a{steps}", rand(steps, 3, 4), randn(T, 3, 4), randn(3, 4)
             yield f"broadcast-T{T}-a{steps}", rand(steps, 1, 4), randn(T, 3, 4), None
@@ -501,8 +503,9 @@ def _scan_cases():
         yield f"summed-T{T}", torch.ones(1, 1, 1, 1, dtype=d), randn(T, 3, 4, 5), randn(3, 4, 5)
 
 
+@pytest.mark.parametrize("method", ["loop", "scan"])
 @pytest.mark.parametrize("name, a, x, s0", list(_scan_cases()), ids=[case[0] for case in _scan_cases()])
-def test_the_shared_scan_and_its_backward_equal_the_loop(name, a, x, s0):
+def test_the_shared_scan_and_its_backward_equal_the_loop(name, a, x, s0, method):
     def run(fn):
         inputs = [t.clone().requires_grad_(True) for t in (a, x, s0) if t is not None]
         S = fn(*inputs) if s0 is not None else fn(*inputs, None)
@@ -510,7 +513,8 @@ def test_the_shared_scan_and_its_backward_equal_the_loop(name, a, x, s0):
         loss = (S * weights).real.sum() if S.is_complex() else (S * weights).sum()
         return [S, *torch.autograd.grad(loss, inputs)]
 
-    for got, want in zip(run(linear_scan), run(linear_scan_loop), strict=True):
+    scan = lambda a, x, s0: linear_scan(a, x, s0, method)
+    for got, want in zip(run(scan), run(linear_scan_loop), strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10 * want.abs().max().item())
 

@@ -1,6 +1,6 @@
 """The LRU (pomdp_ffm/seq_models/lru.py) against the paper's equations (Orvieto et al. 2023), written out below as a
 float64 step-by-step loop on the model's own weights: POPGym has no LRU to hold it to. The model's window runs
-recurrence.linear_scan in log2 T steps and its projections in real arithmetic; the loop here is the recurrence
+recurrence.linear_scan (chunked or log-depth) and its projections in real arithmetic; the loop here is the recurrence
 x_t = Lambda x_{t-1} + gamma (B u_t), y_t = Re(C x_t) + D u_t one step at a time in complex128, inside the block
 (encoder, LayerNorm, GELU, GLU, skip) written out too."""
 

@@ -1,6 +1,6 @@
 """minGRU (pomdp_ffm/seq_models/mingru.py) against the paper's equations (Feng et al. 2024), written out below as a
 float64 step-by-step loop on the model's own weights: POPGym has no minGRU to hold it to. The model's window runs
-recurrence.linear_scan in log2 T steps with 1 - z as sigmoid(-k); the loop here is the paper's sequential mode,
+recurrence.linear_scan (chunked or log-depth) with 1 - z as sigmoid(-k); the loop here is the paper's sequential mode,
 h_t = (1 - z_t) h_{t-1} + z_t h~_t, one step at a time."""
 
 from pathlib import Path

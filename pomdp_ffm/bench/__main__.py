@@ -1,4 +1,4 @@
-"""``python -m pomdp_ffm.bench {memory,update,act,loop,eval,overlap}``: benchmarks that compare variants in one
+"""``python -m pomdp_ffm.bench {memory,scan,update,act,loop,eval,overlap}``: benchmarks that compare variants in one
 process (docs/benchmarks.md).
 
 ``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
@@ -52,7 +52,7 @@ def main(argv=None) -> None:
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=big, MALLOC_TRIM_THRESHOLD_=big)
         os.execve(sys.executable, [sys.executable, "-m", "pomdp_ffm.bench", *sys.argv[1:]], env)
     p = _Parser(prog="python -m pomdp_ffm.bench", description=__doc__)
-    p.add_argument("which", choices=["memory", "update", "act", "loop", "eval", "overlap"])
+    p.add_argument("which", choices=["memory", "scan", "update", "act", "loop", "eval", "overlap"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=_count, help="torch intra-op threads (default: torch's)")
     p.add_argument("--repeats", type=_count, default=20, help="interleaved timing rounds")
@@ -126,7 +126,7 @@ def main(argv=None) -> None:
 
 def _run(args, overrides: list[str], device: torch.device) -> list:
     """The benchmark's rows, each table printed as it is done (``loop`` prints a report of its own)."""
-    from . import acting, evaluation, loop, memory, update
+    from . import acting, evaluation, loop, memory, scan, update
 
     if args.which == "loop":
         from ..launch.exits import EXIT_STOPPED
@@ -149,6 +149,9 @@ def _run(args, overrides: list[str], device: torch.device) -> list:
     if args.which == "memory":
         rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants)
         baseline = "gru"
+    elif args.which == "scan":
+        rows = scan.run(args.repeats, device)
+        baseline = "loop"
     elif args.which == "update":
         rows = update.run(args.repeats, device)
         baseline = "sac_gru"

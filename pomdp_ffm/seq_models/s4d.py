@@ -13,7 +13,7 @@ half of the paper's d_state are their conjugates, folded into the factor 2 of th
     v_t  = 2 Re(sum_n C * S_t) + D * u_t                             read-out and skip       [H]
     y_t  = GLU(W_out GELU(v_t) + b_out)                              W_out: H -> 2H          [H]
 
-The window runs the recurrence through the shared engine ``recurrence.linear_scan`` (ceil(log2 T) steps), not
+The window runs the recurrence through the shared engine ``recurrence.linear_scan`` (its chunked or log-depth form), not
 the paper's FFT convolution with the kernel K_l = 2 Re(C dA^l dB), so a carried-in state enters exactly and the
 acting step (T = 1) is one multiply-add, O(H n).
 
