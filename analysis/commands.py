@@ -137,7 +137,8 @@ def cmd_decay(ctx: Context) -> None:
 
 
 def cmd_efficiency(ctx: Context) -> None:
-    from .bench import read_bench, summarize_bench
+    from .bench import EFFICIENCY, read_bench, summarize_bench, summarize_efficiency
+    from .figstyle import order_models
 
     if not ctx.args.bench:
         ctx.notes.append("efficiency: no --bench file given; figure skipped")
@@ -149,6 +150,19 @@ def cmd_efficiency(ctx: Context) -> None:
     ctx.report.extend(problems)
     if bench.empty:
         ctx.notes.append("efficiency: no usable benchmark rows; figure skipped")
+        return
+    paper = bench[bench["benchmark"] == EFFICIENCY]
+    if not paper.empty:  # the FFM paper's figure, its fourth panel the runs' best returns where runs were given
+        summary = summarize_efficiency(paper, **ctx.boot(), order=order_models(paper["model"]))
+        ctx.emit(write_table(summary, ctx.tables("efficiency_paper"), title="The FFM paper's efficiency protocol"))
+        returns = None
+        if ctx.table is not None and not ctx.table.empty:
+            returns = stats.summarize(ctx.scores().assign(task="", algo=""), **ctx.boot())[
+                ["model", "mean", "ci_low", "ci_high"]
+            ]
+        ctx.emit(modelfigures.plot_paper_efficiency(summary, returns, ctx.figs("efficiency_paper"), ctx.formats))
+    bench = bench[bench["benchmark"] != EFFICIENCY]
+    if bench.empty:
         return
     summary = summarize_bench(bench)
     ctx.emit(write_table(summary, ctx.tables("efficiency"), title="Benchmarks (mean of repeated rows)"))

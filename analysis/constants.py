@@ -148,7 +148,8 @@ def base_model(model: str) -> str:
 
 # Another agent around the same memory (the reference's run names: oracle_, <L> layers, _shared): "gru+oracle".
 VARIANT_SEP = "+"
-_VARIANT_LABELS = {"oracle": "oracle", "shared": "shared memory"}
+# ("cells": the efficiency benchmark's GRU, LSTM and Elman written out in Python, the FFM paper's fair comparison)
+_VARIANT_LABELS = {"oracle": "oracle", "shared": "shared memory", "cells": "Python cells"}
 
 
 def model_variant(memory: str, tags: list[str]) -> str:

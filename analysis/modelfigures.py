@@ -15,10 +15,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from . import constants as C
 from . import figstyle  # figstyle.save through the module: a test swaps the one save of every figure
-from .bench import METRIC_TITLES, better
+from .bench import EFFICIENCY_METRICS, METRIC_TITLES, better
 from .figstyle import DEFAULT_FORMATS, PAPER_WIDTH, model_handles, order_models, paper_style
 
 
@@ -133,5 +134,61 @@ def plot_efficiency(bench: pd.DataFrame, base, formats=DEFAULT_FORMATS) -> list[
             ncol=len(models),
             frameon=False,
         )
+        fig.tight_layout()
+        return figstyle.save(fig, base, formats)
+
+
+def plot_paper_efficiency(
+    summary: pd.DataFrame, returns: pd.DataFrame | None, base, formats=DEFAULT_FORMATS
+) -> list[Path]:
+    """The FFM paper's efficiency figure: per shape (a row of panels), train time on a log axis, inference latency
+    and memory, a horizontal bar per model (registry order, top down; a Python-cell variant hatched) with its
+    bootstrapped CI; and, where ``returns`` is given (model, mean, ci_low, ci_high), each model's best return."""
+    if summary.empty:
+        raise ValueError("no efficiency rows to plot")
+    shapes = list(dict.fromkeys(summary["shape"]))
+    models = list(dict.fromkeys(summary["model"]))
+    panels = [m for m in EFFICIENCY_METRICS if m in set(summary["metric"])]
+    panels += ["return"] if returns is not None else []
+    height = 0.8 + 0.17 * len(models)
+    with paper_style():
+        fig, axes = plt.subplots(
+            len(shapes), len(panels), figsize=(PAPER_WIDTH, height * len(shapes)), squeeze=False, sharey=True
+        )
+        for i, shape in enumerate(shapes):
+            for j, metric in enumerate(panels):
+                ax = axes[i, j]
+                if metric == "return":
+                    d, title, unit = returns.set_index("model"), "Best return (learning check)", ""
+                else:
+                    d = summary[(summary["shape"] == shape) & (summary["metric"] == metric)].set_index("model")
+                    title, unit = METRIC_TITLES[metric], d["unit"].iloc[0] if len(d) else ""
+                ys = [k for k, m in enumerate(models) if m in d.index]
+                got = d.loc[[models[k] for k in ys]]
+                err = np.array([got["mean"] - got["ci_low"], got["ci_high"] - got["mean"]])
+                bars = ax.barh(
+                    ys,
+                    got["mean"],
+                    xerr=np.nan_to_num(err),
+                    color=[C.model_color(m) for m in got.index],
+                    edgecolor="black",
+                    linewidth=0.4,
+                    error_kw={"elinewidth": 0.6, "capsize": 1.5},
+                )
+                for bar, m in zip(bars, got.index):
+                    if m.split(C.VARIANT_SEP)[1:] == ["cells"]:  # the paper's Python-cell GRU, LSTM, Elman
+                        bar.set_hatch("////")
+                if metric == "train_s":  # (the paper's log axis; ticks at 1, 2, 5 of each decade, plainly written)
+                    ax.set_xscale("log")
+                    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+                    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                    ax.xaxis.set_minor_formatter(NullFormatter())
+                ax.set_title(f"{shape}\n{title}" if j == 0 else title, fontsize=7)
+                better_way = "higher" if metric == "return" else "lower"
+                ax.set_xlabel(f"{'return' if metric == 'return' else unit}, {better_way} is better")
+                ax.grid(axis="x", alpha=0.3)
+        axes[0, 0].set_yticks(range(len(models)))  # (every panel shares the y axis)
+        axes[0, 0].set_yticklabels([C.model_label(m) for m in models])
+        axes[0, 0].invert_yaxis()
         fig.tight_layout()
         return figstyle.save(fig, base, formats)

@@ -17,7 +17,7 @@ _HELP = {
     "lines": "learning curves per task: one line per run, mean and CI band",
     "aggregate": "IQM / mean / optimality gap of the normalised score, probability of improvement, profile",
     "decay": "histograms of FFM t_alpha / t_omega from checkpoints (paper's decay figure)",
-    "efficiency": "bars from benchmark CSVs (--bench)",
+    "efficiency": "the FFM paper's efficiency figure from benchmark CSVs (and best returns from RUNS), other bars",
 }
 # What --compare may name: the memories FFM is compared with.
 BASELINES = tuple(m for m in C.MEMORY_MODELS if m != "ffm")
@@ -171,8 +171,11 @@ def validate(args: argparse.Namespace, command: str) -> None:
         published.parse_selection(args.published_select)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if command == "efficiency" and not args.bench:
-        raise UsageError("the efficiency command needs at least one --bench FILE")
+    if command == "efficiency":  # `python -m analysis efficiency BENCH.csv [RUNS...]`: CSV files are benchmarks
+        args.bench += [r for r in args.runs if r.endswith(".csv") and Path(r).is_file()]
+        args.runs = [r for r in args.runs if r not in args.bench]
+        if not args.bench:
+            raise UsageError("the efficiency command needs at least one benchmark CSV (a CSV argument or --bench FILE)")
     if command not in ("efficiency",) and not args.runs and not args.published:
         raise UsageError(f"the {command} command needs at least one RUNS folder or --published DIR")
     missing = [r for r in args.runs if not Path(r).exists()]

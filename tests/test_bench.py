@@ -1,10 +1,12 @@
 """The benchmarks run and report what they claim; their numbers are not asserted (they are not timed tests)."""
 
 import csv
+import os
 import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hang import HANG_S
@@ -54,6 +56,43 @@ def test_interleaved_rounds_rotate_the_starting_variant():
     firsts = order[::3]
     assert firsts == ["a", "b", "c", "a", "b", "c"]
     assert sorted(order) == sorted("abc" * 6)
+
+
+def test_the_efficiency_benchmark_follows_the_papers_protocol_and_its_figure_is_drawn(tmp_path):
+    # Every registered memory at tiny sizes: each trial times the epoch's minibatches and a run of single steps for
+    # every model, GRU, LSTM and Elman also as Python cells; memory once a model. The CSV, written as trials end,
+    # holds what the run returned, and `python -m analysis efficiency` draws the paper's figure from it.
+    from pomdp_ffm.bench import efficiency
+    from pomdp_ffm.seq_models import available
+
+    epoch = efficiency.Epoch(minibatches=2, episodes=2, steps=6, input_size=4, hidden_size=32)
+    csv_path = tmp_path / "efficiency.csv"
+    rows = efficiency.run(available(), 2, torch.device("cpu"), epoch, str(csv_path))
+    names = [*available(), "gru+cells", "lstm+cells", "elman+cells"]
+    count = lambda model, metric: sum(r.model == model and r.metric == metric for r in rows)
+    assert {r.model for r in rows} == set(names)
+    assert all(count(m, "train_s") == 2 and count(m, "latency_ms") == 2 and count(m, "peak_mem_mb") == 1 for m in names)
+    assert all(r.value > 0 and r.shape == "2x[T6,B2]_in4_h32" for r in rows)
+    written = pd.read_csv(csv_path)
+    assert len(written) == len(rows) and set(written["model"]) == set(names)
+
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", "efficiency", str(csv_path), "--out", str(out), "--resamples", "200"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "figures" / "efficiency_paper.png").is_file() and (out / "figures" / "efficiency_paper.pdf").is_file()
+    table = pd.read_csv(out / "tables" / "efficiency_paper.csv")
+    train = table[table["metric"] == "train_s"].set_index("model")
+    for model in names:  # the mean of the two trials, inside its interval; the ratio to FFM's mean
+        trials = written[(written["model"] == model) & (written["metric"] == "train_s")]["value"]
+        assert train.loc[model, "mean"] == pytest.approx(trials.mean(), rel=1e-6)
+        assert train.loc[model, "ci_low"] <= train.loc[model, "mean"] <= train.loc[model, "ci_high"]
+        assert train.loc[model, "to_ffm"] == pytest.approx(trials.mean() / train.loc["ffm", "mean"], rel=1e-6)
 
 
 def test_the_scan_benchmark_times_every_form_at_every_shape():
@@ -178,6 +217,9 @@ def test_bench_refuses_overrides_it_does_not_take():
         ),
         (["loop", "--project", "HopperBLT-V-v0"], "--project and --env-step-ms go together"),
         (["loop", "--jobs", "3"], "unrecognized arguments: --jobs 3"),
+        (["efficiency", "--models", "ffm", "rnn"], "--models rnn: not registered; the memories are mlp, posmlp"),
+        (["efficiency", "--trials", "0"], "argument --trials: 0 must be >= 1"),
+        (["memory", "--models", "ffm"], "--models goes with `efficiency` only"),
         (["eval", "--csv", "/nonexistent-folder/x.csv"], "--csv /nonexistent-folder/x.csv: its folder does not exist"),
         ([], "the following arguments are required: which"),
     ],

@@ -1,5 +1,5 @@
-"""``python -m pomdp_ffm.bench {memory,scan,update,act,loop,eval,overlap}``: benchmarks that compare variants in one
-process (docs/benchmarks.md).
+"""``python -m pomdp_ffm.bench {efficiency,memory,scan,update,act,loop,eval,overlap}``: benchmarks that compare
+variants in one process (docs/benchmarks.md).
 
 ``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
 seq_model=ffm --steps 3000``; so do ``eval`` (``python -m pomdp_ffm.bench eval env=Pendulum-V-v0``) and
@@ -52,13 +52,15 @@ def main(argv=None) -> None:
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=big, MALLOC_TRIM_THRESHOLD_=big)
         os.execve(sys.executable, [sys.executable, "-m", "pomdp_ffm.bench", *sys.argv[1:]], env)
     p = _Parser(prog="python -m pomdp_ffm.bench", description=__doc__)
-    p.add_argument("which", choices=["memory", "scan", "update", "act", "loop", "eval", "overlap"])
+    p.add_argument("which", choices=["efficiency", "memory", "scan", "update", "act", "loop", "eval", "overlap"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=_count, help="torch intra-op threads (default: torch's)")
     p.add_argument("--repeats", type=_count, default=20, help="interleaved timing rounds")
     p.add_argument("--shapes", nargs="+", choices=["rl", "paper"], help="memory: these shapes (default both)")
     p.add_argument("--variants", nargs="+", help="memory: time only these (e.g. ffm gru gru-loop; default all)")
     p.add_argument("--csv", help="also write the rows to this CSV file")
+    p.add_argument("--models", nargs="+", help="efficiency: these registered memories (default: every one)")
+    p.add_argument("--trials", type=_count, default=10, help="efficiency: trials per model (default 10, the paper's)")
     p.add_argument("--steps", type=_count, default=3000, help="loop: env steps to train for (default 3000)")
     p.add_argument("--updates", type=_count, default=200, help="overlap: updates in the burst (default 200)")
     p.add_argument(
@@ -108,6 +110,16 @@ def main(argv=None) -> None:
     device = checked(f"--device {args.device}: ", resolve_device, args.device)
     if args.which == "memory" and args.variants:
         checked("--variants: ", variants, 4, 32, device, args.variants)
+    if args.models:
+        from ..seq_models import available
+
+        unknown = [m for m in args.models if m not in available()]
+        if unknown or args.which != "efficiency":
+            p.refuse(
+                f"--models {' '.join(unknown)}: not registered; the memories are {', '.join(available())}"
+                if unknown
+                else "--models goes with `efficiency` only"
+            )
     if overrides:  # the settings a benchmark trains with, checked as `python -m pomdp_ffm.train` checks them
         checked("", precheck, overrides, check_dirs=False)  # a benchmark trains in a folder of its own
     if args.threads:
@@ -119,14 +131,14 @@ def main(argv=None) -> None:
         rows = _run(args, overrides, device)
     except Refused as e:  # a setting only the benchmark's trainer could check (e.g. its evaluation clock)
         p.refuse(str(e))
-    if args.csv and rows:
+    if args.csv and rows and args.which != "efficiency":  # (efficiency writes its rows as each trial ends)
         write_csv(rows, args.csv)
         print(f"\nwrote {args.csv}")
 
 
 def _run(args, overrides: list[str], device: torch.device) -> list:
     """The benchmark's rows, each table printed as it is done (``loop`` prints a report of its own)."""
-    from . import acting, evaluation, loop, memory, scan, update
+    from . import acting, efficiency, evaluation, loop, memory, scan, update
 
     if args.which == "loop":
         from ..launch.exits import EXIT_STOPPED
@@ -145,6 +157,14 @@ def _run(args, overrides: list[str], device: torch.device) -> list:
     if args.which == "update" and args.compile:
         rows = update.run_compiled(args.repeats, device, args.seeds)
         print_table(rows, baseline="sac_gru")
+        return rows
+    if args.which == "efficiency":
+        from ..seq_models import available
+
+        epoch = efficiency.PAPER_EPOCH if device.type == "cuda" else efficiency.CPU_EPOCH
+        print(f"one trial: {epoch.shape} (1/{round(1 / epoch.fraction)} of the paper's epoch), {args.trials} trials")
+        rows = efficiency.run(args.models or available(), args.trials, device, epoch, args.csv)
+        print_table(efficiency.summary(rows), baseline="ffm")
         return rows
     if args.which == "memory":
         rows = memory.run(args.shapes or list(memory.SHAPES), args.repeats, device, args.variants)

@@ -407,3 +407,34 @@ def test_decay_tables_use_the_models_own_timescales(product):
         rtol=1e-15,
         atol=0,
     )
+
+
+def test_the_efficiency_figure_has_the_papers_panels_and_the_runs_best_returns(tmp_path, monkeypatch):
+    # Benchmark trials for FFM and GRU (GRU also as Python cells), and two runs of each on Pendulum-V: the figure's
+    # panels are train time (log axis), latency, memory and best return, whose bars are the runs' mean best return.
+    from analysis import cli, figstyle
+
+    csv_path = tmp_path / "efficiency.csv"
+    trials = [("train_s", "s", [2.0, 2.2]), ("latency_ms", "ms", [0.4, 0.5]), ("peak_mem_mb", "MB", [70.0])]
+    lines = ["benchmark,shape,model,metric,value,unit"]
+    for k, model in enumerate(["ffm", "gru", "gru+cells"]):
+        lines += [f"efficiency,s1,{model},{m},{v * (k + 1)},{u}" for m, u, values in trials for v in values]
+    csv_path.write_text("\n".join(lines) + "\n")
+    root = tmp_path / "runs"
+    best = {"ffm": [-300.0, -200.0], "gru": [-500.0, -400.0]}
+    for model, bests in best.items():
+        for seed, top in enumerate(bests):
+            write_our_run(
+                root, "Pendulum-V-v0", "sac", model, seed, steps_grid(4, 2_000, 1_000), [-900, top, -700, -800]
+            )
+    figs = {}
+    monkeypatch.setattr(figstyle, "save", lambda fig, base, formats: figs.setdefault(Path(base).name, fig) and [])
+    assert cli.main(["efficiency", str(csv_path), str(root), "--out", str(tmp_path / "out"), "--resamples", "50"]) == 0
+    axes = figs["efficiency_paper"].axes
+    titles = [ax.get_title().split("\n")[-1] for ax in axes]
+    assert titles == ["Train time", "Inference latency", "Peak memory (fwd + bwd)", "Best return (learning check)"]
+    assert axes[0].get_xscale() == "log" and axes[1].get_xscale() == "linear"
+    # trial means in the registry's order (FFM last), the Python-cell variant hatched beside its memory
+    assert [b.get_width() for b in axes[0].patches] == pytest.approx([4.2, 6.3, 2.1])
+    assert [b.get_hatch() for b in axes[0].patches] == [None, "////", None]
+    assert [b.get_width() for b in axes[3].patches] == pytest.approx([-450.0, -250.0])  # (no run of GRU cells)
