@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a machine with CUDA torch: tests/test_cuda.py, then `bench update --compile`
-# (docs/benchmarks.md, "The compiled update"), then the FFM paper's efficiency protocol at its sizes for every
+# (docs/benchmarks.md, "The compiled update"), FFM's eager associative scan (`bench memory`), then the FFM paper's efficiency protocol at its sizes for every
 # registered memory (`bench efficiency`; its CSV grows trial by trial, so a timeout keeps the trials done; draw it
 # with `python -m analysis efficiency <LOGS>/bench_efficiency.csv --out <dir>`). Run from the repository root:
 #   bash launch/gpu_check.sh
@@ -32,6 +32,10 @@ TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" timeout "${BENCH_TIMEOUT:-270}" \
   python3 -m pomdp_ffm.bench update --compile --seeds 5 --repeats 20 --csv "$LOGS/bench_update_compile.csv" 2>&1 \
   | tee "$LOGS/bench_update_compile.log"
 bench=${PIPESTATUS[0]}
+# FFM's associative scan run eagerly against its eager default (the log-depth scan): whether one form could serve
+# eager and compiled runs alike (its compiled rows are above); at the RL and the paper's shapes.
+timeout 180 python3 -m pomdp_ffm.bench memory --variants ffm ffm-assoc gru --repeats 10 \
+  --csv "$LOGS/bench_memory_assoc.csv" 2>&1 | tee "$LOGS/bench_memory_assoc.log"
 timeout "${EFFICIENCY_TIMEOUT:-300}" python3 -m pomdp_ffm.bench efficiency --trials "${EFFICIENCY_TRIALS:-10}" \
   --csv "$LOGS/bench_efficiency.csv" 2>&1 | tee "$LOGS/bench_efficiency.log"
 efficiency=${PIPESTATUS[0]}

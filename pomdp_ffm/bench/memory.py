@@ -53,6 +53,8 @@ def variants(input_size: int, hidden_size: int, device: torch.device, only=None)
         "ffm-scan": build("ffm", aggregator="scan", **size),
         "ffm-loop": build("ffm", aggregator="loop", **size),
         "ffm-closed": build("ffm", aggregator="closed", **size),
+        # the associative scan in real arithmetic, eager: whether one CUDA form can serve eager and compiled runs
+        "ffm-assoc": build("ffm", aggregator="assoc", **size),
         "ffm-dense": FFMDenseFloor(input_size, hidden_size),
         "gru": build("gru", **size),
         "lstm": build("lstm", **size),
