@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a machine with CUDA torch: tests/test_cuda.py, then `bench update --compile`
-# (docs/benchmarks.md, "The compiled update"), FFM's eager associative scan (`bench memory`), then the FFM paper's efficiency protocol at its sizes for every
-# registered memory (`bench efficiency`; its CSV grows trial by trial, so a timeout keeps the trials done; draw it
-# with `python -m analysis efficiency <LOGS>/bench_efficiency.csv --out <dir>`). Run from the repository root:
+# (docs/benchmarks.md, "The compiled update"), FFM's eager associative scan (`bench memory`), then the FFM paper's
+# efficiency protocol at its sizes for every registered memory (`bench efficiency`; its CSV grows trial by trial,
+# so a timeout keeps the trials done; draw it with `python -m analysis efficiency <LOGS>/bench_efficiency.csv
+# --out <dir>`). Run from the repository root:
 #   bash launch/gpu_check.sh
 # WHEELS=<folder>: pure-Python wheels to install first where the machine has no network and lacks them
 # (hydra-core, omegaconf, antlr4-python3-runtime, gymnasium, farama-notifications; made elsewhere with
