@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .compiling import compile_before_acting
 from .joint import JointActs, JointBursts
-from .launch.rundir import RunDir, RunDirError
+from .launch.rundir import RunDir, RunDirError, RunResult
 from .launch.signals import StopSignals
 from .launch.start import (
     CURRENT_RUN,
@@ -40,7 +40,7 @@ from .trainer import StopRequested, Trainer
 log = logging.getLogger("pomdp_ffm")
 
 
-def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer] = Trainer) -> dict:
+def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer], stop: StopSignals) -> RunResult:
     run_cfg = validate(cfg)
     dirs = seed_dirs(job_dir, run_cfg.seed, list(run_cfg.seeds))
     cfgs = [seed_config(cfg, k) for k in run_cfg.seeds]
@@ -50,7 +50,6 @@ def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer] = Train
             check_untouched(RunDir(d), validate(c), OmegaConf.to_container(c, resolve=True))
         except RunDirError as e:
             raise Refused(str(e)) from None
-    stop = StopSignals()
     seeds: list[Seed] = []
     try:
         for k, c, d in zip(run_cfg.seeds, cfgs, dirs):
@@ -111,13 +110,13 @@ class SeedAxis:
 
     def __init__(self, seeds: list[Seed], stop: StopSignals):
         self.stop = stop
-        self.results: dict[int, dict] = {s.k: s.attempt.skip() for s in seeds if s.attempt.action == Action.SKIP}
+        self.results: dict[int, RunResult] = {s.k: s.attempt.skip() for s in seeds if s.attempt.action == Action.SKIP}
         self.errors: list[BaseException] = []
         self.running = [s for s in seeds if s.attempt.action != Action.SKIP]
         self.joint = JointBursts()
         self.gather = JointActs().applies([s.trainer for s in self.running])
 
-    def run(self) -> dict:
+    def run(self) -> RunResult:
         with self.stop:
             for s in self.running:
                 with self.turn(s):
@@ -142,14 +141,13 @@ class SeedAxis:
                     raise
         if self.errors:
             raise self.errors[0]
-        stopped = any(r.get("stopped") for r in self.results.values())
-        return {
-            "seeds": self.results,
-            "stopped": stopped,
-            "signal": self.stop.requested if stopped else None,
-            "stop": self.stop,
-            "skipped": all(r.get("skipped") for r in self.results.values()),
-        }
+        stopped = any(r.stopped for r in self.results.values())
+        return RunResult(
+            seeds=self.results,
+            stopped=stopped,
+            signal=self.stop.requested if stopped else None,
+            skipped=all(r.skipped for r in self.results.values()),
+        )
 
     def compile_update(self) -> None:
         """``train.compile``: the update compiled before any seed's first episode (compiling.compile_before_acting),

@@ -42,7 +42,7 @@ from .launch import signals
 from .launch.exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
 from .launch.grid import sweep_outcome
 from .launch.precheck import checked_command, launcher_name
-from .launch.rundir import LockLost, RunDir
+from .launch.rundir import LockLost, RunDir, RunResult
 from .launch.signals import STOP_SIGNALS, StopSignals, SweepSignals
 from .launch.start import Action, Refused, check_and_lock
 from .launch.unwritable import Unwritable
@@ -53,14 +53,16 @@ register_configs()
 log = logging.getLogger("pomdp_ffm")
 
 
-def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer) -> dict:
-    """Validate, lock, verify and train one run directory (or, with ``seeds``, one per seed: pomdp_ffm/seeds.py).
-    Raises Refused (nothing written), TrainingDiverged, or the error that stopped training (recorded in
-    ERROR.txt where it can be written). Returns a summary dict. ``trainer_cls`` lets tests put an instrumented
-    trainer on the real path."""
+def run(
+    cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer, stop: StopSignals | None = None
+) -> RunResult:
+    """Validate, lock, verify and train one run directory (or, with ``seeds``, one per seed: pomdp_ffm/seeds.py),
+    answering the stop signals ``stop`` (None: its own). Raises Refused (nothing written), TrainingDiverged, or the
+    error that stopped training (recorded in ERROR.txt where it can be written). ``trainer_cls`` lets tests put an
+    instrumented trainer on the real path."""
+    stop = StopSignals() if stop is None else stop
     if cfg.get("seeds"):
-        return run_seeds(cfg, Path(run_dir), trainer_cls)
-    stop = StopSignals()
+        return run_seeds(cfg, Path(run_dir), trainer_cls, stop)
     attempt = check_and_lock(cfg, run_dir, trainer_cls, stop=stop)
     try:
         if attempt.action == Action.SKIP:
@@ -68,11 +70,10 @@ def run(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Train
         attempt.begin()
         with stop:
             try:
-                result = attempt.end(attempt.trainer.train(resume=attempt.state))
+                return attempt.end(attempt.trainer.train(resume=attempt.state))
             except BaseException as e:
                 attempt.fail(e)
                 raise
-        return {**result, "stop": stop}
     finally:
         attempt.close()
 
@@ -102,7 +103,7 @@ def main(cfg: DictConfig) -> dict:
         return _job(cfg, hc)
 
 
-def _job(cfg: DictConfig, hc) -> dict:
+def _job(cfg: DictConfig, hc) -> RunResult:
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     stopped = signals.sweep_stopped()
@@ -110,9 +111,10 @@ def _job(cfg: DictConfig, hc) -> dict:
         # A stop signal stopped the sweep (during a job of this process or between two): this job does not start.
         _remove_empty_dirs(run_dir, stop_at=Path(hc.sweep.dir))
         log.info("not started: the sweep was stopped by signal %d", stopped)
-        return {"stopped": True, "started": False, "signal": stopped}
+        return RunResult(stopped=True, started=False, signal=stopped)
+    stop = StopSignals()
     try:
-        result = run(cfg, run_dir)
+        result = run(cfg, run_dir, stop=stop)
     # (A failure is in attempts.log and ERROR.txt where it fits; a lost lock, in neither: the run wrote its last.)
     except (Refused, TrainingDiverged, Unwritable, LockLost) as e:
         refused = isinstance(e, Refused)
@@ -120,7 +122,7 @@ def _job(cfg: DictConfig, hc) -> dict:
         if refused:
             _remove_empty_dirs(run_dir, stop_at=Path.cwd() if not multirun else Path(hc.sweep.dir))
         if multirun:  # named at the sweep's end (grid.SweepOutcomes), as the sweep goes on
-            return {"refused" if refused else "failed": str(e)}
+            return RunResult(refused=str(e)) if refused else RunResult(failed=str(e))
         fix = f"; {e.fix}, then rerun (resume=true continues from the last checkpoint)" if unwritable else ""
         print(f"error: {e}{fix}", file=sys.stderr)
         if refused:
@@ -133,17 +135,16 @@ def _job(cfg: DictConfig, hc) -> dict:
         if not multirun:
             raise
         log.error("%s failed", run_dir, exc_info=not (run_dir / RunDir.ERROR).exists())  # (else ERROR.txt has it)
-        return {"failed": f"{type(e).__name__}: {e}"}
-    if result.get("stopped"):
-        result["stop"].hand_over()  # inside submitit: requeue now that the checkpoint is on disk (exits)
+        return RunResult(failed=f"{type(e).__name__}: {e}")
+    if result.stopped:
+        stop.hand_over()  # inside submitit: requeue now that the checkpoint is on disk (exits)
         if not multirun:
             sys.exit(EXIT_STOPPED)
-        signals.stop_sweep(result["signal"])
-    elif multirun and result.get("stop") is not None and result["stop"].requested is not None:
+        signals.stop_sweep(result.signal)
+    elif multirun and stop.requested is not None:
         # The signal came after the run's last look at it (its final evaluation, checkpoint, DONE): the run is
         # done, and the sweep stops all the same.
-        signals.stop_sweep(result["stop"].requested)
-    result.pop("stop", None)
+        signals.stop_sweep(stop.requested)
     return result
 
 

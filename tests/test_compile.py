@@ -361,11 +361,11 @@ def test_a_stop_while_the_update_compiles_is_taken_before_the_first_episode_and_
 
     calls.clear()
     out = train(composed(*RUN), tmp_path / "cut", StopWhileCompiling)
-    assert out["stopped"] and out["env_steps"] == out["rl_steps"] == 0
+    assert out.stopped and out.counters.env_steps == out.counters.rl_steps == 0
     assert calls and all(c[0] == "compiled" for c in calls)  # compiled, then stopped: no episode
     assert "stopped by signal 10 at 0 env steps" in (tmp_path / "cut" / "attempts.log").read_text()
     out = train(composed(*RUN, "resume=true"), tmp_path / "cut")
-    assert not out["stopped"]
+    assert not out.stopped
     pd.testing.assert_frame_equal(
         read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
         read(tmp_path / "full").drop(columns=TIME_COLUMNS),
@@ -389,10 +389,10 @@ def test_a_seed_axis_compiles_once_before_its_first_episode(composed, tmp_path, 
 
     out = run(composed(*RUN, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopWhileCompiling)
     assert calls == [("compiled", 0)] * 2  # one warm-up (TD3: critic and actor losses), no episode
-    assert out["stopped"] and all(r["stopped"] and r["env_steps"] == 0 for r in out["seeds"].values())
+    assert out.stopped and all(r.stopped and r.counters.env_steps == 0 for r in out.seeds.values())
     calls.clear()
     out = run(composed(*RUN, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0", episodes_listed(calls))
-    assert not out["stopped"] and calls[: calls.index(("episode", 0))] == [("compiled", 0)] * 2
+    assert not out.stopped and calls[: calls.index(("episode", 0))] == [("compiled", 0)] * 2
 
 
 FAILING_COMPILE = """
@@ -514,11 +514,11 @@ def test_a_resume_that_switches_train_compile_says_so(composed, tmp_path, monkey
 
     run = tmp_path / "run"
     base = ("algo=td3", "seq_model=ffm", "device=cpu", "train.num_iters=6")
-    assert train(composed(*base), run, StopAfterTheFirstBurst)["stopped"]
-    assert train(composed(*base, "resume=true"), run, StopAfterTheFirstBurst)["stopped"]
+    assert train(composed(*base), run, StopAfterTheFirstBurst).stopped
+    assert train(composed(*base, "resume=true"), run, StopAfterTheFirstBurst).stopped
     assert "train.compile" not in (run / "attempts.log").read_text()
     with caplog.at_level("WARNING", logger="pomdp_ffm"):
-        assert train(composed(*base, "train.compile=true", "resume=true"), run, StopAfterTheFirstBurst)["stopped"]
+        assert train(composed(*base, "train.compile=true", "resume=true"), run, StopAfterTheFirstBurst).stopped
     said = [r.getMessage() for r in caplog.records if r.levelno >= 30 and "train.compile" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"{run}: train.compile=true here, false when the run started")
     assert "matches neither setting" in said[0]

@@ -450,7 +450,7 @@ def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_p
             if self.counters.env_steps >= 600:
                 self.stop.request(15)
 
-    assert train(composed(*overrides), tmp_path / "graphs", Interrupt)["stopped"]
+    assert train(composed(*overrides), tmp_path / "graphs", Interrupt).stopped
     train(composed(*overrides, "resume=true"), tmp_path / "graphs")
     assert all(r.replays > 0 for r in runners)
     pd.testing.assert_frame_equal(

@@ -111,10 +111,10 @@ def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupt
         pd.testing.assert_frame_equal(got, want.iloc[: len(got)], check_exact=True, check_dtype=len(got) > 0)
         if attempt < 5:
             assert len(plan.taken) == attempt + 1, f"attempt {attempt} took no stop: {plan.taken}"
-            assert out is None if attempt == 4 else out["stopped"]
+            assert out is None if attempt == 4 else out.stopped
         if attempt == 0:
-            assert out["burst"]["done"] == 10 and not out["pool_done"]
+            assert out.counters.burst.done == 10 and not out.counters.pool_done
         if attempt == 1:
-            assert 0 < out["burst"]["done"] < out["burst"]["n"]
-    assert not plan.stops and not out["stopped"]
+            assert 0 < out.counters.burst.done < out.counters.burst.n
+    assert not plan.stops and not out.stopped
     pd.testing.assert_frame_equal(read(cut), want, check_exact=True)

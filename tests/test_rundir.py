@@ -78,7 +78,7 @@ def cut_run(composed, tmp_path):
     """A run stopped by a signal at 600 env steps (checkpoint saved), and the config that resumes it."""
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5")
     run_dir = tmp_path / "cut"
-    assert run(composed(*overrides), run_dir, trainer_cls=StopAt600)["stopped"]
+    assert run(composed(*overrides), run_dir, trainer_cls=StopAt600).stopped
     return run_dir, composed(*overrides, "resume=true")
 
 
@@ -449,7 +449,7 @@ def test_a_budget_whose_evaluations_all_fall_in_the_initial_pool_is_refused(tmp_
 def test_resume_reproduces_the_uninterrupted_run(cut_run, full_run):
     run_dir, cfg = cut_run
     assert RunDir(run_dir).status() == "resumable"
-    assert not run(cfg, run_dir)["stopped"]
+    assert not run(cfg, run_dir).stopped
     pd.testing.assert_frame_equal(read(run_dir), read(full_run), check_exact=True)
     assert RunDir(run_dir).status() == "done"
 
@@ -564,7 +564,7 @@ def test_finished_run_is_skipped_and_a_refusal_leaves_no_error_file(composed, fu
             super().__init__(*a, **kw)
 
     cfg = composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true")
-    assert run(cfg, full_run, trainer_cls=Counted)["skipped"]
+    assert run(cfg, full_run, trainer_cls=Counted).skipped
     assert built == []  # a finished run builds no trainer: no env, no buffer, no agent
     assert (full_run / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
 
@@ -579,7 +579,7 @@ def test_failed_run_writes_error_in_its_own_directory(composed, tmp_path):
         run(composed(), run_dir, trainer_cls=Boom)
     assert "RuntimeError: boom" in (run_dir / "ERROR.txt").read_text()
     assert RunDir(run_dir).status() == "failed"
-    assert run(composed("resume=true"), run_dir)["stopped"] is False  # the rerun starts again and finishes
+    assert run(composed("resume=true"), run_dir).stopped is False  # the rerun starts again and finishes
     assert not (run_dir / "ERROR.txt").exists() and RunDir(run_dir).status() == "done"
 
 
@@ -635,7 +635,7 @@ def test_status_command(cut_run, full_run, capsys):
 def test_checkpoint_without_its_buffer_is_refused_in_one_line(composed, tmp_path):
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5", "checkpoint.save_buffer=false")
     run_dir = tmp_path / "nobuf"
-    assert run(composed(*overrides), run_dir, trainer_cls=StopAt600)["stopped"]
+    assert run(composed(*overrides), run_dir, trainer_cls=StopAt600).stopped
     attempts = (run_dir / "attempts.log").read_text()
     with pytest.raises(Refused, match=r"saved without its replay buffer \(checkpoint.save_buffer=false\)"):
         run(composed(*overrides, "resume=true"), run_dir)
@@ -675,7 +675,7 @@ def test_a_key_added_later_is_no_difference_at_its_default(cut_run, full_run, tm
         state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
         del state["config"]["eval"]["episodes_together"]
         torch.save(state, run_dir / "checkpoints" / "last.pt")
-    assert run(cut_run[1], full_run)["skipped"]
+    assert run(cut_run[1], full_run).skipped
     run(cut_run[1], cut_run[0])
     assert RunDir(cut_run[0]).status() == "done"
 
@@ -695,7 +695,7 @@ def test_a_config_cut_short_at_a_line_is_refused(cut_run, full_run, which):
         run(cut_run[1], run_dir)
     assert rundir_main(["restore-config", str(run_dir)]) == 0
     result = run(cut_run[1], run_dir)
-    assert result["skipped"] if which == "full" else not result["stopped"]
+    assert result.skipped if which == "full" else not result.stopped
 
 
 @pytest.mark.parametrize("done", ["", "env_steps=600\n", "env_steps=1200\n", "finished\n"])
@@ -714,7 +714,7 @@ def test_a_done_file_that_is_not_the_runs_is_refused(cut_run, full_run, done):
     (run_dir / "DONE").unlink()
     run(cfg, run_dir)
     assert (run_dir / "DONE").read_text() == "env_steps=1200\n" and read(run_dir).equals(read(full_run))
-    assert run(cfg, run_dir)["skipped"]
+    assert run(cfg, run_dir).skipped
 
 
 def test_turning_off_the_buffer_at_resume_is_refused(cut_run):
@@ -871,7 +871,7 @@ def test_status_is_what_a_start_would_do(finished, tmp_path, case, expected):
         assert str(e.value) == got[len("damaged: ") :]
         assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
     else:
-        assert run(cfg, run_dir)["skipped"] == (got == "done")
+        assert run(cfg, run_dir).skipped == (got == "done")
     assert not (tmp_path / "payload-ran").exists()
 
 

@@ -31,7 +31,7 @@ def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
     # On a CPU: on CUDA the seeds' updates run together and share the lead seed's generators (patches/016).
     overrides = (*overrides, "device=cpu")
     out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0")
-    assert set(out["seeds"]) == {0, 1} and not out["stopped"]
+    assert set(out.seeds) == {0, 1} and not out.stopped
     for k in (0, 1):
         run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
         axis, solo = tmp_path / "axis" / f"seed-{k}", tmp_path / "solo" / f"seed-{k}"
@@ -71,7 +71,7 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
                 self.stop.request(signal.SIGTERM)
 
     out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopOnSeed1)
-    assert out["stopped"] and all(r["stopped"] for r in out["seeds"].values())
+    assert out.stopped and all(r.stopped for r in out.seeds.values())
     assert all(RunDir(tmp_path / "axis" / f"seed-{k}").status() == "resumable" for k in (0, 1))
     run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0")
     for k in (0, 1):
@@ -80,9 +80,9 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
             read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"), check_exact=True
         )
     # A seed run alone can continue or skip a directory the axis wrote, and the axis one a seed wrote alone.
-    assert run(composed(*overrides, "seed=1", "resume=true"), tmp_path / "axis" / "seed-1")["skipped"]
+    assert run(composed(*overrides, "seed=1", "resume=true"), tmp_path / "axis" / "seed-1").skipped
     out = run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "solo" / "seed-0")
-    assert all(r["skipped"] for r in out["seeds"].values())
+    assert all(r.skipped for r in out.seeds.values())
 
 
 def test_a_failing_seed_is_recorded_and_the_others_finish(composed, tmp_path):
@@ -222,7 +222,7 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
                 self.stop.request(signal.SIGTERM)
 
     out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "graphs" / "seed-0", trainer_cls=StopOnSeed2)
-    assert out["stopped"]
+    assert out.stopped
     run(composed(*overrides, "seeds=[0,1,2]", "resume=true"), tmp_path / "graphs" / "seed-0")
     assert sum(r.replays for r in graphs) > 0
     for k in (0, 1, 2):
@@ -317,7 +317,7 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
                     self.stop.request(signal.SIGTERM)
             return rollout
 
-    assert run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopAtSeed1sSecondEpisode)["stopped"]
+    assert run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopAtSeed1sSecondEpisode).stopped
     bursts = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["burst"] for k in range(3)]
     assert any(b is not None and 0 < b["done"] < b["n"] for b in bursts), bursts  # some seed stopped mid-burst
     run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
@@ -397,7 +397,7 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
         tmp_path / "axis" / "seed-0",
         trainer_cls=OneOff,
     )
-    assert not out["stopped"]
+    assert not out.stopped
     assert solo == [(1, delay - 1)]
     alone = [t.timers["n_updates"] - t.timers["n_joint_updates"] for t in made]
     assert alone == [0, delay - 1, 0]
@@ -434,7 +434,7 @@ def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, mon
         Rollout, "submit", lambda self: calls.append(isinstance(self.policy, AgentPolicy)) or submit(self)
     )
     out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "axis" / "seed-0")
-    assert not out["stopped"] and calls and all(calls)  # only the agent's steps are gathered, not the pool's
+    assert not out.stopped and calls and all(calls)  # only the agent's steps are gathered, not the pool's
     for k in (0, 1, 2):
         pd.testing.assert_frame_equal(
             read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"), check_exact=True
@@ -516,7 +516,7 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
             return evaluation
 
     out = run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopMidway)
-    assert out["stopped"] and all(r["stopped"] for r in out["seeds"].values())
+    assert out.stopped and all(r.stopped for r in out.seeds.values())
     # Every seed played its episode, or its evaluation, to the end: the stop is taken at the next burst or unit.
     from pomdp_ffm.launch.checkpoint import load_checkpoint
 
@@ -641,7 +641,7 @@ def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, 
         run(composed(*overrides, "seeds=[0,1,2]", *extra), tmp_path / "before" / "seed-0")
     spread = Spread(monkeypatch)
     out = run(composed(*overrides, "seeds=[0,1,2]", "eval.during_updates=true", *extra), tmp_path / "axis" / "seed-0")
-    assert not out["stopped"] and spread.between > 0
+    assert not out.stopped and spread.between > 0
     if way != "turns":
         assert len(joint) == 2 and all(r is not None for r in joint)
     for k in (0, 1, 2):

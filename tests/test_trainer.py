@@ -54,7 +54,7 @@ def test_run_writes_reference_log_and_checkpoints(composed, tmp_path):
     assert len(train_rows) == 4 and train_rows["rl_loss/qf1_loss"].notna().all()
     assert train_rows["rl_loss/alpha"].between(0, 1.5).all()
     assert (tmp_path / "run" / "DONE").exists() and (tmp_path / "run" / "checkpoints" / "last.pt").exists()
-    assert out["env_steps"] == 800 and not out["stopped"]
+    assert out.counters.env_steps == 800 and not out.stopped
     assert not (tmp_path / "run" / "tb").exists()  # TensorBoard is opt-in (patches/010)
 
 
@@ -86,11 +86,11 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
             if self.counters.env_steps >= 600:
                 self.stop.request(15)  # what SIGTERM does
 
-    assert train(composed(*overrides), tmp_path / "cut", Interrupt)["stopped"]
+    assert train(composed(*overrides), tmp_path / "cut", Interrupt).stopped
     with pytest.raises(Refused, match="resume=true"):
         train(composed(*overrides), tmp_path / "cut")
     out = train(composed(*overrides, "resume=true"), tmp_path / "cut")
-    assert not out["stopped"] and out["env_steps"] == 1400
+    assert not out.stopped and out.counters.env_steps == 1400
     cut = read(tmp_path / "cut")
     steps = eval_rows(cut)["z/env_steps"]
     assert steps.is_monotonic_increasing and steps.tolist() == [400, 600, 800, 1000, 1200, 1400]
@@ -117,7 +117,7 @@ def test_envs_in_workers_train_and_resume_as_envs_here(composed, tmp_path, task)
             if Interrupt.iterations == 3:  # the pool's burst, then two iterations'
                 self.stop.request(15)
 
-    assert train(composed(*overrides, *workers), tmp_path / "there", Interrupt)["stopped"]
+    assert train(composed(*overrides, *workers), tmp_path / "there", Interrupt).stopped
     train(composed(*overrides, *workers, "resume=true"), tmp_path / "there")
     here, there = read(tmp_path / "here"), read(tmp_path / "there")
     pd.testing.assert_frame_equal(there.drop(columns=TIME_COLUMNS), here.drop(columns=TIME_COLUMNS), check_exact=True)
@@ -209,7 +209,7 @@ def test_pybullet_task_end_to_end(composed, tmp_path):
         "env=HopperBLT-V-v0", "algo=td3", "train.num_iters=1", "train.num_updates_per_iter=0.002", "eval.log_interval=1"
     )
     out = train(cfg, tmp_path / "blt")
-    assert out["env_steps"] >= 1000 and out["rollouts"] > 1
+    assert out.counters.env_steps >= 1000 and out.counters.rollouts > 1
     df = read(tmp_path / "blt")
     assert df["rl_loss/qf1_loss"].notna().any()
 
@@ -272,9 +272,9 @@ def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, st
             self.agent.update = counted
 
     out = train(composed(*overrides), tmp_path / "cut", StopMidBurst)
-    assert out["stopped"] and out["rl_steps"] == stop_at_update and out["burst"]["done"] > 0
+    assert out.stopped and out.counters.rl_steps == stop_at_update and out.counters.burst.done > 0
     out = train(composed(*overrides, "resume=true"), tmp_path / "cut")
-    assert not out["stopped"] and out["burst"] is None
+    assert not out.stopped and out.counters.burst is None
     pd.testing.assert_frame_equal(
         read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
         read(tmp_path / "full").drop(columns=TIME_COLUMNS),
@@ -437,9 +437,9 @@ def test_evaluation_during_updates_writes_the_same_log(composed, tmp_path, monke
     # Deferred: the evaluations at clock iterations 2, 4, 5 (the pool is the first; 3 and 6 are checkpoints, 7 the
     # end). With 200-step episodes the env-step clock counts an iteration per episode.
     if task == "Pendulum-V-v0":
-        assert CountDeferred.deferred == [400, 800, 1000] and out["env_steps"] == 1400
+        assert CountDeferred.deferred == [400, 800, 1000] and out.counters.env_steps == 1400
     else:
-        assert CountDeferred.deferred and out["env_steps"] not in CountDeferred.deferred
+        assert CountDeferred.deferred and out.counters.env_steps not in CountDeferred.deferred
     if spread is not None:
         assert spread.between > 0  # some steps were played between two updates
     if way == "workers":  # steps played between updates while the workers step
@@ -473,11 +473,11 @@ def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(
 
     cut = composed(*overrides, "eval.during_updates=true")
     out = train(cut, tmp_path / "cut", StopMidBurst)
-    assert out["stopped"] and out["burst"]["done"] > 0
+    assert out.stopped and out.counters.burst.done > 0
     rows = read(tmp_path / "cut")
-    assert eval_rows(rows)["z/env_steps"].tolist()[-1] < out["env_steps"]  # the deferred one, logged at the stop
+    assert eval_rows(rows)["z/env_steps"].tolist()[-1] < out.counters.env_steps  # the deferred one, logged at the stop
     out = train(composed(*overrides, "eval.during_updates=true", "resume=true"), tmp_path / "cut")
-    assert not out["stopped"]
+    assert not out.stopped
     pd.testing.assert_frame_equal(
         read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
         read(tmp_path / "full").drop(columns=TIME_COLUMNS),

@@ -49,7 +49,7 @@ class StopAfterFirstCheckpoint(Trainer):
 def stopped(composed, tmp_path):
     """A run stopped with its checkpoint (600 env steps), and the config that resumes it."""
     run_dir = tmp_path / "run"
-    assert run(composed(*GRU, "train.num_iters=5"), run_dir, trainer_cls=StopAfterFirstCheckpoint)["stopped"]
+    assert run(composed(*GRU, "train.num_iters=5"), run_dir, trainer_cls=StopAfterFirstCheckpoint).stopped
     return run_dir, composed(*GRU, "train.num_iters=5", "resume=true")
 
 
@@ -71,7 +71,7 @@ def test_a_read_only_progress_file_at_resume_is_named_and_the_failure_recorded(s
     assert last_attempt(run_dir) == "failed (see ERROR.txt)"
     assert "Unwritable" in (run_dir / "ERROR.txt").read_text()
     monkeypatch.undo()
-    assert run(cfg, run_dir)["stopped"] is False and (run_dir / "DONE").exists()  # writable again: it resumes
+    assert run(cfg, run_dir).stopped is False and (run_dir / "DONE").exists()  # writable again: it resumes
 
 
 def test_a_full_disk_leaves_no_temporary_file_and_records_the_failure_in_attempts_log(composed, tmp_path, monkeypatch):

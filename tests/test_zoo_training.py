@@ -32,8 +32,8 @@ def progress(run_dir) -> pd.DataFrame:
 
 def axis_stopped_and_resumed(composed, run_dir, overrides):
     out = run(composed(*overrides, "seeds=[0,1]"), run_dir, trainer_cls=StopSeed1)
-    assert out["stopped"] and RunDir(run_dir.parent / "seed-1").status() == "resumable"
-    assert not run(composed(*overrides, "seeds=[0,1]", "resume=true"), run_dir)["stopped"]
+    assert out.stopped and RunDir(run_dir.parent / "seed-1").status() == "resumable"
+    assert not run(composed(*overrides, "seeds=[0,1]", "resume=true"), run_dir).stopped
 
 
 @pytest.mark.parametrize("model", available())

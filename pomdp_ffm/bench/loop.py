@@ -120,7 +120,7 @@ def run(overrides: list[str], steps: int, device, threads: int | None) -> dict:
         tm += trainer.timers
     # A stop signal (e.g. the `timeout` around a benchmark on a lent machine) ends the run at its next chance:
     # what it timed until then is still a measurement, so it is reported, marked as stopped.
-    if out.get("stopped") and not tm["n_updates"]:
+    if out.stopped and not tm["n_updates"]:
         raise StoppedEarly("the benchmark's run was stopped by a signal before it timed an update")
     n_steps = tm["n_steps"]
     n_updates = tm["n_updates"]
@@ -165,7 +165,7 @@ def run(overrides: list[str], steps: int, device, threads: int | None) -> dict:
         "model": f"{cfg.policy.algo_name}+{cfg.policy.seq_model}",
         "overrides": list(overrides),
         "seeds": len(made),
-        "stopped": bool(out.get("stopped")),
+        "stopped": out.stopped,
         "unmeasured": unmeasured,
     }
 

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import register_configs
 from .exits import EXIT_OK, EXIT_REFUSED
-from .rundir import RunDir, RunStatus, Status, replace_text
+from .rundir import RunDir, RunResult, RunStatus, Status, replace_text
 from .start import seed_config, seed_dirs, status
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -193,14 +193,11 @@ class SweepOutcomes(Callback):
         try:
             value = job_return.return_value
         except Exception as e:  # (the train entry point returns its refusals and failures)
-            value = {"failed": f"{type(e).__name__}: {e}"}
-        if not isinstance(value, dict):
-            value = {}
-        what = next((k for k in ("refused", "failed") if k in value), None)
-        if what is None:
-            what = "stopped" if value.get("stopped") else "finished"
-        why = " ".join(str(value.get(what, "")).split())
-        record = {"kind": what, "dir": str(config.hydra.runtime.output_dir), "why": why}
+            value = RunResult(failed=f"{type(e).__name__}: {e}")
+        if not isinstance(value, RunResult):  # (a job that is not pomdp_ffm.train's)
+            value = RunResult()
+        why = " ".join((value.refused or value.failed).split())
+        record = {"kind": value.kind, "dir": str(config.hydra.runtime.output_dir), "why": why}
         Path(self.folder).mkdir(parents=True, exist_ok=True)
         replace_text(Path(self.folder) / str(config.hydra.job.num), json.dumps(record))
 

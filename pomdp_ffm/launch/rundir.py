@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -46,6 +47,27 @@ class RunStatus(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.detail}" if self.detail else str(self.kind)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a job ends with: pomdp_ffm.train's ``run`` (a run, or a seed axis's runs in ``seeds``), which Hydra hands
+    to grid.SweepOutcomes in the launching process. In a sweep, a job refused or failed says why here instead of
+    raising, so that the sweep goes on. The stop signals a run answered stay with its caller."""
+
+    skipped: bool = False  # finished before: nothing ran
+    stopped: bool = False  # a stop signal ended it, its checkpoint saved
+    signal: int | None = None
+    counters: Any = None  # where it stands (trainer.Counters), for one run that ran
+    seeds: dict[int, RunResult] = field(default_factory=dict)  # a seed axis: each seed's, by its index
+    started: bool = True  # False: a sweep's job that the sweep's stop kept from starting
+    refused: str = ""
+    failed: str = ""
+
+    @property
+    def kind(self) -> str:
+        """How it ended, as the sweep's summary counts it."""
+        return "refused" if self.refused else "failed" if self.failed else "stopped" if self.stopped else "finished"
 
 
 class RunDirError(RuntimeError):

@@ -8,7 +8,7 @@ import logging
 import re
 import sys
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from ..config import (
 from ..envs import get_task
 from ..trainer import Outcome, Trainer, TrainingDiverged
 from .checkpoint import CheckpointError, load_checkpoint, other_format
-from .rundir import LockLost, RunDir, RunDirError, RunStatus, Status, set_aside
+from .rundir import LockLost, RunDir, RunDirError, RunResult, RunStatus, Status, set_aside
 from .unwritable import Unwritable, writing
 
 
@@ -349,11 +349,11 @@ class Attempt:
     stale: str | None
     handler: logging.Handler | None = None
 
-    def skip(self) -> dict:
+    def skip(self) -> RunResult:
         log.info("%s is finished (%s exists): skipping", self.run.path, RunDir.DONE)
         self.run.error.unlink(missing_ok=True)  # a finished run supersedes an earlier attempt's error
         self.run.record_attempt("skipped (finished)")
-        return {"skipped": True}
+        return RunResult(skipped=True)
 
     def begin(self) -> None:
         run = self.run
@@ -396,7 +396,7 @@ class Attempt:
             run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(self.composed)))
         run.record_attempt("start" + compile_switch_said(self.state, self.trainer, run.path))
 
-    def end(self, outcome: Outcome) -> dict:
+    def end(self, outcome: Outcome) -> RunResult:
         c = outcome.counters
         if outcome.stopped:
             lost = "" if self.trainer.cfg.checkpoint.save_buffer else " without its replay buffer: it cannot be resumed"
@@ -410,7 +410,7 @@ class Attempt:
                 raise RuntimeError("the budget was reached without a single evaluation logged")
             self.run.write_text(self.run.done, f"env_steps={c.env_steps}\n")
             self.run.record_attempt(f"finished at {c.env_steps} env steps")
-        return {"skipped": False, "stopped": outcome.stopped, "signal": outcome.signal, **asdict(c)}
+        return RunResult(stopped=outcome.stopped, signal=outcome.signal, counters=c)
 
     def abandon(self) -> None:
         """Undo a start that will not begin (another seed's was refused): it leaves nothing, not even its lock file."""
