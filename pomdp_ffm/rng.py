@@ -6,16 +6,33 @@ from __future__ import annotations
 
 import contextlib
 import random
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 
-def host_rng_state() -> tuple:
-    return np.random.get_state(), random.getstate()
+class HostRNG(NamedTuple):
+    """numpy's and Python's global generators' states, as they give them."""
+
+    numpy: tuple
+    python: tuple
 
 
-def saved(host: tuple) -> dict:
+class RNGState(NamedTuple):
+    """Every global generator's state: torch's, CUDA's (None without CUDA), numpy's, Python's."""
+
+    torch: torch.Tensor
+    cuda: Any
+    numpy: tuple
+    python: tuple
+
+
+def host_rng_state() -> HostRNG:
+    return HostRNG(np.random.get_state(), random.getstate())
+
+
+def saved(host: HostRNG) -> dict:
     """The process-wide generators' states, tensors and plain containers only (``checkpoint.load_checkpoint`` reads
     tensors-only); ``host``: numpy's and Python's (a seed of an axis keeps its own)."""
     (kind, keys, pos, has_gauss, cached), py_state = host
@@ -50,12 +67,12 @@ class SeedRNG:
     """One seed's global generators' states, swapped in for its turns; ``keep`` once its trainer is built."""
 
     def __init__(self):
-        self.state: tuple | None = None
+        self.state: RNGState | None = None
 
-    def keep(self, host: tuple | None = None) -> None:
+    def keep(self, host: HostRNG | None = None) -> None:
         """The generators' states now; ``host``: numpy's and Python's, if not the globals'."""
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self.state = (torch.get_rng_state(), cuda, *(host or host_rng_state()))
+        self.state = RNGState(torch.get_rng_state(), cuda, *(host or host_rng_state()))
 
     @contextlib.contextmanager
     def active(self, host: bool = True):
@@ -71,10 +88,10 @@ class SeedRNG:
         try:
             yield
         finally:
-            self.keep(None if host else (np_state, py_state))
+            self.keep(None if host else HostRNG(np_state, py_state))
 
 
-def same_host_rng(a: tuple, b: tuple) -> bool:
+def same_host_rng(a: HostRNG, b: HostRNG) -> bool:
     (np_a, py_a), (np_b, py_b) = a, b
     return (
         py_a == py_b and np_a[0] == np_b[0] and np.array_equal(np_a[1], np_b[1]) and tuple(np_a[2:]) == tuple(np_b[2:])

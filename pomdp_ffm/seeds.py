@@ -14,6 +14,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -33,7 +34,7 @@ from .launch.start import (
     seed_dirs,
     validate,
 )
-from .rng import SeedRNG, host_rng_state, same_host_rng
+from .rng import HostRNG, SeedRNG, host_rng_state, same_host_rng
 from .rollout import Rollout
 from .trainer import StopRequested, Trainer
 
@@ -85,6 +86,14 @@ def close_each(closers: Iterable[Callable[[], object]], quiet_as: str | None = N
         log.warning("closing %s failed: %s: %s", quiet_as, type(e).__name__, e)
 
 
+class Playing(NamedTuple):
+    """A seed's rollouts while gathered: where its next comes from, what to do when one ends, the one in play."""
+
+    next: Callable[[], Rollout | None]
+    ended: Callable[[Rollout], None]
+    rollout: Rollout
+
+
 @dataclass(eq=False)
 class Seed:
     """One seed: its started run, generators, and while gathered its rollout in play and submitted acting step."""
@@ -92,7 +101,7 @@ class Seed:
     k: int
     attempt: Attempt
     rng: SeedRNG
-    playing: tuple | None = None  # (next, ended, rollout) while its rollouts are gathered
+    playing: Playing | None = None  # while its rollouts are gathered
     wait: Callable | None = None
 
     @property
@@ -288,7 +297,7 @@ class SeedAxis:
             for s in live:  # the acting steps in; envs in worker processes step from here
                 with self.own_turn(s, light=True):
                     wait, s.wait = s.wait, None
-                    s.playing[2].send(wait())
+                    s.playing.rollout.send(wait())
             for s in live:
                 if s in self.running:
                     with self.own_turn(s, light=True):
@@ -307,9 +316,9 @@ class SeedAxis:
     def _next_rollout(s: Seed, next_rollout: Callable[[], Rollout | None], ended: Callable) -> None:
         s.playing = None
         if (rollout := next_rollout()) is not None:
-            s.playing, s.wait = (next_rollout, ended, rollout), rollout.submit()
+            s.playing, s.wait = Playing(next_rollout, ended, rollout), rollout.submit()
 
-    def untouched(self, before: tuple, seeds: list[Seed]) -> bool:
+    def untouched(self, before: HostRNG, seeds: list[Seed]) -> bool:
         """If the host generators moved in the gathered phase, all its seeds fail (which one drew cannot be told)."""
         if same_host_rng(before, host_rng_state()):
             return True
