@@ -95,6 +95,25 @@ def test_the_efficiency_benchmark_follows_the_papers_protocol_and_its_figure_is_
         assert train.loc[model, "to_ffm"] == pytest.approx(trials.mean() / train.loc["ffm", "mean"], rel=1e-6)
 
 
+def test_peak_bytes_on_a_cpu_is_the_most_held_at_once():
+    from pomdp_ffm.bench.common import peak_bytes
+
+    def both_held():  # two 4 MB tensors alive together
+        a = torch.ones(1000, 1000)
+        b = a * 2
+        del a, b
+
+    def one_after_the_other():  # the first freed before the second is made
+        a = torch.ones(1000, 1000)
+        del a
+        b = torch.ones(1000, 1000)
+        del b
+
+    cpu = torch.device("cpu")
+    assert 8_000_000 <= peak_bytes(both_held, cpu) < 8_000_000 + 1024  # (+ the 2's scalar tensor)
+    assert 4_000_000 <= peak_bytes(one_after_the_other, cpu) < 4_000_000 + 1024
+
+
 def test_the_scan_benchmark_times_every_form_at_every_shape():
     from pomdp_ffm.bench import scan
 

@@ -115,6 +115,26 @@ def saved_tensor_bytes(make_graph: Callable[[], torch.Tensor], device: torch.dev
     return sum(seen.values())
 
 
+def peak_bytes(run: Callable[[], None], device: torch.device) -> int:
+    """The most bytes ``run`` holds allocated at once beyond what was there before it: torch's peak on CUDA; on a
+    CPU, where torch keeps no peak, the largest running sum of what each operator allocates and frees, in the order
+    they start (torch.profiler's memory profile)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage
+        peak = max(peak, live)
+    return peak
+
+
 def print_table(rows: list[Row], baseline: str) -> None:
     """One block per (shape, metric): value and ratio to ``baseline`` (ratio > 1 means slower/larger)."""
     width = max([12, *(len(r.model) for r in rows)])

@@ -5,8 +5,9 @@ appendix "Efficiency Statistic Details"):
   (65,536 transitions; the paper prints 65,336), the memory's input 128 wide ("hidden dimension") and its state 256
   ("recurrent dimension"), a trial being one epoch;
 - inference latency: autograd off, 1024 steps one at a time (batch 1, the state carried), the mean time of a step;
-- memory: the peak GPU memory of a minibatch's forward and backward (constant between trials). On a CPU, where
-  torch keeps no peak, the bytes autograd saves for the backward (the part that grows with the window).
+- memory: the peak memory of a minibatch's forward and backward (constant between trials), beyond what was
+  allocated before it: torch's peak on a GPU; on a CPU, where torch keeps no peak, the profiler's count of what each
+  operator allocates and frees, summed in order (``common.peak_bytes``).
 
 Trials interleave the models, each trial in a rotated order. GRU, LSTM and Elman run twice where they differ: as
 the library gives them (cuDNN on a GPU, oneDNN / MKL kernels on a CPU: ``gru``, ``lstm``, ``elman``) and as the
@@ -28,7 +29,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..seq_models import build
-from .common import Row, saved_tensor_bytes
+from .common import Row, peak_bytes
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def run(names: list[str], trials: int, device: torch.device, epoch: Epoch, csv_p
     bar = tqdm(total=len(models) * (trials + 1), desc="efficiency", unit="model", leave=False)
     for name, model in models.items():  # untimed warm-up (first-call allocations), and the memory, once
         bar.set_postfix_str(f"{name}: memory")
-        mb = saved_tensor_bytes(lambda m=model: (m(x.detach().requires_grad_())[0] * grad).sum(), device) / 2**20
+        mb = peak_bytes(lambda m=model: m(x.detach().requires_grad_())[0].backward(grad), device) / 2**20
         add([Row("efficiency", epoch.shape, name, "peak_mem_mb", mb, METRICS["peak_mem_mb"])])
         _latency_ms(model, xs[:2], device)
         bar.update()
