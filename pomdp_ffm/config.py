@@ -49,9 +49,7 @@ class _Policy:  # PolicyConfig but its option sections
             "supported; the POMDP track and the FFM paper use separate memories)",
         ),
     )
-    seq_model: str = checked(
-        "ffm", one_of(lambda: list(catalog.memories()))
-    )  # (read when checked: a registry may grow)
+    seq_model: str = checked("ffm", one_of(lambda: list(catalog.memories())))  # (read when checked: plug-ins)
     algo_name: str = checked("sac", one_of(tuple(ALGORITHM_OPTIONS)))
     # 0 leaves that input out; the three sum to >= 1 (_check_together)
     action_embedding_size: int = checked(16, at_least(0))

@@ -96,12 +96,7 @@ def saved_tensor_bytes(make_graph: Callable[[], torch.Tensor], device: torch.dev
     """Memory a forward pass keeps for its backward: peak allocation on CUDA; on a CPU, the bytes of the
     distinct storages autograd saves (what a fwd+bwd must hold at its peak beyond parameters)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        make_graph().backward()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base
+        return peak_bytes(lambda: make_graph().backward(), device)
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
@@ -147,9 +142,11 @@ def print_table(rows: list[Row], baseline: str) -> None:
             print(f"  {r.model:<{width}} {r.value:12.3f} {r.unit:<3} {ratio}")
 
 
-def write_csv(rows: list[Row], path: str) -> None:
-    with open(path, "w", newline="") as f:
+def write_csv(rows: list[Row], path: str, append: bool = False) -> None:
+    """The rows as a CSV with its header, or with ``append`` after those already there."""
+    with open(path, "a" if append else "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(Row._fields)
+        if not append:
+            w.writerow(Row._fields)
         for r in rows:
             w.writerow([r.benchmark, r.shape, r.model, r.metric, f"{r.value:.6g}", r.unit])

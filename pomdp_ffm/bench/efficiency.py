@@ -18,8 +18,6 @@ finishes in minutes; train time scales with it."""
 
 from __future__ import annotations
 
-import csv
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..seq_models import build
-from .common import Row, peak_bytes
+from .common import Row, peak_bytes, write_csv
 
 
 @dataclass(frozen=True)
@@ -143,11 +141,13 @@ def run(names: list[str], trials: int, device: torch.device, epoch: Epoch, csv_p
     grad = torch.randn(epoch.steps, epoch.episodes, epoch.hidden_size, generator=gen).to(device)
     xs = torch.randn(epoch.steps, epoch.input_size, generator=gen).to(device)
     rows: list[Row] = []
-    writer = _Appender(csv_path)
+    if csv_path is not None:
+        write_csv([], csv_path)  # (the header)
 
     def add(new: list[Row]) -> None:
         rows.extend(new)
-        writer.write(new)
+        if csv_path is not None:
+            write_csv(new, csv_path, append=True)
 
     bar = tqdm(total=len(models) * (trials + 1), desc="efficiency", unit="model", leave=False)
     for name, model in models.items():  # untimed warm-up (first-call allocations), and the memory, once
@@ -164,32 +164,13 @@ def run(names: list[str], trials: int, device: torch.device, epoch: Epoch, csv_p
             bar.set_postfix_str(f"trial {trial + 1}/{trials}: {name}")
             model = models[name]
             train_s = _train_seconds(model, x, grad, epoch.minibatches, device)
-            new.append(Row("efficiency", epoch.shape, name, "train_s", train_s, "s"))
-            new.append(Row("efficiency", epoch.shape, name, "latency_ms", _latency_ms(model, xs, device), "ms"))
+            new.append(Row("efficiency", epoch.shape, name, "train_s", train_s, METRICS["train_s"]))
+            latency = _latency_ms(model, xs, device)
+            new.append(Row("efficiency", epoch.shape, name, "latency_ms", latency, METRICS["latency_ms"]))
             bar.update()
         add(new)
     bar.close()
     return rows
-
-
-class _Appender:
-    """The CSV written as rows come (the header first), flushed each time; nothing when there is no path."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        if path is not None:
-            with open(path, "w", newline="") as f:
-                csv.writer(f).writerow(Row._fields)
-
-    def write(self, rows: list[Row]) -> None:
-        if self.path is None:
-            return
-        with open(self.path, "a", newline="") as f:
-            w = csv.writer(f)
-            for r in rows:
-                w.writerow([r.benchmark, r.shape, r.model, r.metric, f"{r.value:.6g}", r.unit])
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def summary(rows: list[Row]) -> list[Row]:
@@ -197,7 +178,6 @@ def summary(rows: list[Row]) -> list[Row]:
     out = []
     for model, metric in dict.fromkeys((r.model, r.metric) for r in rows):
         values = [r.value for r in rows if r.model == model and r.metric == metric]
-        unit = next(r.unit for r in rows if r.metric == metric)
-        out.append(Row("efficiency", rows[0].shape, model, metric, sum(values) / len(values), unit))
+        out.append(Row("efficiency", rows[0].shape, model, metric, sum(values) / len(values), METRICS[metric]))
     order = list(dict.fromkeys(r.model for r in rows))  # (the memory rows come first, in the registry's order)
     return sorted(out, key=lambda r: (list(METRICS).index(r.metric), order.index(r.model)))

@@ -4,7 +4,6 @@ and plug-ins' entry points); a model declares what others need of it on its clas
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 from torch import nn
@@ -22,8 +21,7 @@ def get(name: str) -> type[SeqModel]:
     memory = catalog.memories().get(name)
     if memory is None:
         raise ValueError(f"unknown seq model {name!r}; available: {available()}")
-    module, _, attr = memory.target.partition(":")
-    cls = getattr(importlib.import_module(module), attr, None)
+    cls = catalog.load(memory.target)
     if not (isinstance(cls, type) and issubclass(cls, SeqModel)):
         raise ValueError(f"seq model {name!r}: {memory.target} is not a pomdp_ffm.seq_models.SeqModel subclass")
     return cls

@@ -284,9 +284,9 @@ class _LinearScan(torch.autograd.Function):
         grad_a = grad_x = grad_s0 = None
         x_shape, x_complex = ctx.x_kind
         if ctx.needs_input_grad[1]:
-            c = S.shape[-1]
             if S.is_complex() and not x_complex and x_shape == (*S.shape[:-1], 1):  # (FFM's input, over its columns)
                 # sum over the last dim of Re(C), as a matvec over the (re, im) pairs: faster than a strided sum
+                c = S.shape[-1]
                 pick_re = torch.zeros(2 * c, dtype=S.real.dtype, device=S.device)
                 pick_re[::2] = 1
                 grad_x = (torch.view_as_real(C).reshape(-1, 2 * c) @ pick_re).view(x_shape)
