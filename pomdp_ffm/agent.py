@@ -10,12 +10,11 @@ import torch
 from torch import nn
 
 from .algos import build_algorithm
-from .buffer import Batch
 from .hostmem import host_memory_left
 from .nets import FeatureExtractor, Mlp
 from .seq_models import build as build_seq_model
 from .seq_models import drop_caches
-from .update import Aligned, bound_memories_, update
+from .update import Aligned, bound_memories_
 
 
 class DoesNotFit(ValueError):
@@ -114,18 +113,7 @@ class RecurrentAgent(nn.Module):
         """Whether the next update moves the actor, targets and temperature (every d-th with a TD3 delay d)."""
         return (self.num_updates + 1) % self.algo.policy_delay == 0
 
-    def update(self, batch: Batch, grad_norms: bool = False, compiled: bool = False) -> dict[str, torch.Tensor]:
-        stats = update(
-            self,
-            Aligned.from_batch(batch, self.device),
-            actor_step_due=self.actor_step_due(),
-            grad_norms=grad_norms,
-            compiled=compiled,
-        )
-        self.count_update()
-        return stats
-
-    def count_update(self) -> None:  # by ``update``, or by a graph replay of it (pomdp_ffm/graph.py)
+    def count_update(self) -> None:  # by graph.UpdateRunner, after an update or a graph replay of it
         self.num_updates += 1
 
     def update_memory(self) -> tuple[int, int]:

@@ -141,21 +141,21 @@ def use_run_cache(run: str | Path) -> Path:
     return folder
 
 
-def compile_before_acting(trainer) -> None:
+def compile_before_acting(trainer) -> bool:
     """``train.compile``: the trainer's update compiled now (graph.UpdateRunner.warm_up on a blank batch of the run's
     layout), before its first episode, into the run's own cache, so that no update waits for a compile, nor does a stop
-    signal. One that came while it compiled (nothing interrupts inductor) is taken right after: StopRequested. A
-    CompileError where it fails; nothing where the update is not compiled (or the updater is a test's double), nor
-    where no update remains (a resumed run at its budget, which only finishes)."""
+    signal: True, for the caller to take one that came while it compiled (nothing interrupts inductor). A
+    CompileError where it fails; False where the update is not compiled (or the updater is a test's double), or where
+    no update remains (a resumed run at its budget, which only finishes)."""
     updater, c = trainer.updater, trainer.counters
     if not getattr(updater, "compiled", False) or (c.burst is None and c.env_steps >= trainer.budget):
-        return
+        return False
     folder = use_run_cache(trainer.run.path)
     log.info("train.compile: compiling the update before the first episode (inductor's cache: %s)", folder)
     t0 = time.perf_counter()
     updater.warm_up(trainer.buffer.blank_batch(trainer.cfg.train.batch_size))
     log.info("train.compile: compiled in %.1f s", time.perf_counter() - t0)
-    trainer.check_stop()
+    return True
 
 
 def log_compile_failure(handler: logging.Handler | None, e: BaseException) -> None:

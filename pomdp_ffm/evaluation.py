@@ -16,7 +16,7 @@ import torch
 from .agent import ActorSnapshot, OffStreamActing
 from .config import RunConfig
 from .envs import EnvInWorker, make_env, worker_start_method
-from .rollout import AgentPolicy, Rollout
+from .rollout import AgentPolicy, Rollout, play_all
 
 log = logging.getLogger("pomdp_ffm")
 
@@ -40,13 +40,22 @@ class Clocks:
     time: float
 
 
+@dataclass(frozen=True)
+class Due:
+    """When an evaluation was due, and what waits for it."""
+
+    at: Clocks | None = None  # its row's clocks; None: the clocks when its row is written
+    snapshot: bool = False  # the reference's weights-only snapshot, named by the return
+    checkpoint: bool = False
+
+
 class Evaluation:
     """One evaluation's rollouts, each made (its envs reset) once the one before has ended: the deterministic
-    episodes, then with ``stochastic`` the stochastic ones. ``play`` plays them in turn; a seed axis steps several
-    seeds' at once through ``next`` and ``ended``."""
+    episodes, then with ``stochastic`` the stochastic ones, through ``next`` and ``ended`` (rollout.play_all plays
+    them in turn; a seed axis steps several seeds' at once). ``due``: its row's clocks and what waits for it."""
 
-    def __init__(self, evaluator: Evaluator, acting=None, on_copies: bool = False, stochastic: bool = False):
-        self.evaluator = evaluator
+    def __init__(self, evaluator: Evaluator, due: Due, acting=None, on_copies: bool = False, stochastic: bool = False):
+        self.evaluator, self.due = evaluator, due
         kinds = [True, False] if stochastic else [True]
         self.parts = [(d, evaluator.rollouts(AgentPolicy(acting or evaluator.acting, d), on_copies)) for d in kinds]
         self.played: list[list] = [[] for _ in kinds]
@@ -64,12 +73,6 @@ class Evaluation:
 
     def ended(self, rollout: Rollout) -> None:
         self.played[self.part] += rollout.episodes()
-
-    def play(self) -> tuple[EvalResult, EvalResult | None]:
-        while (rollout := self.next()) is not None:
-            rollout.play()
-            self.ended(rollout)
-        return self.results()
 
     def results(self) -> tuple[EvalResult, EvalResult | None]:
         """The deterministic result, and the stochastic one or None; their time charged to the evaluator's timers."""
@@ -90,7 +93,6 @@ class Evaluator:
         self.envs: list = []
         self.deferred: Evaluation | None = None
         self.deferred_rollout: Rollout | None = None  # the deferred evaluation's rollout in play
-        self.deferred_at: Clocks | None = None  # the clocks when the deferred evaluation was due
         self.error: Exception | None = None  # raised by the deferred evaluation in a seed axis's joint round
         self.actor_copy: ActorSnapshot | OffStreamActing | None = None
         self.queued: deque = deque(maxlen=2)  # CUDA events of the latest updates
@@ -102,9 +104,9 @@ class Evaluator:
         if cfg.eval_in_workers():
             worker_start_method()  # one the workers cannot use is refused before any starts
 
-    def evaluation(self) -> Evaluation:
+    def evaluation(self, due: Due) -> Evaluation:
         """The evaluation of a row: deterministic, and stochastic with eval.eval_stochastic."""
-        return Evaluation(self, stochastic=self.cfg.eval.eval_stochastic)
+        return Evaluation(self, due, stochastic=self.cfg.eval.eval_stochastic)
 
     def rollouts(self, policy: AgentPolicy, on_copies: bool) -> list[Callable[[Counter], Rollout]]:
         """The rollouts of one evaluation, each to be made when due. ``on_copies``: on env copies even for one
@@ -138,14 +140,14 @@ class Evaluator:
         self.timers.update({f"eval_{k}": v for k, v in timers.items()})
         self.timers.update(n_eval_steps=sum(e.length for e in episodes), n_evals=1)
 
-    def defer(self, at: Clocks) -> None:
+    def defer(self, due: Due) -> None:
         """Start the evaluation due now with a copy of the actor, its envs reset now (so the training env's RNG moves
-        on before the next episode), and leave the rest to the next burst. ``at``: its row's clocks."""
+        on before the next episode), and leave the rest to the next burst. ``due.at``: its row's clocks."""
         if self.actor_copy is None:
             copy = ActorSnapshot(self.agent)
             self.actor_copy = OffStreamActing(copy) if self.agent.device.type == "cuda" else copy
         self.actor_copy.take()
-        self.deferred, self.deferred_at = Evaluation(self, self.actor_copy, on_copies=True), at
+        self.deferred = Evaluation(self, due, self.actor_copy, on_copies=True)
         self.deferred_rollout = self.deferred.next()
 
     def between_updates(self, hold_errors: bool = False) -> None:
@@ -180,25 +182,25 @@ class Evaluator:
         """Whether the device still runs updates queued before the latest (not waited for; never on a CPU)."""
         return len(self.queued) == 2 and not self.queued[0].query()
 
-    def rest(self) -> tuple[EvalResult, Clocks] | None:
-        """The rest of the deferred evaluation, played now: its result and the clocks when it was due, or None."""
+    def rest(self) -> Evaluation | None:
+        """The deferred evaluation, its rest played now, or None."""
         if self.error is not None:
             e, self.error = self.error, None
             raise e
         evaluation, rollout, self.deferred, self.deferred_rollout = self.deferred, self.deferred_rollout, None, None
         if evaluation is None:
             return None
-        while rollout is not None:
+        if rollout is not None:
             rollout.play()
             evaluation.ended(rollout)
-            rollout = evaluation.next()
-        return evaluation.results()[0], self.deferred_at
+        play_all(evaluation.next, evaluation.ended)
+        return evaluation
 
     def close(self) -> None:
         if self.deferred is not None:
             log.warning(
                 "the evaluation due at env step %d was not finished: progress.csv has no row for it",
-                self.deferred_at.env_steps,
+                self.deferred.due.at.env_steps,
             )
             self.deferred = self.deferred_rollout = None
         for env in self.envs:  # (an env in a worker never raises on close)

@@ -223,8 +223,9 @@ class CudaGraphs:
 
 
 class UpdateRunner:
-    """``runner(batch, grad_norms)`` = ``agent.update(batch, grad_norms)``. With several agents (a seed axis),
-    ``update_all(batches)`` updates each on its own batch, on CUDA as one graph with a branch stream per agent."""
+    """The one caller of ``update.update``: ``update_all(batches, grad_norms)`` updates each agent on its own batch,
+    eagerly, or on CUDA as one graph with a branch stream per agent (a seed axis's agents); ``runner(batch)`` for
+    one agent."""
 
     def __init__(
         self,
@@ -282,10 +283,7 @@ class UpdateRunner:
     def __call__(self, batch, grad_norms: bool = False) -> dict[str, torch.Tensor]:
         if len(self.agents) != 1:
             raise TypeError(f"this runner updates {len(self.agents)} agents together: call update_all(batches)")
-        with compile_errors_named() if self.compiled else contextlib.nullcontext():
-            if not self.graphed:
-                return self.agent.update(batch, grad_norms=grad_norms, compiled=self.compiled)
-            return self._update(agents_batches=[batch], grad_norms=grad_norms)[0]
+        return self.update_all([batch], grad_norms)[0]
 
     def update_all(self, batches: Sequence, grad_norms: bool = False) -> list[dict[str, torch.Tensor]]:
         if len(batches) != len(self.agents):
@@ -297,11 +295,14 @@ class UpdateRunner:
                 f"TD3 policy delay): got {due} after {[a.num_updates for a in self.agents]} updates"
             )
         with compile_errors_named() if self.compiled else contextlib.nullcontext():
-            if not self.graphed:
-                return [
-                    a.update(b, grad_norms=grad_norms, compiled=self.compiled) for a, b in zip(self.agents, batches)
-                ]
-            return self._update(batches, grad_norms)
+            if self.graphed:
+                return self._update(batches, grad_norms)
+            stats = []
+            for a, b in zip(self.agents, batches):
+                aligned = Aligned.from_batch(b, a.device)
+                stats.append(update(a, aligned, actor_step_due=due[0], grad_norms=grad_norms, compiled=self.compiled))
+                a.count_update()
+            return stats
 
     def _update(self, agents_batches: Sequence, grad_norms: bool) -> list[dict[str, torch.Tensor]]:
         self._check_state()

@@ -1,7 +1,8 @@
 """The one rollout loop, collecting and evaluating. A ``Rollout`` plays one episode on each of its envs in lockstep:
 each step one batched policy call (finished envs masked), then one step of every env still running. ``play`` steps
-it to its end; a caller with other work steps it a phase at a time (``submit``/``send``/``receive``): a seed axis
-gathers its seeds' acting steps, a deferred evaluation plays between two updates."""
+it to its end, and ``play_all`` plays a unit's or an evaluation's rollouts one after another; a caller with other
+work steps a rollout a phase at a time (``submit``/``send``/``receive``): a seed axis gathers its seeds' acting
+steps, a deferred evaluation plays between two updates."""
 
 from __future__ import annotations
 
@@ -173,3 +174,11 @@ class Rollout:
         while not self.done:
             self.step()
         return self.episodes()
+
+
+def play_all(next_rollout: Callable[[], Rollout | None], ended: Callable[[Rollout], None]) -> None:
+    """Rollouts played to their ends one after another: ``next_rollout()`` makes each (its envs reset) once the one
+    before has ended, None when there are no more; ``ended`` takes each."""
+    while (rollout := next_rollout()) is not None:
+        rollout.play()
+        ended(rollout)

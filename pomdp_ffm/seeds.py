@@ -3,8 +3,7 @@ own env, buffer, agent and random generators, through the phases of ``Trainer.tr
 burst in hand collect their next unit's episodes, the bursts run until one is over, and each seed whose burst is over
 ends its unit (its rows, its evaluation when due, its checkpoint). On a CPU a seed's progress.csv is the one it
 writes alone. On CUDA with ``train.cuda_graph`` the bursts run in joint rounds and the seeds' acting steps are
-gathered (joint.py, patches/016). A stop checkpoints every seed; one that fails is recorded in its directory, others
-go on."""
+gathered (patches/016). A stop checkpoints every seed; one that fails is recorded in its directory, others go on."""
 
 from __future__ import annotations
 
@@ -19,8 +18,9 @@ from typing import NamedTuple
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from .acting_graph import ActingRunner
 from .compiling import compile_before_acting
-from .joint import JointActs, JointBursts
+from .graph import UpdateRunner
 from .launch.rundir import RunDir, RunDirError, RunResult
 from .launch.signals import StopSignals
 from .launch.start import (
@@ -35,8 +35,8 @@ from .launch.start import (
     validate,
 )
 from .rng import HostRNG, SeedRNG, host_rng_state, same_host_rng
-from .rollout import Rollout
-from .trainer import StopRequested, Trainer
+from .rollout import Rollout, play_all
+from .trainer import StopRequested, Trainer, run_bursts
 
 log = logging.getLogger("pomdp_ffm")
 
@@ -86,6 +86,23 @@ def close_each(closers: Iterable[Callable[[], object]], quiet_as: str | None = N
         log.warning("closing %s failed: %s: %s", quiet_as, type(e).__name__, e)
 
 
+def joint_runner(trainers: list[Trainer]) -> UpdateRunner | None:
+    """One graph updating these seeds together (CUDA with ``train.cuda_graph``), or None: on a CPU a joint update
+    would cost the same as turns, which keep each seed's own generators."""
+    first = trainers[0]
+    if len(trainers) < 2 or first.agent.device.type != "cuda" or not first.cfg.train.cuda_graph:
+        return None
+    return UpdateRunner([t.agent for t in trainers], cuda_graph=True, compile=first.cfg.train.compile)
+
+
+def gathers(trainers: list[Trainer]) -> bool:
+    """Whether the seeds' acting steps are gathered: each seed's submitted (from its own torch generators) before any
+    is waited for, so that on CUDA with graphs the host launches one seed's step or steps its env while the GPU runs
+    another's (on a CPU a submit computes it). numpy's and Python's generators are checked untouched
+    (SharedRNGDrawn)."""
+    return len(trainers) >= 2 and all(isinstance(t.acting, ActingRunner) for t in trainers)
+
+
 class Playing(NamedTuple):
     """A seed's rollouts while gathered: where its next comes from, what to do when one ends, the one in play."""
 
@@ -122,8 +139,8 @@ class SeedAxis:
         self.results: dict[int, RunResult] = {s.k: s.attempt.skip() for s in seeds if s.attempt.action == Action.SKIP}
         self.errors: list[BaseException] = []
         self.running = [s for s in seeds if s.attempt.action != Action.SKIP]
-        self.joint = JointBursts()
-        self.gather = JointActs().applies([s.trainer for s in self.running])
+        self.runners: dict[tuple[int, ...], UpdateRunner | None] = {}  # joint runners by their seeds: graphs kept
+        self.gather = gathers([s.trainer for s in self.running])
 
     def run(self) -> RunResult:
         with self.stop:
@@ -166,7 +183,8 @@ class SeedAxis:
             return
         try:
             with self.turn(self.running[0]):
-                compile_before_acting(self.running[0].trainer)
+                if compile_before_acting(self.running[0].trainer) and self.stop.requested is not None:
+                    raise StopRequested
         except StopRequested:
             raise
         except Exception as e:
@@ -175,7 +193,7 @@ class SeedAxis:
 
     def collect(self, seeds: list[Seed]) -> None:
         """These seeds' next units' episodes, then their bursts (``Trainer.collect``): gathered where acting is,
-        except the initial pool's uniform draws."""
+        except the initial pool's uniform draws (``Trainer.collect``'s calls, with the episodes played together)."""
         gathered = [s for s in seeds if self.gather and s.trainer.counters.pool_done]
         for s in seeds:
             if s not in gathered:
@@ -197,9 +215,13 @@ class SeedAxis:
         runner (on a CPU); the seeds whose bursts are over."""
         pending = [s for s in seeds if not s.trainer.burst_over]
         if pending:
+            trainers, key = [s.trainer for s in pending], tuple(s.k for s in pending)
             try:
                 with self.turn(pending[0]):
-                    together = self.joint.run([s.k for s in pending], [s.trainer for s in pending])
+                    if key not in self.runners:
+                        self.runners[key] = joint_runner(trainers)
+                    if (runner := self.runners[key]) is not None:
+                        run_bursts(trainers, runner)
             except BaseException as e:
                 if isinstance(e, (StopRequested, KeyboardInterrupt)):
                     raise
@@ -207,10 +229,10 @@ class SeedAxis:
                     if s in self.running:
                         self.failed(s, e)
                 return []
-            if not together:
+            if runner is None:
                 for s in pending:
                     with self.own_turn(s):
-                        s.trainer.run_updates()
+                        run_bursts([s.trainer], s.trainer.updater)
             elif not any(s.trainer.burst_over for s in pending):
                 self.realign(pending)
         return [s for s in seeds if s in self.running and s.trainer.burst_over]
@@ -220,8 +242,7 @@ class SeedAxis:
         due = {}
         for s in seeds:
             with self.own_turn(s):
-                s.trainer.end_burst()
-                if (evaluation := s.trainer.due_evaluation()) is not None:
+                if (evaluation := s.trainer.end_burst()) is not None:
                     due[s.k] = evaluation
         playing = [s for s in seeds if s.k in due and s in self.running]
         if self.gather:
@@ -230,7 +251,9 @@ class SeedAxis:
             if s in self.running:
                 with self.own_turn(s):
                     if s.k in due:
-                        s.trainer.evaluated(*(due[s.k].results() if self.gather else due[s.k].play()))
+                        if not self.gather:
+                            play_all(due[s.k].next, due[s.k].ended)
+                        s.trainer.evaluated(due[s.k])
                     self.finish_if_done(s)
 
     def realign(self, pending: list[Seed]) -> None:
@@ -242,7 +265,7 @@ class SeedAxis:
         for s, q in zip(pending, phases):
             if (target - q) % d != 0:
                 with self.own_turn(s):
-                    s.trainer.run_updates(limit=(target - q) % d)  # or to its burst's end
+                    run_bursts([s.trainer], s.trainer.updater, limit=(target - q) % d)  # or to its burst's end
 
     @contextlib.contextmanager
     def turn(self, s: Seed, host: bool = True):

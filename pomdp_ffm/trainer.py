@@ -1,7 +1,8 @@
 """The reference's training loop (its policies/learner.py; docs/reference.md#training-loop), owning env, buffer,
 agent and progress.csv. ``Trainer.train`` is the loop: units of work, each the initial pool's random episodes or an
-iteration's, then the burst of updates they call for, its row, and the evaluation when due (its row, a snapshot, a
-checkpoint). A seed axis (seeds.py) runs the same phases for several trainers at once."""
+iteration's, then the burst of updates they call for (``run_bursts``), its row, and the evaluation when due (its
+row, a snapshot, a checkpoint). A seed axis (seeds.py) drives several trainers through the same unit-sized calls,
+and ``run_bursts`` runs their bursts together where one runner updates them all."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +22,11 @@ from . import rng as rngs
 from .acting_graph import make_actor
 from .agent import RecurrentAgent
 from .buffer import SeqReplayBuffer
-from .burst import Burst, BurstState
+from .burst import Burst
 from .compiling import compile_before_acting
 from .config import RunConfig, check_eval_clock, env_step_budget, resolve_device
 from .envs import get_task, make_env
-from .evaluation import Clocks, EvalResult, Evaluation, Evaluator
+from .evaluation import Clocks, Due, EvalResult, Evaluation, Evaluator
 from .graph import UpdateRunner
 from .launch.checkpoint import CHECKPOINT_FORMAT
 from .launch.rundir import RunDir
@@ -43,8 +44,9 @@ from .metrics import (
     TIME_COST,
     burst_row,
     columns,
+    summed,
 )
-from .rollout import AgentPolicy, RandomPolicy, Rollout
+from .rollout import AgentPolicy, RandomPolicy, Rollout, play_all
 
 log = logging.getLogger("pomdp_ffm")
 
@@ -69,7 +71,7 @@ class Counters:
     last_return: float = math.nan
     elapsed: float = 0.0  # wall seconds trained, over all attempts
     pool_done: bool = False
-    burst: BurstState | None = None
+    burst: Burst | None = None  # the burst in hand, from its unit's episodes to its row
 
 
 @dataclass
@@ -77,14 +79,6 @@ class Outcome:
     stopped: bool = False
     signal: int | None = None
     counters: Counters = field(default_factory=Counters)
-
-
-@dataclass(frozen=True)
-class Due:
-    """An evaluation due after a burst, and what waits for it."""
-
-    snapshot: bool  # the reference's weights-only snapshot, named by the return
-    checkpoint: bool
 
 
 class Trainer:
@@ -116,8 +110,6 @@ class Trainer:
         self.iter_len, self.budget = env_step_budget(t, self.max_len)
         check_eval_clock(cfg, self.max_len)
         self.counters, self.metrics, self.bar, self._closed = Counters(), None, None, False
-        self.burst: Burst | None = None  # the burst in hand (counters.burst), unless it is empty
-        self.due: Due | None = None  # the evaluation due, between ``due_evaluation`` and ``evaluated``
         self.unit_episodes = self.unit_steps = 0  # the episodes collected in the unit of work in hand
         self._updates_per_s = 0.0
         # One env instance for training and evaluation, as in the reference.
@@ -142,14 +134,15 @@ class Trainer:
         self.open(resume)
         c = self.counters
         try:
-            compile_before_acting(self)  # (train.compile; a stop that came meanwhile is taken right after)
+            if compile_before_acting(self):  # (train.compile; a stop that came meanwhile is taken right after)
+                self._check_stop()
             while c.burst is not None or c.env_steps < self.budget:
                 if c.burst is None:  # (else resumed inside a burst, its unit's episodes in the buffer)
                     self.collect()  # the initial pool's random episodes, or an iteration's; its burst's size
-                self.run_updates()  # the burst, with no host read between its updates
-                self.end_burst()  # its row (after a deferred evaluation's)
-                if (evaluation := self.due_evaluation()) is not None:
-                    self.evaluated(*evaluation.play())  # its row; a snapshot, a checkpoint when due
+                run_bursts([self], self.updater)  # no host read between its updates
+                if (evaluation := self.end_burst()) is not None:  # its row (after a deferred evaluation's)
+                    play_all(evaluation.next, evaluation.ended)
+                    self.evaluated(evaluation)  # its row; a snapshot, a checkpoint when due
         except StopRequested:
             return self.stopped()
         return self.finished()
@@ -177,17 +170,16 @@ class Trainer:
 
     # --- a unit of work: the initial pool, or an iteration ------------------------------------------------------
     def collect(self) -> None:
-        """The next unit's episodes into the buffer, then the burst they call for."""
+        """The next unit's episodes into the buffer, then the burst they call for (a seed axis that gathers its
+        seeds' acting steps makes the same calls, the episodes played together)."""
         self.start_unit()
-        while (rollout := self.next_episode()) is not None:
-            rollout.play()
-            self.store(rollout)
+        play_all(self.next_episode, self.store)
         self.start_burst()
 
     def start_unit(self) -> None:
         """A stop is taken before an iteration, never inside its episodes (a checkpoint holds no half episode)."""
         if self.counters.pool_done:
-            self.check_stop()
+            self._check_stop()
         self.unit_episodes = self.unit_steps = 0
 
     def next_episode(self) -> Rollout | None:
@@ -224,73 +216,34 @@ class Trainer:
     def start_burst(self, n: int | None = None) -> None:
         """The burst the unit's episodes call for (``n``: another size). As the reference: a float ratio bursts
         int(steps x ratio) updates after the pool, an int count does not; an iteration's is ceil(its steps x ratio),
-        or the int count."""
+        or the int count. With nothing in the buffer to sample, none."""
         ratio = self.cfg.train.num_updates_per_iter
         if n is None and not self.counters.pool_done:
             n = int(self.counters.env_steps * ratio) if isinstance(ratio, float) else 0
         elif n is None:
             n = ratio if isinstance(ratio, int) else math.ceil(self.unit_steps * ratio)
-        self.counters.burst = BurstState(n)
-        self._hold_burst()
-
-    def _hold_burst(self) -> None:
-        state = self.counters.burst
-        self.burst = Burst(state, self.agent.device) if state.n > 0 and len(self.buffer) > 0 else None
+        self.counters.burst = Burst(n if len(self.buffer) > 0 else 0, self.agent.device)
 
     @property
     def burst_over(self) -> bool:
-        return self.burst is None or self.burst.over
+        return self.counters.burst is None or self.counters.burst.over
 
-    def run_updates(self, limit: int | None = None) -> None:
-        """The burst's remaining updates (at most ``limit``); gradient norms at its last. No host read between them:
-        a non-finite statistic is found once the burst ends or stops (patches/014-update-without-host-sync.md)."""
-        burst, clock, timers = self.burst, time.perf_counter, self.timers
-        if burst is None:
-            return
-        stop_at = burst.n if limit is None else min(burst.n, burst.done + limit)
-        while burst.done < stop_at:
-            self.check_stop()
-            t_s = clock()
-            batch = self.sample_batch()
-            t_u = clock()
-            stats = self.updater(batch, grad_norms=burst.done == burst.n - 1)
-            timers.update(sample=t_u - t_s, update=clock() - t_u)
-            self.record_update(stats)
-            self.evaluator.between_updates()
+    def end_burst(self) -> Evaluation | None:
+        """The burst's row, after the row of an evaluation deferred into it (the order without the deferral); then
+        the evaluation due now, to be played and handed to ``evaluated``: None at the end of the pool, where none is
+        due, or where it is deferred into the next burst (eval.during_updates)."""
+        c, burst = self.counters, self.counters.burst
+        if burst.n > 0:
+            self._close_burst(burst)  # (a non-finite statistic: the diverged checkpoint holds the burst)
+        c.burst = None
+        self._finish_deferred()
+        if burst.n > 0:  # an empty burst writes no row
+            self.metrics.write(burst_row(burst.sums, burst.counts, burst.last), c.env_steps)
+            self._updates_per_s = (burst.done - burst.start) / max(time.time() - burst.t0, 1e-9)
+            self._show_status()
+        return self._due_evaluation()
 
-    def record_update(self, stats: dict) -> None:
-        """An update run here or in a seed axis's joint round: counted, its statistics added to the burst."""
-        self.timers["n_updates"] += 1
-        self.counters.rl_steps += 1
-        self.burst.add(stats, self.counters.rl_steps)
-
-    def sample_batch(self):
-        return self.buffer.sample(self.cfg.train.batch_size)
-
-    def end_burst(self) -> None:
-        """The burst's row, after the row of an evaluation deferred into it (the order without the deferral)."""
-        burst, c = self.burst, self.counters
-        if burst is not None:
-            self._close_burst()
-        c.burst, self.burst = None, None
-        self.finish_deferred()
-        if burst is None:  # an empty burst writes no row
-            return
-        self.metrics.write(burst_row(burst.state.sums, burst.state.counts, burst.last), c.env_steps)
-        self._updates_per_s = (burst.done - burst.start) / max(time.time() - burst.t0, 1e-9)
-        self._show_status()
-
-    def _close_burst(self) -> None:
-        # The burst's one device read waits for the queued updates: update time too.
-        t_w = time.perf_counter()
-        first_bad = self.burst.close()
-        self.timers["update"] += time.perf_counter() - t_w
-        if first_bad >= 0:
-            self._diverged(first_bad, self.burst.last)
-
-    def due_evaluation(self) -> Evaluation | None:
-        """After a burst: the evaluation due now, to be played and handed to ``evaluated``; None at the end of the
-        pool, where none is due, or where it is deferred into the next burst (eval.during_updates)."""
+    def _due_evaluation(self) -> Evaluation | None:
         c, ev = self.counters, self.cfg.eval
         if not c.pool_done:
             c.pool_done = True
@@ -300,17 +253,17 @@ class Trainer:
             return None
         c.last_eval_iters = iters
         snapshot = ev.save_interval > 0 and c.env_steps > 0.75 * self.budget and iters % ev.save_interval == 0
-        self.due = Due(snapshot, checkpoint=iters % self.cfg.checkpoint.interval == 0)
+        checkpoint = iters % self.cfg.checkpoint.interval == 0
         # Not deferred where something waits for it: a snapshot (named by the return), a checkpoint, the end.
-        if ev.during_updates and not (snapshot or self.due.checkpoint) and c.env_steps < self.budget:
-            self.evaluator.defer(self.clocks())
+        if ev.during_updates and not (snapshot or checkpoint) and c.env_steps < self.budget:
+            self.evaluator.defer(Due(at=self._clocks()))
             return None
-        return self.evaluator.evaluation()
+        return self.evaluator.evaluation(Due(snapshot=snapshot, checkpoint=checkpoint))
 
-    def evaluated(self, deterministic: EvalResult, stochastic: EvalResult | None) -> None:
-        """The due evaluation's row, then the snapshot and checkpoint waiting for it."""
-        due, self.due = self.due, None
-        self.log_evaluation(deterministic, stochastic)
+    def evaluated(self, evaluation: Evaluation) -> None:
+        """A played evaluation's row, then the snapshot and checkpoint waiting for it."""
+        due = evaluation.due
+        self._log_evaluation(*evaluation.results(), due.at or self._clocks())
         if due.snapshot:
             self._snapshot(self.counters.last_return)
         if due.checkpoint:
@@ -318,22 +271,18 @@ class Trainer:
 
     def stopped(self) -> Outcome:
         c = self.counters
-        if self.burst is not None:
-            self._close_burst()  # its sums into the checkpoint; a non-finite one fails the run instead
+        if c.burst is not None and c.burst.n > 0:
+            self._close_burst(c.burst)  # its sums into the checkpoint; a non-finite one fails the run instead
         self.save_checkpoint()  # (what the stop leaves is said once, by whoever started the run: start.Attempt.end)
         return Outcome(stopped=True, signal=self.stop.requested, counters=c)
 
     def finished(self) -> Outcome:
         c = self.counters
-        self.finish_deferred()
+        self._finish_deferred()
         self._snapshot(c.last_return)
         self.save_checkpoint()
         log.info("finished: %d env steps, %d updates, last eval return %.2f", c.env_steps, c.rl_steps, c.last_return)
         return Outcome(counters=c)
-
-    def check_stop(self) -> None:
-        if self.stop.requested is not None:
-            raise StopRequested
 
     def close(self) -> None:
         """Idempotent: whoever owns the trainer may call it."""
@@ -348,6 +297,51 @@ class Trainer:
         finally:
             self.env.close()
 
+    def save_checkpoint(self, path: Path | None = None) -> Path:
+        """Tensors and plain containers only, for ``checkpoint.load_checkpoint`` to read tensors-only."""
+        self._finish_deferred()  # played and logged now: the checkpoint holds the rows
+        c = self.counters
+        c.elapsed = time.time() - self._t0
+        rng = {**rngs.saved(rngs.host_rng_state()), "env": self.env.rng_state()}
+        buffer = (
+            {
+                k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+                for k, v in self.buffer.state_dict().items()
+            }
+            if self.cfg.checkpoint.save_buffer
+            else None
+        )
+        counters = {f.name: getattr(c, f.name) for f in fields(c)}
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config_copy,
+            "agent": self.agent.training_state(),
+            "counters": {**counters, "burst": None if c.burst is None else c.burst.saved()},
+            "progress": self.metrics.state(),
+            "rng": rng,
+            "buffer": buffer,
+        }
+        return self.run.save(state, path or self.run.checkpoint)
+
+    # --- the parts above share ------------------------------------------------------------------------------------
+    def _check_stop(self) -> None:
+        if self.stop.requested is not None:
+            raise StopRequested
+
+    def _record_update(self, stats: dict) -> None:
+        """An update run here or in a seed axis's joint round: counted, its statistics added to the burst."""
+        self.timers["n_updates"] += 1
+        self.counters.rl_steps += 1
+        self.counters.burst.add(stats, self.counters.rl_steps)
+
+    def _close_burst(self, burst: Burst) -> None:
+        # The burst's one device read waits for the queued updates: update time too.
+        t_w = time.perf_counter()
+        first_bad = burst.close()
+        self.timers["update"] += time.perf_counter() - t_w
+        if first_bad >= 0:
+            self._diverged(first_bad, burst.last)
+
     def _diverged(self, first_bad: int, last: dict) -> None:
         c = self.counters
         path = self.save_checkpoint(self.run / RunDir.DIVERGED)
@@ -359,11 +353,13 @@ class Trainer:
         log.error(msg)
         raise TrainingDiverged(msg)
 
-    def log_evaluation(
-        self, deterministic: EvalResult, stochastic: EvalResult | None = None, at: Clocks | None = None
-    ) -> float:
-        """Log the evaluation row; the deterministic mean return. ``at``: the clocks when it was due (default now)."""
-        c, at = self.counters, at or self.clocks()
+    def _clocks(self) -> Clocks:
+        c = self.counters
+        return Clocks(c.env_steps, c.rollouts, c.rl_steps, time.time())
+
+    def _log_evaluation(self, deterministic: EvalResult, stochastic: EvalResult | None, at: Clocks) -> None:
+        """An evaluation's row (the one place that writes one), at the clocks when it was due."""
+        c = self.counters
         row = {
             ENV_STEPS: at.env_steps,
             ROLLOUTS: at.rollouts,
@@ -389,17 +385,11 @@ class Trainer:
             deterministic.ret,
             deterministic.length,
         )
-        return deterministic.ret
 
-    def clocks(self) -> Clocks:
-        c = self.counters
-        return Clocks(c.env_steps, c.rollouts, c.rl_steps, time.time())
-
-    def finish_deferred(self) -> None:
+    def _finish_deferred(self) -> None:
         """The rest of the deferred evaluation played, then its row."""
-        done = self.evaluator.rest()
-        if done is not None:
-            self.log_evaluation(done[0], None, done[1])
+        if (evaluation := self.evaluator.rest()) is not None:
+            self.evaluated(evaluation)
 
     def _show_status(self) -> None:
         if self.bar is not None:
@@ -413,38 +403,44 @@ class Trainer:
             {"agent": self.agent.state_dict()}, self.run.snapshot(self.counters.env_steps // self.iter_len, perf)
         )
 
-    def save_checkpoint(self, path: Path | None = None) -> Path:
-        """Tensors and plain containers only, for ``checkpoint.load_checkpoint`` to read tensors-only."""
-        self.finish_deferred()  # played and logged now: the checkpoint holds the rows
-        self.counters.elapsed = time.time() - self._t0
-        rng = {**rngs.saved(rngs.host_rng_state()), "env": self.env.rng_state()}
-        buffer = (
-            {
-                k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-                for k, v in self.buffer.state_dict().items()
-            }
-            if self.cfg.checkpoint.save_buffer
-            else None
-        )
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "config": self.config_copy,
-            "agent": self.agent.training_state(),
-            "counters": asdict(self.counters),
-            "progress": self.metrics.state(),
-            "rng": rng,
-            "buffer": buffer,
-        }
-        return self.run.save(state, path or self.run.checkpoint)
-
     def _restore(self, state: dict) -> None:
         """A checkpoint that start.plan() accepted."""
         self.agent.load_training_state(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
-        self.counters = Counters(**{**state["counters"], "burst": BurstState.restored(state["counters"]["burst"])})
-        if self.counters.burst is not None:
-            self._hold_burst()
+        saved = state["counters"]
+        self.counters = Counters(**{**saved, "burst": Burst.restored(saved["burst"], self.agent.device)})
         self.config_copy = state["config"]
         rngs.restore(state["rng"])
         self.env.set_rng_state(state["rng"]["env"])  # at an episode boundary: the env's next reset matches
         log.info("resumed from %s at %d env steps", self.run.checkpoint, self.counters.env_steps)
+
+
+def run_bursts(trainers: list[Trainer], runner: UpdateRunner, limit: int | None = None) -> None:
+    """The trainers' bursts in hand, in rounds of one update each through ``runner`` (a trainer's own, or a seed
+    axis's joint one), until one burst is over, after ``limit`` rounds, or where a TD3 policy delay parts the
+    trainers (a checkpoint from another schedule: the seed axis realigns them). Gradient norms at a burst's last
+    update (computed for all in a round where one is at its last, kept by those at theirs). No host read between
+    the updates: a non-finite statistic is found once the burst ends or stops (patches/014). Several trainers draw
+    from the lead's generators: a seed is then not its run alone (patches/016)."""
+    clock, S, bursts = time.perf_counter, len(trainers), [t.counters.burst for t in trainers]
+    rounds = min(b.n - b.done for b in bursts)
+    for _ in range(rounds if limit is None else min(rounds, limit)):
+        if S > 1 and len({t.agent.actor_step_due() for t in trainers}) > 1:
+            break
+        trainers[0]._check_stop()
+        last = [b.done == b.n - 1 for b in bursts]
+        t_s = clock()
+        batches = [t.buffer.sample(t.cfg.train.batch_size) for t in trainers]
+        t_u = clock()
+        grad_norms = any(last)
+        stats = runner.update_all(batches, grad_norms=grad_norms)
+        t_e = clock()
+        for t, st, at_last in zip(trainers, stats, last):
+            t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S)
+            if S > 1:
+                t.timers["n_joint_updates"] += 1
+            if grad_norms and not at_last:
+                st = {k: v for k, v in st.items() if summed(k)}
+            t._record_update(st)
+        for t in trainers:  # in a joint round a deferred evaluation's error is raised later, in its seed's own turn
+            t.evaluator.between_updates(hold_errors=S > 1)

@@ -161,8 +161,8 @@ def compiled_losses() -> Losses:
     return Losses(*map(compile_, EAGER))
 
 
-def critic_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=critic_loss) -> dict[str, torch.Tensor]:
-    qf1_loss, qf2_loss = loss(agent, s, policy_out)
+def step_critic(agent, qf1_loss: torch.Tensor, qf2_loss: torch.Tensor, grad_norms: bool) -> dict[str, torch.Tensor]:
+    """The critic's optimiser step on its two losses; their statistics."""
     agent.critic_optim.zero_grad(set_to_none=True)
     (qf1_loss + qf2_loss).backward()
     agent.critic_optim.step()
@@ -176,16 +176,16 @@ def critic_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=critic_los
     return stats
 
 
-def actor_step(agent, s: Aligned, policy_out, grad_norms: bool, loss=actor_loss) -> dict[str, torch.Tensor]:
-    """The actor's step; its memory is bounded by ``update`` after the targets have averaged it in."""
-    policy_loss, log_prob = loss(agent, s, policy_out)
+def step_actor(agent, masks, policy_loss: torch.Tensor, log_prob, grad_norms: bool) -> dict[str, torch.Tensor]:
+    """The actor's optimiser step on its loss; its memory is bounded by ``update`` after the targets have averaged it
+    in. ``log_prob``: SAC's log-probabilities, for the entropy estimate the temperature step reads (TD3: None)."""
     agent.actor_optim.zero_grad(set_to_none=True)
     # Only the actor's gradients are wanted: skip the critic weight gradients the reference computes.
     policy_loss.backward(inputs=list(agent.actor.parameters()))
     agent.actor_optim.step()
     stats = {"policy_loss": policy_loss.detach()}
-    if log_prob is not None:  # SAC: the entropy estimate the temperature step reads
-        stats["policy_entropy"] = -masked_mean(log_prob.detach(), s.masks)
+    if log_prob is not None:
+        stats["policy_entropy"] = -masked_mean(log_prob.detach(), masks)
     if grad_norms:
         stats |= {
             "pi_grad_norm": mean_grad_norm(agent.actor),
@@ -206,10 +206,10 @@ def update(
     # SAC's actor outputs are the same before and after the critic step (the actor has not moved), so one
     # forward pass serves both the critic target and the actor loss (patches/004).
     policy_out = fns.actor_pass(agent, s) if agent.algo.shares_actor_pass else None
-    stats = critic_step(agent, s, policy_out, grad_norms, fns.critic_loss)
+    stats = step_critic(agent, *fns.critic_loss(agent, s, policy_out), grad_norms)
     if not actor_step_due:
         return stats
-    stats |= actor_step(agent, s, policy_out, grad_norms, fns.actor_loss)
+    stats |= step_actor(agent, s.masks, *fns.actor_loss(agent, s, policy_out), grad_norms)
     for target, source in agent.targets():
         soft_update_(target, source, agent.cfg.tau)
     # Only now: the reference clamps the actor's decay at its next call, so the target actor averages in the

@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from updating import updated
 
 from pomdp_ffm import update as update_module
 from pomdp_ffm.agent import RecurrentAgent
@@ -15,7 +16,7 @@ from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
 from pomdp_ffm.seq_models import FFM, available
 from pomdp_ffm.seq_models.ffm import DECAY_MIN
-from pomdp_ffm.update import Aligned, actor_loss, actor_step, critic_loss, critic_step, masked_mean
+from pomdp_ffm.update import Aligned, actor_loss, critic_loss, masked_mean, step_actor, step_critic
 
 O, A, T, B = 5, 2, 12, 6
 
@@ -142,7 +143,7 @@ def test_reference_architecture_sizes():
 def test_one_update_changes_parameters_and_moves_targets(algo, model):
     agent = make_agent(algo, model)
     before = copy.deepcopy(agent.state_dict())
-    stats = agent.update(make_batch(), grad_norms=True)
+    stats = updated(agent, make_batch(), grad_norms=True)
     assert all(torch.isfinite(v) for v in stats.values())
     expected = {
         "qf1_loss",
@@ -173,10 +174,10 @@ def test_actor_step_leaves_critic_gradients_alone():
     agent = make_agent("sac", "gru")
     s = Aligned.from_batch(make_batch(), "cpu")
     out = agent.actor(*s.history)[0]
-    critic_step(agent, s, out, grad_norms=False)
+    step_critic(agent, *critic_loss(agent, s, out), grad_norms=False)
     critic_grads = [p.grad.clone() for p in agent.critic.parameters()]
     critic_params = [p.detach().clone() for p in agent.critic.parameters()]
-    actor_step(agent, s, out, grad_norms=False)
+    step_actor(agent, s.masks, *actor_loss(agent, s, out), grad_norms=False)
     for g, p, q in zip(critic_grads, agent.critic.parameters(), critic_params):
         torch.testing.assert_close(p.grad, g, rtol=0, atol=0)  # the logged q_grad_norm is the critic loss's alone
         torch.testing.assert_close(p.detach(), q, rtol=0, atol=0)
@@ -185,9 +186,9 @@ def test_actor_step_leaves_critic_gradients_alone():
 def test_td3_policy_delay_option():
     agent = make_agent("td3", "gru", td3=TD3Config(policy_delay=2))
     a0 = copy.deepcopy(agent.actor.state_dict())
-    agent.update(make_batch())
+    updated(agent, make_batch())
     assert all(torch.equal(a0[k], v) for k, v in agent.actor.state_dict().items())
-    agent.update(make_batch(1))
+    updated(agent, make_batch(1))
     assert not all(torch.equal(a0[k], v) for k, v in agent.actor.state_dict().items())
 
 
@@ -272,9 +273,9 @@ def test_update_reads_no_device_value_on_the_host(algo, model, grad_norms):
     agent = make_agent(algo, model, td3=TD3Config(policy_delay=2))
     batch = tensor_batch(make_batch())
     for _ in range(2):  # the optimisers create their step counters at their first step
-        agent.update(batch)
+        updated(agent, batch)
     with no_host_reads(allowed=optimizer_steps(agent)):
-        stats = [agent.update(batch, grad_norms=grad_norms) for _ in range(2)]  # TD3: with and without actor step
+        stats = [updated(agent, batch, grad_norms=grad_norms) for _ in range(2)]  # TD3: with and without actor step
     assert {"qf1_loss", "policy_loss"} <= set(stats[0]) | set(stats[1])
     for st in stats:
         for k, v in st.items():
@@ -286,7 +287,7 @@ def test_fixed_temperature_is_a_constant_tensor():
     agent = make_agent("sac", "ffm", sac=SACConfig(automatic_entropy_tuning=False, entropy_alpha=0.3))
     assert isinstance(agent.algo.alpha, torch.Tensor) and agent.algo.alpha.item() == 0.3
     assert "algo.fixed_alpha" not in agent.state_dict()  # the value comes from the config, checkpoints keep their keys
-    stats = agent.update(make_batch())
+    stats = updated(agent, make_batch())
     stats["alpha"].add_(1.0)  # a caller that accumulates in place
     assert agent.algo.alpha.item() == 0.3
     tuned = make_agent("sac", "ffm")
@@ -331,7 +332,7 @@ def run_updates(agent, n=20):
     stats, actions, out_of_bound = [], [], 0
     probe = make_batch(5)
     for i in range(n):
-        st = agent.update(make_batch(i % 3), grad_norms=i % 2 == 0)
+        st = updated(agent, make_batch(i % 3), grad_norms=i % 2 == 0)
         stats.append({k: float(v) for k, v in st.items()})
         out_of_bound += sum(
             bool(((m.alpha < DECAY_MIN) | (m.alpha > m.decay_limit)).any())
@@ -404,7 +405,7 @@ def test_acting_gamma_cache_is_kept_between_updates(monkeypatch):
 
     act(1)
     assert act(20) == 0  # no write between acting steps: gamma comes from the cache
-    agent.update(make_batch())
+    updated(agent, make_batch())
     assert act(20) == 1  # recomputed once after the update's writes
 
 

@@ -11,9 +11,11 @@ import pytest
 import torch
 from hang import HANG_S
 from torch.utils.flop_counter import FlopCounterMode
+from updating import updated
 
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.bench.update import ACT, OBS, random_batch
+from pomdp_ffm.buffer import SeqReplayBuffer
 from pomdp_ffm.config import PolicyConfig
 from pomdp_ffm.seq_models import available
 
@@ -23,7 +25,7 @@ def test_sac_ffm_update_flop_budget():
     torch.manual_seed(0)
     agent = RecurrentAgent(OBS, ACT, PolicyConfig(seq_model="ffm", algo_name="sac"))
     with FlopCounterMode(display=False) as counter:
-        agent.update(random_batch(np.random.default_rng(0)))
+        updated(agent, random_batch(np.random.default_rng(0)))
     assert 15e9 < counter.get_total_flops() <= 19e9
 
 
@@ -277,7 +279,7 @@ def test_cpu_acting_is_the_agents_acting_as_of_its_last_refresh(algo, model):
 
     for det in (True, False):
         np.testing.assert_array_equal(episode(copy_, det), episode(agent, det))
-    agent.update(make_batch(1))
+    updated(agent, make_batch(1))
     stale = episode(copy_, True)
     assert not np.array_equal(stale, episode(agent, True))  # the copy moves only at a refresh
     copy_.refresh()
@@ -368,7 +370,7 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     from pomdp_ffm.launch.exits import EXIT_STOPPED
     from pomdp_ffm.trainer import Trainer
 
-    _stop_at_call(monkeypatch, Trainer, "sample_batch", 15)
+    _stop_at_call(monkeypatch, SeqReplayBuffer, "sample", 15)
     r = loop.run(SMALL, steps=3000, device="cpu", threads=1)
     assert r["stopped"] and 15 <= r["n_updates"] < 140 and 0 < r["n_steps"] < 2800
     assert r["unmeasured"] == ["evaluation (upper bound)"]  # stopped before its first evaluation
@@ -384,7 +386,7 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     assert projected["evaluation (upper bound)"] == 0 and projected["acting"] > 0
     assert out.count("not reached by this run: left out") == 1 and "(without the parts not reached)" in out
 
-    _stop_at_call(monkeypatch, Trainer, "sample_batch", 15)
+    _stop_at_call(monkeypatch, SeqReplayBuffer, "sample", 15)
     with pytest.raises(SystemExit) as e:
         main(["loop", "--steps", "3000", "--threads", "1", *SMALL])
     assert e.value.code == EXIT_STOPPED and "STOPPED by a signal" in capsys.readouterr().out

@@ -509,8 +509,9 @@ def test_a_resume_that_switches_train_compile_says_so(composed, tmp_path, monkey
 
     class StopAfterTheFirstBurst(Trainer):
         def end_burst(self):
-            super().end_burst()
+            evaluation = super().end_burst()
             self.stop.request(10)
+            return evaluation
 
     run = tmp_path / "run"
     base = ("algo=td3", "seq_model=ffm", "device=cpu", "train.num_iters=6")

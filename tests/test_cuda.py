@@ -6,6 +6,7 @@ The second half is the update as CUDA-graph replays (pomdp_ffm/graph.py, patches
 same numbers as the eager update, no synchronisation in a replay, a resume, a run end to end, the capture error."""
 
 import copy
+import functools
 import io
 import math
 
@@ -17,6 +18,7 @@ import torch
 from hang import HANG_S
 from test_agent import EQUIVALENCE_CASES, make_agent, make_batch, tensor_batch
 from test_trainer import read, train
+from updating import updated
 
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.seq_models import available, build
@@ -72,7 +74,7 @@ def test_agent_on_cuda_matches_cpu_and_updates(algo, model):
     for q_gpu, q_cpu in zip(qs[1], qs[0]):
         torch.testing.assert_close(q_gpu, q_cpu, rtol=1e-3, atol=1e-4)
     before = copy.deepcopy(gpu.state_dict())
-    stats = gpu.update(batch, grad_norms=True)
+    stats = updated(gpu, batch, grad_norms=True)
     assert all(v.device.type == "cuda" and torch.isfinite(v) for v in stats.values())
     after = gpu.state_dict()
     assert all(v.device.type == "cuda" for v in after.values())
@@ -89,11 +91,11 @@ def test_update_on_cuda_never_synchronises(algo, model, grad_norms):
 
     agent = make_agent(algo, model, td3=TD3Config(policy_delay=2)).to(CUDA)
     batch = tensor_batch(make_batch(), CUDA)
-    agent.update(batch)  # lazy initialisation (cuBLAS/cuDNN handles, optimiser state) may synchronise
+    updated(agent, batch)  # lazy initialisation (cuBLAS/cuDNN handles, optimiser state) may synchronise
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        stats = [agent.update(batch, grad_norms=grad_norms) for _ in range(2)]  # TD3: with and without actor step
+        stats = [updated(agent, batch, grad_norms=grad_norms) for _ in range(2)]  # TD3: with and without actor step
     finally:
         torch.cuda.set_sync_debug_mode("default")
     for st in stats:
@@ -165,7 +167,7 @@ def graph_and_eager(algo, model, kw, n=20, capturable_eager=False):
         for o in eager.optimizers().values():
             make_capturable_(o)
     torch.manual_seed(7)
-    ref = run_on_cuda(eager, eager.update, n)
+    ref = run_on_cuda(eager, functools.partial(updated, eager), n)
     agent = make_agent(algo, model, **kw).to(CUDA)
     runner = UpdateRunner(agent, cuda_graph=True)
     torch.manual_seed(7)
@@ -261,7 +263,7 @@ def papers_shape_runs(algo, compiled, capturable_eager):
             if compiled:  # as the compiling runner makes them
                 make_fused_(o)
     torch.manual_seed(7)
-    ref = run(lambda b, grad_norms: eager.update(b, grad_norms=grad_norms, compiled=compiled), eager)
+    ref = run(lambda b, grad_norms: updated(eager, b, grad_norms=grad_norms, compiled=compiled), eager)
     agent = make()
     runner = UpdateRunner(agent, cuda_graph=True, compile=compiled)
     torch.manual_seed(7)
@@ -388,7 +390,7 @@ def test_graph_run_resumes_from_a_checkpoint(algo, model, kw):
     cpu = make_agent(algo, model, **kw)
     saved.seek(0)
     cpu.load_training_state(torch.load(saved))
-    assert all(torch.isfinite(v) for v in cpu.update(make_batch()).values())
+    assert all(torch.isfinite(v) for v in updated(cpu, make_batch()).values())
 
 
 def stop_at_update(k):
@@ -474,7 +476,9 @@ def seed_axis_and_in_turn(algo, model, kw, capturable_eager=False, S=3, compiled
                 if compiled:  # as the compiling runner makes them
                     make_fused_(o)
     torch.manual_seed(7)
-    ref = seed_axis_run(eager, lambda bs, g: [a.update(b, grad_norms=g, compiled=compiled) for a, b in zip(eager, bs)])
+    ref = seed_axis_run(
+        eager, lambda bs, g: [updated(a, b, grad_norms=g, compiled=compiled) for a, b in zip(eager, bs)]
+    )
     agents = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
     runner = UpdateRunner(agents, cuda_graph=True, compile=compiled)
     torch.manual_seed(7)
@@ -642,9 +646,10 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
 
     class StopOnSeed1(Trainer):
         def end_burst(self):
-            super().end_burst()
+            evaluation = super().end_burst()
             if self.cfg.seed == 1 and self.counters.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
+            return evaluation
 
     overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=ffm", "device=cuda", "train.num_iters=4", "seeds=[0,1,2]")
     out = train(composed(*overrides), tmp_path / "axis" / "seed-0", StopOnSeed1)

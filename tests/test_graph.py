@@ -6,12 +6,14 @@ tests/test_cuda.py."""
 
 import contextlib
 import copy
+import functools
 import io
 
 import numpy as np
 import pytest
 import torch
 from test_agent import make_agent, make_batch, tensor_batch
+from updating import updated
 
 from pomdp_ffm.acting_graph import ActingRunner
 from pomdp_ffm.buffer import Batch
@@ -130,38 +132,27 @@ def assert_same_optim(a, b):
                 assert st[k].device == other[k].device and torch.equal(st[k], other[k]), (name, i, k)
 
 
-# --- on a CPU the runner is agent.update ---------------------------------------------------------------------
+# --- on a CPU the runner is update.update --------------------------------------------------------------------
 @pytest.mark.parametrize("algo, model, kw", CASES, ids=IDS)
 def test_runner_on_cpu_is_the_eager_update(algo, model, kw):
     eager = make_agent(algo, model, **kw)
-    ref = run(eager.update, eager)
+    ref = run(functools.partial(updated, eager), eager)
     agent = make_agent(algo, model, **kw)
     runner = UpdateRunner(agent, cuda_graph=True)  # the switch is ignored on a CPU
     assert not runner.graphed
     assert_same(run(runner, agent), ref)
 
 
-def test_an_eager_runner_calls_the_agents_update_as_it_is_then():
-    # The trainer's tests replace agent.update on the instance (on a CPU, where updates are eager): the runner
-    # calls that one.
-    agent = make_agent("sac", "gru")
-    runner = UpdateRunner(agent, cuda_graph=False)
-    calls = []
-    agent.update = lambda batch, grad_norms=False, **kw: calls.append(grad_norms) or {}
-    runner(make_batch(), grad_norms=True)
-    runner(make_batch())
-    assert calls == [True, False]
-
-
-def test_agent_update_is_the_update_function_on_its_streams_counted():
+def test_the_eager_runner_is_the_update_function_counted():
     # What a graph captures (update.update on static streams, the host deciding the actor step) is the eager path.
     from pomdp_ffm.update import Aligned, update
 
     kw = {"td3": TD3Config(policy_delay=2)}
     a, b = make_agent("td3", "ffm", **kw), make_agent("td3", "ffm", **kw)
+    runner = UpdateRunner(a, cuda_graph=False)
     for i in range(4):
         torch.manual_seed(i)
-        sa = a.update(make_batch(i), grad_norms=i == 1)
+        sa = runner(make_batch(i), grad_norms=i == 1)
         torch.manual_seed(i)
         sb = update(b, Aligned.from_batch(make_batch(i), "cpu"), actor_step_due=b.actor_step_due(), grad_norms=i == 1)
         b.count_update()
@@ -174,7 +165,7 @@ def test_agent_update_is_the_update_function_on_its_streams_counted():
 @pytest.mark.parametrize("algo, model, kw", CASES, ids=IDS)
 def test_runner_logic_equals_the_eager_update(algo, model, kw):
     eager = make_agent(algo, model, **kw)
-    ref = run(eager.update, eager, n=14)
+    ref = run(functools.partial(updated, eager), eager, n=14)
     agent = make_agent(algo, model, **kw)
     backend = PythonGraphs()
     runner = UpdateRunner(agent, backend=backend, warmup=3)
@@ -242,8 +233,8 @@ def test_a_load_rearms_the_runner():
     # A resume replaces the optimisers' state: the runner drops its graphs, warms up and captures again; the run
     # equals the eager one that loads the same state.
     src = make_agent("td3", "ffm", seed=3, td3=TD3Config(policy_delay=2))
-    src.update(make_batch(1))
-    src.update(make_batch(2))
+    updated(src, make_batch(1))
+    updated(src, make_batch(2))
     saved = io.BytesIO()
     torch.save(src.training_state(), saved)
 
@@ -254,9 +245,9 @@ def test_a_load_rearms_the_runner():
     eager = make_agent("td3", "ffm", td3=TD3Config(policy_delay=2))
     torch.manual_seed(0)
     for i in range(6):
-        eager.update(make_batch(i), grad_norms=i == 5)
+        updated(eager, make_batch(i), grad_norms=i == 5)
     load(eager)
-    ref = run(eager.update, eager, n=8)
+    ref = run(functools.partial(updated, eager), eager, n=8)
 
     agent = make_agent("td3", "ffm", td3=TD3Config(policy_delay=2))
     runner = UpdateRunner(agent, backend=PythonGraphs(), warmup=2)
@@ -304,7 +295,7 @@ def test_several_agents_update_as_each_alone(algo, model, kw, graphed):
     ref = [make_agent(algo, model, seed=k, **kw) for k in range(S)]
     torch.manual_seed(5)
     ref_stats = [
-        [a.update(make_batch((i + k) % 4), grad_norms=grad_norms_at(i)) for k, a in enumerate(ref)] for i in range(n)
+        [updated(a, make_batch((i + k) % 4), grad_norms=grad_norms_at(i)) for k, a in enumerate(ref)] for i in range(n)
     ]
     agents = [make_agent(algo, model, seed=k, **kw) for k in range(S)]
     backend = PythonGraphs() if graphed else None
@@ -393,7 +384,7 @@ def acting_episodes(agent, runner, steps: int, episodes: int = 4):
             pairs.append(tuple(out))
         for a in (agent, twin):
             torch.manual_seed(10 + ep)
-            a.update(make_batch(ep))
+            updated(a, make_batch(ep))
     return pairs
 
 
@@ -446,9 +437,10 @@ def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_p
 
     class Interrupt(trainer_mod.Trainer):
         def end_burst(self):
-            super().end_burst()
+            evaluation = super().end_burst()
             if self.counters.env_steps >= 600:
                 self.stop.request(15)
+            return evaluation
 
     assert train(composed(*overrides), tmp_path / "graphs", Interrupt).stopped
     train(composed(*overrides, "resume=true"), tmp_path / "graphs")
@@ -541,7 +533,7 @@ def test_staging_keeps_mixed_dtypes():
 def test_capturable_optimisers_save_the_eager_state():
     agent = make_agent("sac", "ffm")
     for i in range(2):
-        agent.update(make_batch(i))
+        updated(agent, make_batch(i))
     before = copy.deepcopy(agent.training_state()["optim"])
     for o in agent.optimizers().values():
         make_capturable_(o)

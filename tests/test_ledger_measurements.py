@@ -18,6 +18,7 @@ from test_agent import make_agent, make_batch
 from torch import nn
 from torch.distributions import Normal
 from torch.nn import functional as F
+from updating import updated
 
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.algos import SAC
@@ -282,7 +283,7 @@ def test_td3_gru_updates_against_the_reference_form(one_thread):
     for i in range(5):
         batch = window_batch(48, 6, seed=i)
         torch.manual_seed(i)
-        stats = ours.update(batch)
+        stats = updated(ours, batch)
         s = Aligned.from_batch(batch, "cpu")
         torch.manual_seed(i)
         q1, q2 = reference_critic_loss(theirs, s, torch.randn_like(s.actions))
@@ -315,7 +316,7 @@ def test_gradient_norm_statistics_against_the_reference_mean(one_thread):
         for model in ("gru", "ffm"):
             agent = make_agent(algo, model)
             for i in range(3):
-                stats = agent.update(make_batch(i), grad_norms=True)
+                stats = updated(agent, make_batch(i), grad_norms=True)
             modules = {
                 "q_grad_norm": agent.critic,
                 "q_rnn_grad_norm": agent.critic.encoder.memory,
@@ -400,7 +401,7 @@ def fused_adam_drift(make, batches, seed: int) -> list[float]:
         torch.manual_seed(seed)
         runs.append([])
         for batch in batches:
-            agent.update(batch)
+            updated(agent, batch)
             runs[-1].append([v.detach().clone() for v in agent.state_dict().values()])
     return [max((a - b).abs().max().item() for a, b in zip(x, y)) for x, y in zip(*runs)]
 

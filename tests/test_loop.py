@@ -13,7 +13,7 @@ from pomdp_ffm.train import run
 from pomdp_ffm.trainer import Trainer
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pomdp_ffm"
-LOOP_MODULES = ("trainer", "rollout", "evaluation", "seeds", "joint")
+LOOP_MODULES = ("trainer", "rollout", "evaluation", "seeds")
 
 
 def generator_functions(source: str) -> list[str]:
@@ -53,9 +53,9 @@ def test_the_loop_reads_on_one_screen():
     assert len(lines) <= 40, len(lines)
 
 
-def test_from_the_loop_to_the_first_loss_in_five_calls(composed, tmp_path, monkeypatch):
-    # The call stack at the first critic step of a real (tiny) run: Trainer.train -> ... -> critic_step.
-    stacks, critic_step = [], update.critic_step
+def test_from_the_loop_to_the_first_loss_in_four_calls(composed, tmp_path, monkeypatch):
+    # The call stack at the first critic loss of a real (tiny) run: Trainer.train -> ... -> critic_loss.
+    stacks, critic_loss = [], update.EAGER.critic_loss
 
     def recorded(*a, **kw):
         if not stacks:
@@ -64,10 +64,14 @@ def test_from_the_loop_to_the_first_loss_in_five_calls(composed, tmp_path, monke
                 frames.append(f.f_code.co_name)
                 f = f.f_back
             stacks.append(frames[::-1])
-        return critic_step(*a, **kw)
+        return critic_loss(*a, **kw)
 
-    monkeypatch.setattr(update, "critic_step", recorded)
+    monkeypatch.setattr(update, "EAGER", update.EAGER._replace(critic_loss=recorded))
     run(composed("train.num_iters=1"), tmp_path / "run")
-    # the frames between train and critic_step, which is one more call
-    assert stacks and len(stacks[0]) + 1 <= 5, stacks
-    assert stacks[0][0] == "run_updates", stacks
+    # the frames between train and critic_loss, which is one more call
+    assert stacks == [["run_bursts", "update_all", "update"]], stacks
+
+
+def test_the_trainer_shows_a_reader_fewer_than_15_methods():
+    public = [name for name in vars(Trainer) if not name.startswith("_")]
+    assert len(public) < 15, public

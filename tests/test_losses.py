@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 import torch
 from torch.distributions import Normal
+from updating import updated
 
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.buffer import Batch
@@ -273,11 +274,11 @@ def adam_first_step(x0, grad, lr, eps=1e-8):
 
 
 def recorded_update(agent, batch, monkeypatch):
-    """agent.update(batch), with its noise draws recorded."""
+    """updated(agent, batch), with its noise draws recorded."""
     rec = NoiseRecorder()
     with monkeypatch.context() as m:
         m.setattr(torch, "randn_like", rec)
-        stats = agent.update(batch)
+        stats = updated(agent, batch)
     return stats, rec
 
 

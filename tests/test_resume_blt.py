@@ -42,19 +42,19 @@ class Plan:
 
 def stopping_trainer(plan: Plan):
     class Stopping(Trainer):
-        def check_stop(self):
+        def _check_stop(self):
             c = self.counters
             if c.pool_done and c.burst is None and self.plan_at("iteration start"):  # start_unit's check
                 self.stop.request(15)
-            super().check_stop()
+            super()._check_stop()
 
-        def record_update(self, stats):
-            super().record_update(stats)
+        def _record_update(self, stats):
+            super()._record_update(stats)
             if self.plan_at("update"):
                 self.stop.request(10)  # taken before the burst's next update
 
-        def log_evaluation(self, *results, **kw):
-            ret = super().log_evaluation(*results, **kw)
+        def _log_evaluation(self, *results, **kw):
+            ret = super()._log_evaluation(*results, **kw)
             if self.plan_at("evaluation"):
                 self.stop.request(15)  # taken at the next iteration's start, after this one's checkpoint
             if self.plan_at("kill after evaluation"):

@@ -68,9 +68,10 @@ def read(run_dir: Path) -> pd.DataFrame:
 
 class StopAt600(Trainer):
     def end_burst(self):
-        super().end_burst()
+        evaluation = super().end_burst()
         if self.counters.env_steps >= 600:
             self.stop.request(signal.SIGTERM)
+        return evaluation
 
 
 @pytest.fixture
@@ -514,8 +515,8 @@ def test_rows_after_the_checkpoint_are_dropped_with_a_warning(composed, tmp_path
     run(composed(*overrides), tmp_path / "full")
 
     class Kill(Trainer):
-        def log_evaluation(self, *results):
-            ret = super().log_evaluation(*results)
+        def _log_evaluation(self, *results):
+            ret = super()._log_evaluation(*results)
             if self.counters.env_steps >= 600:
                 raise KeyboardInterrupt
             return ret
@@ -532,8 +533,8 @@ def test_run_killed_before_its_first_checkpoint(composed, tmp_path, caplog):
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=3", "checkpoint.interval=100")
 
     class Kill(Trainer):
-        def log_evaluation(self, *results):
-            super().log_evaluation(*results)
+        def _log_evaluation(self, *results):
+            super()._log_evaluation(*results)
             raise KeyboardInterrupt
 
     run_dir = tmp_path / "early"
@@ -571,7 +572,7 @@ def test_finished_run_is_skipped_and_a_refusal_leaves_no_error_file(composed, fu
 
 def test_failed_run_writes_error_in_its_own_directory(composed, tmp_path):
     class Boom(Trainer):
-        def log_evaluation(self, *results):
+        def _log_evaluation(self, *results):
             raise RuntimeError("boom")
 
     run_dir = tmp_path / "boom"

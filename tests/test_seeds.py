@@ -66,9 +66,10 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
 
     class StopOnSeed1(Trainer):
         def end_burst(self):
-            super().end_burst()
+            evaluation = super().end_burst()
             if self.cfg.seed == 1 and self.counters.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
+            return evaluation
 
     out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopOnSeed1)
     assert out.stopped and all(r.stopped for r in out.seeds.values())
@@ -87,10 +88,10 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
 
 def test_a_failing_seed_is_recorded_and_the_others_finish(composed, tmp_path):
     class FailSeed1(Trainer):
-        def log_evaluation(self, *results):
+        def _log_evaluation(self, *results):
             if self.cfg.seed == 1:
                 raise RuntimeError("seed 1 broke")
-            return super().log_evaluation(*results)
+            return super()._log_evaluation(*results)
 
     with pytest.raises(RuntimeError, match="seed 1 broke"):
         run(composed("seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=FailSeed1)
@@ -171,13 +172,13 @@ def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
 
 # --- bursts run together (on CUDA: one graph for the seeds' updates) ----------------------------------------------
 def joint_with(monkeypatch, make):
-    """Joint rounds through ``make(trainers)`` wherever joint.joint_runner would make a runner on CUDA (two seeds
+    """Joint rounds through ``make(trainers)`` wherever seeds.joint_runner would make a runner on CUDA (two seeds
     or more)."""
-    from pomdp_ffm import joint as joint_mod
+    from pomdp_ffm import seeds as seeds_mod
 
     made = []
     monkeypatch.setattr(
-        joint_mod,
+        seeds_mod,
         "joint_runner",
         lambda trainers: made.append(make(trainers)) or made[-1] if len(trainers) > 1 else None,
     )
@@ -217,9 +218,10 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
 
     class StopOnSeed2(Trainer):
         def end_burst(self):
-            super().end_burst()
+            evaluation = super().end_burst()
             if self.cfg.seed == 2 and self.counters.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
+            return evaluation
 
     out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "graphs" / "seed-0", trainer_cls=StopOnSeed2)
     assert out.stopped
@@ -251,21 +253,20 @@ def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, length
     # One update per seed a round, until the shortest burst is over; gradient norms (a burst's last update) only
     # in the statistics of the seeds at their last update, though computed for all in that round.
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.joint import JointBursts
+    from pomdp_ffm.trainer import run_bursts
 
     trainers = _trainers_with_data(run_cfg, tmp_path)
     for t, n in zip(trainers, lengths):
         t.start_burst(n)
-    bursts = [t.burst for t in trainers]
-    runners, rounds = [], min(lengths)
-    joint = JointBursts(lambda ts: runners.append(UpdateRunner([t.agent for t in ts], cuda_graph=False)) or runners[-1])
-    assert joint.run([0, 1, 2], trainers)
+    bursts = [t.counters.burst for t in trainers]
+    rounds = min(lengths)
+    run_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
     assert [b.done for b in bursts] == [rounds] * 3
     assert all(t.agent.num_updates == rounds == t.timers["n_joint_updates"] for t in trainers)
     assert [("q_grad_norm" in b.last) for b in bursts] == [n == rounds for n in lengths]
-    assert all(set(b.state.counts) == set(bursts[0].state.counts) for b in bursts)  # no gradient norm summed
+    assert all(set(b.counts) == set(bursts[0].counts) for b in bursts)  # no gradient norm summed
     for t, b in zip(trainers, bursts):
-        t.run_updates()
+        run_bursts([t], t.updater)
         assert b.done == b.n and t.counters.rl_steps == b.n
         t.close()
 
@@ -275,14 +276,14 @@ def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_pat
     # After bursts of other lengths the seeds' update counts differ: they agree on the actor step for some rounds
     # (counts 0 and 1 with a delay of 3: one round), then part; the joint rounds stop there, without an error.
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.joint import JointBursts
+    from pomdp_ffm.trainer import run_bursts
 
     trainers = _trainers_with_data(run_cfg, tmp_path, ("algo=td3", f"policy.td3.policy_delay={delay}"), n=2)
     for t, c in zip(trainers, counts):
         t.agent.num_updates = c
         t.start_burst(6)
-    JointBursts(lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False)).run([0, 1], trainers)
-    assert [t.burst.done for t in trainers] == [joint_rounds] * 2
+    run_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
+    assert [t.counters.burst.done for t in trainers] == [joint_rounds] * 2
     for t in trainers:
         t.close()
 
@@ -369,7 +370,9 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
     # A seed whose update count is one off the others' (as a checkpoint from another schedule may leave it) takes,
     # alone and at once, the delay - 1 updates that bring its count to theirs mod the delay (fewer than the
     # others would take to meet it); from then on every update of every seed is joint.
+    from pomdp_ffm import seeds as seeds_mod
     from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.trainer import run_bursts
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     made, solo = [], []
@@ -380,10 +383,12 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
             if self.cfg.seed == 1:
                 self.agent.num_updates += 1
 
-        def run_updates(self, limit=None):
-            if limit is not None:
-                solo.append((self.cfg.seed, limit))
-            return super().run_updates(limit)
+    def recorded(trainers, runner, limit=None):
+        if limit is not None:
+            solo.append((trainers[0].cfg.seed, limit))
+        return run_bursts(trainers, runner, limit)
+
+    monkeypatch.setattr(seeds_mod, "run_bursts", recorded)
 
     out = run(
         composed(
@@ -409,7 +414,7 @@ def gathered(monkeypatch):
     """The seeds' acting steps gathered, as on CUDA with graphs, here on a CPU (where a submit computes)."""
     from pomdp_ffm import seeds as seeds_mod
 
-    monkeypatch.setattr(seeds_mod.JointActs, "applies", lambda self, trainers: len(trainers) > 1)
+    monkeypatch.setattr(seeds_mod, "gathers", lambda trainers: len(trainers) > 1)
 
 
 GATHERED_CASES = [
@@ -509,8 +514,8 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
                 self.stop.request(signal.SIGTERM)  # as its episode 600-800 begins
             return rollout
 
-        def due_evaluation(self):
-            evaluation = super().due_evaluation()
+        def end_burst(self):
+            evaluation = super().end_burst()
             if where == "evaluate" and self.cfg.seed == 0 and self.counters.env_steps == 600:
                 self.stop.request(signal.SIGTERM)  # as the seeds' evaluations begin
             return evaluation
@@ -583,9 +588,15 @@ def test_gathered_checkpoints_hold_each_seeds_own_host_rng(composed, tmp_path, m
     import numpy as np
 
     class DrawingUpdates(Trainer):
-        def sample_batch(self):
-            np.random.random()
-            return super().sample_batch()
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            sample = self.buffer.sample
+
+            def drawing(batch_size):
+                np.random.random()
+                return sample(batch_size)
+
+            self.buffer.sample = drawing
 
     overrides = ("algo=sac", "seq_model=gru", "device=cpu")
     for k in (0, 1):
@@ -605,10 +616,10 @@ def test_the_rows_and_checkpoints_after_gathered_acting_are_in_the_seeds_own_tur
     import numpy as np
 
     class DrawsAtTheLastRow(Trainer):
-        def log_evaluation(self, *results):
+        def _log_evaluation(self, *results):
             if self.counters.env_steps >= self.budget:
                 np.random.random()
-            return super().log_evaluation(*results)
+            return super()._log_evaluation(*results)
 
     overrides = ("algo=sac", "seq_model=gru", "device=cpu")
     for k in (0, 1):

@@ -12,8 +12,10 @@ from hang import HANG_S
 
 from pomdp_ffm import evaluation as evaluation_module
 from pomdp_ffm.algos import SAC
+from pomdp_ffm.evaluation import Due
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.metrics import columns
+from pomdp_ffm.rollout import play_all
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer, TrainingDiverged
 
@@ -82,9 +84,10 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
 
     class Interrupt(Trainer):
         def end_burst(self):
-            super().end_burst()
+            evaluation = super().end_burst()
             if self.counters.env_steps >= 600:
                 self.stop.request(15)  # what SIGTERM does
+            return evaluation
 
     assert train(composed(*overrides), tmp_path / "cut", Interrupt).stopped
     with pytest.raises(Refused, match="resume=true"):
@@ -112,10 +115,11 @@ def test_envs_in_workers_train_and_resume_as_envs_here(composed, tmp_path, task)
         iterations = 0
 
         def end_burst(self):
-            super().end_burst()
+            evaluation = super().end_burst()
             Interrupt.iterations += 1
             if Interrupt.iterations == 3:  # the pool's burst, then two iterations'
                 self.stop.request(15)
+            return evaluation
 
     assert train(composed(*overrides, *workers), tmp_path / "there", Interrupt).stopped
     train(composed(*overrides, *workers, "resume=true"), tmp_path / "there")
@@ -125,8 +129,8 @@ def test_envs_in_workers_train_and_resume_as_envs_here(composed, tmp_path, task)
 
 def test_killed_run_keeps_its_rows(composed, tmp_path):
     class Kill(Trainer):
-        def log_evaluation(self, *results):
-            ret = super().log_evaluation(*results)
+        def _log_evaluation(self, *results):
+            ret = super()._log_evaluation(*results)
             if self.counters.env_steps >= 600:
                 raise KeyboardInterrupt  # as if killed right after logging
             return ret
@@ -149,15 +153,15 @@ def test_non_finite_loss_stops_with_checkpoint(composed, tmp_path):
     class NaN(Trainer):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            real_update = self.agent.update
+            real_update = self.updater.update_all
             calls = [0]
 
-            def nan_from_the_second(batch, grad_norms=False, **kw):
+            def nan_from_the_second(batches, grad_norms=False):
                 calls[0] += 1
-                stats = real_update(batch, grad_norms, **kw)
-                return {**stats, "qf1_loss": torch.tensor(math.nan)} if calls[0] >= 2 else stats
+                (stats,) = real_update(batches, grad_norms)
+                return [{**stats, "qf1_loss": torch.tensor(math.nan)} if calls[0] >= 2 else stats]
 
-            self.agent.update = nan_from_the_second
+            self.updater.update_all = nan_from_the_second
 
     # The pool's burst is 4 updates: the first non-finite one is found when the burst ends.
     with pytest.raises(
@@ -189,17 +193,17 @@ def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg
         if bad_at is not None:
             stats[bad_at]["qf2_loss"] = torch.tensor(math.inf)
         t.start_burst(3)
-        burst, start = t.burst, t.counters.rl_steps
+        burst, start = t.counters.burst, t.counters.rl_steps
         for j, st in enumerate(stats):
             with DispatchedOps() as counted:
-                t.record_update(st)
+                burst.add(st, start + j + 1)
             ops[n_stats, j] = counted.total
-        assert t.counters.rl_steps == start + 3
+        assert burst.done == 3
         assert burst.close() == (-1 if bad_at is None else start + bad_at + 1)
         as64 = lambda x: float(x.double())
         want = {k: (as64(stats[0][k]) + as64(stats[1][k])) + as64(stats[2][k]) for k in stats[0]}
-        assert burst.state.sums == pytest.approx(want, rel=0, abs=0, nan_ok=True)
-        assert burst.state.counts == {k: 3 for k in stats[0]} and float(burst.last["q_grad_norm"]) == 5.0
+        assert burst.sums == pytest.approx(want, rel=0, abs=0, nan_ok=True)
+        assert burst.counts == {k: 3 for k in stats[0]} and float(burst.last["q_grad_norm"]) == 5.0
     assert ops[2, 1] == ops[5, 1] <= 13
     t.close()
 
@@ -261,7 +265,7 @@ def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, st
     class StopMidBurst(Trainer):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            update, calls = self.agent.update, [0]
+            update, calls = self.updater.update_all, [0]
 
             def counted(*args, **kwargs):
                 calls[0] += 1
@@ -269,7 +273,7 @@ def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, st
                     self.stop.request(10)
                 return update(*args, **kwargs)
 
-            self.agent.update = counted
+            self.updater.update_all = counted
 
     out = train(composed(*overrides), tmp_path / "cut", StopMidBurst)
     assert out.stopped and out.counters.rl_steps == stop_at_update and out.counters.burst.done > 0
@@ -316,7 +320,9 @@ def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path,
             run_cfg(f"env={task}", f"seq_model={seq_model}", "env.num_eval_tasks=4", *settings), tmp_path / way
         )
         collect(trainer)  # the training env mid-stream, as at a real evaluation
-        result, _ = trainer.evaluator.evaluation().play()  # (deterministic only: the default)
+        evaluation = trainer.evaluator.evaluation(Due())
+        play_all(evaluation.next, evaluation.ended)
+        result, _ = evaluation.results()  # (deterministic only: the default)
         results[way] = (result.ret, result.length, trainer.env.rng_state(), trainer.timers["n_eval_steps"])
         if way == "workers":
             assert {type(e).__name__ for e in trainer.evaluator.envs} == {"EnvInWorker"}
@@ -454,22 +460,18 @@ def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(
     calls = [0]
 
     class StopMidBurst(Trainer):
-        def run_updates(self, limit=None):
-            if self.evaluator.deferred is None:
-                return super().run_updates(limit)
-            update = self.updater  # the burst that plays a deferred evaluation: stopped after its third update
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            update_all = self.updater.update_all
 
             def counted(*a, **kw):
-                calls[0] += 1
-                if calls[0] == 3:
-                    self.stop.request(10)
-                return update(*a, **kw)
+                if self.evaluator.deferred is not None:  # the burst that plays a deferred evaluation: stopped
+                    calls[0] += 1  # after its third update
+                    if calls[0] == 3:
+                        self.stop.request(10)
+                return update_all(*a, **kw)
 
-            self.updater = counted
-            try:
-                super().run_updates(limit)
-            finally:
-                self.updater = update
+            self.updater.update_all = counted
 
     cut = composed(*overrides, "eval.during_updates=true")
     out = train(cut, tmp_path / "cut", StopMidBurst)

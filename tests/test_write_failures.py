@@ -40,9 +40,10 @@ def last_attempt(run_dir: Path) -> str:
 
 class StopAfterFirstCheckpoint(Trainer):
     def end_burst(self):
-        super().end_burst()
+        evaluation = super().end_burst()
         if self.counters.env_steps >= 600:
             self.stop.request(15)
+        return evaluation
 
 
 @pytest.fixture

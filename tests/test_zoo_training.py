@@ -21,9 +21,10 @@ class StopSeed1(Trainer):
     """Seed 1 asks to stop, as a SIGTERM would, once it has collected 400 steps (at its first evaluation)."""
 
     def end_burst(self):
-        super().end_burst()
+        evaluation = super().end_burst()
         if self.cfg.seed == 1 and self.counters.env_steps >= 400:
             self.stop.request(signal.SIGTERM)
+        return evaluation
 
 
 def progress(run_dir) -> pd.DataFrame:

@@ -10,9 +10,10 @@ import gymnasium
 import numpy as np
 
 from ..envs import EnvInWorker, make_env
+from ..evaluation import Clocks, Due
 from ..launch.rundir import RunDir
 from ..rollout import AgentPolicy, RandomPolicy, Rollout
-from ..trainer import Trainer
+from ..trainer import Trainer, run_bursts
 from .common import Row, interleaved_medians
 from .loop import compose_run
 
@@ -69,11 +70,11 @@ def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, t
 
     def burst() -> None:
         trainer.start_burst(updates)
-        trainer.run_updates()
-        trainer.burst.close()
+        run_bursts([trainer], trainer.updater)
+        trainer.counters.burst.close()
 
     def evaluation(meanwhile=lambda: None) -> None:  # as "during" plays it: the actor's copy, taken now
-        evaluator.defer(trainer.clocks())
+        evaluator.defer(Due(at=Clocks(0, 0, 0, 0.0)))  # (its row's clocks: no row is written here)
         meanwhile()
         evaluator.rest()
 

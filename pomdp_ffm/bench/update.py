@@ -82,11 +82,11 @@ def run(repeats: int, device: torch.device) -> list[Row]:
         # Counted on a CPU copy: on CUDA, nn.GRU/nn.LSTM run as one cuDNN op that the counter has no
         # formula for, so their recurrent matmuls would silently drop out of the total.
         with FlopCounterMode(display=False) as counter:
-            copy.deepcopy(agent).cpu().update(batches[0])
+            UpdateRunner(copy.deepcopy(agent).cpu(), cuda_graph=False)(batches[0])
         flops[name] = counter.get_total_flops() / 1e9
     row = functools.partial(Row, "update", SHAPE)
     rows = [row(k, "gflop", v, "GFLOP") for k, v in flops.items()]
-    updates = {k: agent.update for k, agent in agents.items()}
+    updates = {k: UpdateRunner(agent, cuda_graph=False) for k, agent in agents.items()}
     if device.type == "cuda":
         for k in agents:
             runner = UpdateRunner(copy.deepcopy(agents[k]), cuda_graph=True)
