@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pomdp_ffm.launch.rundir import RunDir
+from pomdp_ffm.run.rundir import RunDir
 
 from . import constants as C
 from .columns import TABLE_COLUMNS

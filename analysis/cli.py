@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pomdp_ffm.launch.exits import EXIT_UNWRITABLE
+from pomdp_ffm.run.exits import EXIT_UNWRITABLE
 
 from .commands import cmd_aggregate, cmd_bars, cmd_decay, cmd_efficiency, cmd_lines, cmd_table
 from .context import Context, check_max_steps, load_input, select_published

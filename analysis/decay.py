@@ -7,7 +7,7 @@ number of steps after which the rotation repeats.  One value per distinct
 parameter entry is reported (alpha has m entries, omega c), since the m x c
 state only repeats them.
 
-Checkpoints are read with :func:`pomdp_ffm.launch.checkpoint.load_checkpoint` only
+Checkpoints are read with :func:`pomdp_ffm.run.checkpoint.load_checkpoint` only
 (``torch.load(weights_only=True)``): loading never executes code from a file.
 A file it refuses is reported as a warning naming it and skipped.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pomdp_ffm.launch.checkpoint import CheckpointError, load_checkpoint
-from pomdp_ffm.launch.rundir import RunDir, RunDirError
+from pomdp_ffm.run.checkpoint import CheckpointError, load_checkpoint
+from pomdp_ffm.run.rundir import RunDir, RunDirError
 from pomdp_ffm.seq_models.ffm import context_period, trace_durability
 
 from . import constants as C
@@ -69,7 +69,7 @@ def checkpoint_candidates(run_dir: str | Path) -> list[Path]:
 
 
 def _load(ckpt: Path) -> dict:
-    """:func:`pomdp_ffm.launch.checkpoint.load_checkpoint`: tensors and plain containers only, never a full unpickling
+    """:func:`pomdp_ffm.run.checkpoint.load_checkpoint`: tensors and plain containers only, never a full unpickling
     (a file holding anything else raises CheckpointError naming it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's notes on pickle protocols; refusals raise

@@ -1,7 +1,7 @@
 """Discover run directories and turn them into one tidy table of evaluations.
 
 A run directory is any directory holding a ``progress.csv`` (the file names of
-a run directory are :class:`pomdp_ffm.launch.rundir.RunDir`'s; :mod:`analysis.rundirs`
+a run directory are :class:`pomdp_ffm.run.rundir.RunDir`'s; :mod:`analysis.rundirs`
 finds them).  Metadata (task, algorithm, memory model, seed) comes from the
 resolved config when there is one (``config.yaml``, then Hydra's
 ``.hydra/config.yaml``, then the reference implementation's

@@ -1,6 +1,6 @@
 """Find run directories: any directory holding a ``progress.csv``.
 
-The file names of a run directory are :class:`pomdp_ffm.launch.rundir.RunDir`'s; this module names the few the analysis
+The file names of a run directory are :class:`pomdp_ffm.run.rundir.RunDir`'s; this module names the few the analysis
 reads and walks a tree of runs for them.
 """
 
@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from pomdp_ffm.launch.rundir import RunDir
+from pomdp_ffm.run.rundir import RunDir
 
 PROGRESS = RunDir.PROGRESS
 # Hydra's own copy of the composed config is a fallback for runs whose config.yaml is missing.

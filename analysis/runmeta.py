@@ -15,7 +15,7 @@ import pandas as pd
 import yaml
 
 from pomdp_ffm.config import learning_settings
-from pomdp_ffm.launch.rundir import RunDir
+from pomdp_ffm.run.rundir import RunDir
 
 from . import constants as C
 from .rundirs import CONFIG_CANDIDATES, DONE_MARKER

@@ -8,7 +8,7 @@
 
 Anything after the options is passed to Hydra unchanged (overrides, e.g. seed=0,1 or
 hydra.launcher.timeout_min=720). Each job's status comes from the checks its start makes
-(pomdp_ffm.launch.start.status);
+(pomdp_ffm.jobs.start.status);
 a damaged one is listed with its reason before the launch, and the sweep refuses it, writing nothing there, while
 the others run. Rerunning the same command skips finished runs and resumes interrupted ones. The sweep names each
 refused or failed job and ends with "N finished, M refused, K failed"; exit codes: launch/README.md.
@@ -22,12 +22,12 @@ import subprocess
 import sys
 from collections import Counter
 
-from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED
-from pomdp_ffm.launch.grid import show_job, sweep_jobs
-from pomdp_ffm.launch.precheck import precheck
-from pomdp_ffm.launch.rundir import STATUSES, Status
-from pomdp_ffm.launch.signals import STOP_SIGNALS
-from pomdp_ffm.launch.start import Refused
+from pomdp_ffm.jobs.grid import show_job, sweep_jobs
+from pomdp_ffm.jobs.precheck import precheck
+from pomdp_ffm.jobs.start import Refused
+from pomdp_ffm.run.exits import EXIT_OK, EXIT_REFUSED
+from pomdp_ffm.run.rundir import STATUSES, Status
+from pomdp_ffm.run.signals import STOP_SIGNALS
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
 # The seed sweep becomes a seed axis: the job named by seed 0 trains seeds 0-4 and writes their sibling directories.
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--seed-axis",
         action="store_true",
-        help="one job per (task, algo, model) training seeds 0-4 in one process (pomdp_ffm/seeds.py), "
+        help="one job per (task, algo, model) training seeds 0-4 in one process (pomdp_ffm/jobs/seeds.py), "
         "each seed in its usual run directory",
     )
     ap.add_argument("overrides", nargs="*", help="further Hydra overrides")

@@ -121,7 +121,7 @@ def use_run_cache(run: str | Path) -> Path:
     """Inductor's and Triton's on-disk caches in the run's own folder (``run_cache_dir``) from here on, this process
     and the compile workers it starts. Why not the user's shared folder: a run's compile failed there in a C++ build
     while other jobs compiled into it, as a race on it would. A run directory is locked for its run
-    (launch/rundir.py), so its folder has one writer at a time, and no lock is needed; a file lock around compiling
+    (run/rundir.py), so its folder has one writer at a time, and no lock is needed; a file lock around compiling
     would make the jobs of one node compile one after another. The cost: each run compiles cold once (tens of
     seconds, a resume excepted), against hours of training."""
     folder = run_cache_dir(run)

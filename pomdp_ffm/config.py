@@ -150,7 +150,7 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     seed: int = checked(0, within(0, SEEDS - 1))
-    # Several seeds trained in one process (pomdp_ffm/seeds.py), each in its own run directory.
+    # Several seeds trained in one process (pomdp_ffm/jobs/seeds.py), each in its own run directory.
     seeds: Optional[List[int]] = checked(
         None,
         must(

@@ -19,7 +19,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from .launch.signals import end_with_parent, env_worker
+from .run.signals import end_with_parent, env_worker
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ import logging
 import math
 from pathlib import Path
 
-from .launch.rundir import replace_text, set_aside
-from .launch.unwritable import writing
 from .metrics import ENV_STEPS
+from .run.rundir import replace_text, set_aside
+from .run.unwritable import writing
 
 log = logging.getLogger("pomdp_ffm")
 

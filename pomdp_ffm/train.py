@@ -4,7 +4,7 @@
 ``hydra/launcher=<basic|local|slurm|slurm_local>`` chooses where its jobs run (launch/README.md).
 
 Every setting is checked before anything is written (a bad one is a one-line error naming the key, the value
-and what is allowed). A run directory (``pomdp_ffm.launch.rundir``) is then locked for the life of the run: a second
+and what is allowed). A run directory (``pomdp_ffm.run.rundir``) is then locked for the life of the run: a second
 process is refused, naming the holder. With ``resume=true`` (the presets set it) a run directory is a unit of
 work that can be started any number of times: a finished run (DONE) is skipped; an interrupted one continues
 from checkpoints/last.pt once the checkpoint and config.yaml agree with each other and with the config asked for
@@ -12,7 +12,7 @@ from checkpoints/last.pt once the checkpoint and config.yaml agree with each oth
 refused, naming the file and the fix. Every start is recorded in attempts.log; a failure leaves its traceback in
 ERROR.txt.
 
-Exit codes of a single run (pomdp_ffm/launch/exits.py; a sweep's, and what each asks of the user: launch/README.md,
+Exit codes of a single run (pomdp_ffm/run/exits.py; a sweep's, and what each asks of the user: launch/README.md,
 "Statuses and exit codes"):
 
     0   finished (DONE written), or skipped because it had finished
@@ -38,15 +38,15 @@ from omegaconf import DictConfig
 
 from .compiling import CompileError
 from .config import register_configs
-from .launch import signals
-from .launch.exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
-from .launch.grid import sweep_outcome
-from .launch.precheck import checked_command, launcher_name
-from .launch.rundir import LockLost, RunDir, RunResult
-from .launch.signals import STOP_SIGNALS, StopSignals, SweepSignals
-from .launch.start import Action, Refused, check_and_lock
-from .launch.unwritable import Unwritable
-from .seeds import run_seeds
+from .jobs.grid import sweep_outcome
+from .jobs.precheck import checked_command, launcher_name
+from .jobs.seeds import run_seeds
+from .jobs.start import Action, Refused, check_and_lock
+from .run import signals
+from .run.exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
+from .run.rundir import LockLost, RunDir, RunResult
+from .run.signals import STOP_SIGNALS, StopSignals, SweepSignals
+from .run.unwritable import Unwritable
 from .trainer import Trainer, TrainingDiverged
 
 register_configs()
@@ -56,7 +56,7 @@ log = logging.getLogger("pomdp_ffm")
 def run(
     cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer, stop: StopSignals | None = None
 ) -> RunResult:
-    """Validate, lock, verify and train one run directory (or, with ``seeds``, one per seed: pomdp_ffm/seeds.py),
+    """Validate, lock, verify and train one run directory (or, with ``seeds``, one per seed: pomdp_ffm/jobs/seeds.py),
     answering the stop signals ``stop`` (None: its own). Raises Refused (nothing written), TrainingDiverged, or the
     error that stopped training (recorded in ERROR.txt where it can be written). ``trainer_cls`` lets tests put an
     instrumented trainer on the real path."""

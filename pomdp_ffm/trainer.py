@@ -28,9 +28,6 @@ from .config import RunConfig, check_eval_clock, env_step_budget, resolve_device
 from .envs import get_task, make_env
 from .evaluation import Clocks, Due, EvalResult, Evaluation, Evaluator
 from .graph import UpdateRunner
-from .launch.checkpoint import CHECKPOINT_FORMAT
-from .launch.rundir import RunDir
-from .launch.signals import StopSignals
 from .logger import MetricsWriter
 from .metrics import (
     ENV_STEPS,
@@ -47,6 +44,9 @@ from .metrics import (
     summed,
 )
 from .rollout import AgentPolicy, RandomPolicy, Rollout, play_all
+from .run.checkpoint import CHECKPOINT_FORMAT
+from .run.rundir import RunDir
+from .run.signals import StopSignals
 
 log = logging.getLogger("pomdp_ffm")
 

@@ -1,6 +1,6 @@
 """The package's shape (docs/architecture.md): no import cycle between its modules, counting imports inside
-functions, which hide a cycle from the interpreter but not from a reader; no module too long to read; the launch
-side apart from the RL core, which uses only the parts of it a run needs."""
+functions, which hide a cycle from the interpreter but not from a reader; no module too long to read; the folders
+in layers (run/, the core, jobs/, the commands), each importing only from its own and those below."""
 
 from __future__ import annotations
 
@@ -92,22 +92,39 @@ def test_no_module_is_longer_than_a_reader_can_hold():
     assert long == {}
 
 
-def test_the_core_uses_only_what_a_run_needs_of_the_launch_side():
-    # A trainer saves its checkpoints (rundir) in this version's format (checkpoint), is told to stop (signals) and
-    # reports a file it cannot write (unwritable); a seed axis starts its seeds' attempts (start), as train.run starts
-    # one. Checking a command, sweeping and exit codes are the commands' own (train.py, bench/).
-    commands = ("pomdp_ffm.launch", "pomdp_ffm.train", "pomdp_ffm.bench")
-    used = {
-        dep
-        for module, deps in import_graph().items()
-        if not any(module == c or module.startswith(f"{c}.") for c in commands)  # (pomdp_ffm.trainer is core)
-        for dep in deps
-        if dep.startswith("pomdp_ffm.launch.")
-    }
-    assert used == {
-        "pomdp_ffm.launch.checkpoint",
-        "pomdp_ffm.launch.rundir",
-        "pomdp_ffm.launch.signals",
-        "pomdp_ffm.launch.unwritable",
-        "pomdp_ffm.launch.start",
-    }
+# The layers, bottom up: what a run is made of on disk and in the process (run/: its directory and atomic writes,
+# checkpoints, stop signals, exit codes); the RL core (the package's own modules, and seq_models/, whose registry
+# reads the core's catalog); the launch side (jobs/: checking a command, planning and locking a run directory,
+# attempts, seed axes, sweeps); the commands on top (train.py, bench/). Each imports only from its own layer and
+# those below.
+LAYERS = {"run": 0, "core": 1, "jobs": 2, "train": 3, "bench": 3}
+
+
+def folder(module: str) -> str:
+    """The folder (layer) of a module of the package: its subpackage, train.py, or "core" for the others."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "core"
+
+
+def folder_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, deps in import_graph().items():
+        graph.setdefault(folder(module), set()).update(folder(d) for d in deps if folder(d) != folder(module))
+    return graph
+
+
+def test_every_folder_imports_only_from_its_layer_and_below():
+    graph = folder_graph()
+    assert set(graph) == set(LAYERS), graph  # every module is in a known layer
+    upward = {(a, b) for a, deps in graph.items() for b in deps if LAYERS[b] > LAYERS[a]}
+    assert upward == set(), upward
+    assert cycles(graph) == []
+    # the walk sees what it must: the core on the run layer, the launch side on the core, the command on both
+    assert {"run"} <= graph["core"] and {"core", "run"} <= graph["jobs"] and {"jobs", "core"} <= graph["train"]
+
+
+def test_the_layer_finder_names_each_module_s_folder():
+    assert folder("pomdp_ffm.trainer") == "core" and folder("pomdp_ffm.train") == "train"
+    assert folder("pomdp_ffm.run.rundir") == "run" and folder("pomdp_ffm.jobs.seeds") == "jobs"
+    assert folder("pomdp_ffm.seq_models.ffm") == "core" and folder("pomdp_ffm.bench.loop") == "bench"
+    assert folder("pomdp_ffm") == "core"

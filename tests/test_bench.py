@@ -367,7 +367,7 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
     # report and says so.
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
-    from pomdp_ffm.launch.exits import EXIT_STOPPED
+    from pomdp_ffm.run.exits import EXIT_STOPPED
     from pomdp_ffm.trainer import Trainer
 
     _stop_at_call(monkeypatch, SeqReplayBuffer, "sample", 15)
@@ -411,8 +411,8 @@ def test_a_single_loop_benchmark_stopped_while_it_starts_stops(monkeypatch, caps
 
     from pomdp_ffm.bench import loop
     from pomdp_ffm.bench.__main__ import main
-    from pomdp_ffm.launch.exits import EXIT_STOPPED
-    from pomdp_ffm.launch.signals import sweep_stopped
+    from pomdp_ffm.run.exits import EXIT_STOPPED
+    from pomdp_ffm.run.signals import sweep_stopped
 
     got = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # in case nothing else holds it

@@ -438,7 +438,7 @@ def test_a_failed_compile_in_a_run_is_one_line_naming_the_switch_and_the_log(tmp
     from conftest import TINY
     from hang import HANG_S
 
-    from pomdp_ffm.launch.exits import EXIT_FAILED
+    from pomdp_ffm.run.exits import EXIT_FAILED
 
     run, root = tmp_path / "run", str(Path(__file__).resolve().parents[1])
     proc = subprocess.run(

@@ -77,7 +77,7 @@ def test_groups_cover_the_engine():
         ("seq_model", ("policy", "seq_model"), MODELS),
     ):
         for name in names:
-            # The launch dry-run (pomdp_ffm.launch.grid) maps a group choice to the value of this key.
+            # The launch dry-run (pomdp_ffm.jobs.grid) maps a group choice to the value of this key.
             data = yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
             assert data[key[0]][key[1]] == name
 

@@ -667,7 +667,7 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
 def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tmp_path, monkeypatch):
     # The seeds act through graph replays, so their acting steps are gathered; each still draws from its own
     # stream, so the logs are those of the same axis with each seed acting in its own turn.
-    from pomdp_ffm import seeds as seeds_mod
+    from pomdp_ffm.jobs import seeds as seeds_mod
     from pomdp_ffm.rollout import Rollout
 
     overrides = (

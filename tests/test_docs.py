@@ -153,7 +153,7 @@ def test_every_ledger_entry_named_exists():
     assert not missing, "ledger entries that do not exist:\n" + "\n".join(missing)
 
 
-# A path in code quotes (`pomdp_ffm/{envs,trainer}.py`, `launch/start.py`) under one of the project's folders.
+# A path in code quotes (`pomdp_ffm/{envs,trainer}.py`, `jobs/start.py`) under one of the project's folders.
 QUOTED_PATH = re.compile(r"`((?:pomdp_ffm|analysis|conf|launch|patches|tests|docs)/[\w.{},/-]*)`")
 GUIDES = ["README.md", "docs/architecture.md"]
 
@@ -180,7 +180,7 @@ def test_path_expansion():
 
 @pytest.mark.parametrize("guide", GUIDES)
 def test_every_path_a_guide_names_exists(guide):
-    # docs/architecture.md names the package's modules from inside it (`launch/start.py`): either root will do.
+    # docs/architecture.md names the package's modules from inside it (`jobs/start.py`): either root will do.
     missing = [
         p
         for p in named_paths((ROOT / guide).read_text())

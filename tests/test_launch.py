@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from hang import HANG_S
 
-from pomdp_ffm.launch.checkpoint import CheckpointError, load_checkpoint
-from pomdp_ffm.launch.exits import EXIT_FAILED, EXIT_REFUSED
-from pomdp_ffm.launch.grid import sweep_jobs
-from pomdp_ffm.launch.precheck import precheck
-from pomdp_ffm.launch.rundir import RunDir
-from pomdp_ffm.launch.start import Refused, config_differences
+from pomdp_ffm.jobs.grid import sweep_jobs
+from pomdp_ffm.jobs.precheck import precheck
+from pomdp_ffm.jobs.start import Refused, config_differences
+from pomdp_ffm.run.checkpoint import CheckpointError, load_checkpoint
+from pomdp_ffm.run.exits import EXIT_FAILED, EXIT_REFUSED
+from pomdp_ffm.run.rundir import RunDir
 from pomdp_ffm.seq_models import available
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
 
 
 def test_dry_run_reports_run_status(tmp_path, capsys):
-    # Each job's status is what its start would do under the job's own config (pomdp_ffm.launch.start.status):
+    # Each job's status is what its start would do under the job's own config (pomdp_ffm.jobs.start.status):
     # marker files alone, another task's finished run, or a file where the run belongs are damaged, each with its
     # reason.
     from conftest import TINY, compose_cfg
@@ -289,7 +289,7 @@ def test_the_run_directory_is_checked_up_front_where_it_can_be_resolved(tmp_path
 
 
 def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
-    # The seed axis refuses in pomdp_ffm/seeds.py, a module of the package, while `python -m pomdp_ffm.train`
+    # The seed axis refuses in pomdp_ffm/jobs/seeds.py, a module of the package, while `python -m pomdp_ffm.train`
     # runs train.py as __main__: the refusal is still caught as one (one line, exit 2, its folder removed).
     proc = train(
         tmp_path,
@@ -426,7 +426,7 @@ def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "target,after", [("pomdp_ffm.trainer:Trainer.__init__", False), ("pomdp_ffm.launch.rundir:RunDir.acquire", True)]
+    "target,after", [("pomdp_ffm.trainer:Trainer.__init__", False), ("pomdp_ffm.run.rundir:RunDir.acquire", True)]
 )
 def test_a_stop_signal_while_a_single_run_starts_stops_it_with_a_checkpoint(tmp_path, target, after):
     # Before the trainer's own handler is in (the trainer being built; the lock just taken), a stop signal is
@@ -591,7 +591,7 @@ def test_slurm_preset_overrides_reach_sbatch(tmp_path, monkeypatch):
 
 
 def test_scheduler_warning_defers_submitit_until_checkpoint():
-    from pomdp_ffm.launch.signals import StopSignals
+    from pomdp_ffm.run.signals import StopSignals
 
     calls = []
     old2 = signal.signal(signal.SIGUSR2, lambda s, f: calls.append("requeue"))  # stands in for submitit
@@ -637,7 +637,7 @@ def test_a_stop_while_the_command_is_checked_starts_nothing(tmp_path):
     root = tmp_path / "sweep"
     proc = _train_signalled(
         tmp_path,
-        "pomdp_ffm.launch.grid:job_overrides",
+        "pomdp_ffm.jobs.grid:job_overrides",
         signal.SIGTERM,
         False,
         "experiment=smoke",
@@ -672,7 +672,7 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
     # handler then receives it (signals.unblock_in_worker). The launcher's own thread takes the signals sent to it.
     child = (
         "import os, signal, sys, time\n"
-        "from pomdp_ffm.launch import signals\n"
+        "from pomdp_ffm.run import signals\n"
         "print('up', flush=True)\n"
         "while signal.SIGUSR1 not in signal.sigpending(): time.sleep(0.01)\n"
         "got = []\n"
@@ -683,7 +683,7 @@ def test_a_workers_stop_signal_waits_until_its_handler_is_in(tmp_path):
     parent = (
         "import os, signal, subprocess, sys, time\n"
         "from joblib import Parallel, delayed\n"
-        "from pomdp_ffm.launch import signals\n"
+        "from pomdp_ffm.run import signals\n"
         "def blocked():\n"
         "    return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))\n"
         "with signals.SweepSignals(workers=True):\n"
@@ -715,7 +715,7 @@ def test_a_paused_and_continued_launcher_is_not_stopped():
     # ends its wait with no signal taken; the sweep goes on, and a stop signal after it is still taken.
     code = (
         "import os, signal, subprocess, sys, time\n"
-        "from pomdp_ffm.launch import signals\n"
+        "from pomdp_ffm.run import signals\n"
         "with signals.SweepSignals(workers=True):\n"
         "    pause = 'for i in $(seq 20); do kill -STOP $0; sleep 0.05; kill -CONT $0; sleep 0.05; done'\n"
         "    subprocess.run(['sh', '-c', pause, str(os.getpid())], check=True)\n"
@@ -750,7 +750,7 @@ def test_the_paper_grid_exits_as_its_sweep_did(tmp_path, monkeypatch, capsys):
 def test_a_stop_just_before_a_runs_handler_is_in_is_not_lost(monkeypatch):
     # The signal lands while StopSignals installs its handlers, after the last look at what came before: it is
     # remembered by the handler still in place (SweepSignals) and must still be taken.
-    from pomdp_ffm.launch import signals
+    from pomdp_ffm.run import signals
 
     real, sent = signal.signal, []
 
@@ -1160,7 +1160,7 @@ def test_a_failing_job_is_named_and_counted_and_the_sweep_goes_on(tmp_path):
 
 def test_the_zoo_check_sweeps_every_registered_memory():
     # seq_model=glob(*) (conf/experiment/zoo_check.yaml) lists the config group's options, one per registry entry.
-    from pomdp_ffm.launch.grid import job_overrides
+    from pomdp_ffm.jobs.grid import job_overrides
     from pomdp_ffm.seq_models import available
 
     jobs, cfg = job_overrides(["experiment=zoo_check"])

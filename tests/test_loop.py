@@ -13,7 +13,7 @@ from pomdp_ffm.train import run
 from pomdp_ffm.trainer import Trainer
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pomdp_ffm"
-LOOP_MODULES = ("trainer", "rollout", "evaluation", "seeds")
+LOOP_MODULES = ("trainer", "rollout", "evaluation", "jobs/seeds")
 
 
 def generator_functions(source: str) -> list[str]:

@@ -19,14 +19,14 @@ import torch
 from conftest import TINY, compose_cfg
 from hang import HANG_S
 
-from pomdp_ffm.launch.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
-from pomdp_ffm.launch.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
-from pomdp_ffm.launch.grid import combined_status
-from pomdp_ffm.launch.grid import main as grid_main
-from pomdp_ffm.launch.rundir import RunDir, RunDirError, RunStatus, Status
-from pomdp_ffm.launch.rundir import main as rundir_main
-from pomdp_ffm.launch.start import status
+from pomdp_ffm.jobs.grid import combined_status
+from pomdp_ffm.jobs.grid import main as grid_main
+from pomdp_ffm.jobs.start import status
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
+from pomdp_ffm.run.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
+from pomdp_ffm.run.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
+from pomdp_ffm.run.rundir import RunDir, RunDirError, RunStatus, Status
+from pomdp_ffm.run.rundir import main as rundir_main
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
 
@@ -144,7 +144,7 @@ def test_a_lock_file_removed_under_a_running_job_ends_it_in_one_line(tmp_path):
     assert err == (
         f"error: refusing to write last.pt in {run_dir}: its lock file was removed or replaced while this "
         "process held it, so another process may be training here too; check that no other process "
-        f"trains there (`python -m pomdp_ffm.launch.grid status {run_dir}`), then rerun (resume=true continues "
+        f"trains there (`python -m pomdp_ffm.jobs.grid status {run_dir}`), then rerun (resume=true continues "
         "from the last checkpoint)\n"
     )
     assert (run_dir / "attempts.log").read_text() == attempts and not (run_dir / "ERROR.txt").exists()
@@ -155,7 +155,7 @@ def test_a_lock_file_removed_under_a_running_job_ends_it_in_one_line(tmp_path):
 def test_a_lock_file_removed_while_it_is_being_locked_is_not_the_one_held(tmp_path, monkeypatch):
     # Another start, refused under its lock, takes back the .lock it made just after this one opened it: locking
     # that removed file would exclude nobody, so the lock is taken on the file that .lock names now.
-    from pomdp_ffm.launch import rundir
+    from pomdp_ffm.run import rundir
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / ".lock").write_text("")
@@ -181,7 +181,7 @@ def test_a_lock_file_removed_while_it_is_being_locked_is_not_the_one_held(tmp_pa
 def test_a_run_folder_taken_back_while_it_is_being_locked_is_made_again(tmp_path, monkeypatch):
     # Another start, refused under its lock, takes back the (empty) folder it made, just after this start found
     # the folder there: the folder is made again and locked, not a FileNotFoundError.
-    from pomdp_ffm.launch import rundir
+    from pomdp_ffm.run import rundir
 
     real, calls = rundir.make_folders, []
 
@@ -213,7 +213,7 @@ def test_a_lock_file_that_is_a_link_to_a_missing_file_is_followed(tmp_path):
 def test_a_lock_that_cannot_be_written_is_not_kept(tmp_path, monkeypatch):
     import errno
 
-    from pomdp_ffm.launch import rundir
+    from pomdp_ffm.run import rundir
 
     def full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -246,7 +246,7 @@ def test_paths_that_are_no_directory_are_refused_not_tracebacks(tmp_path):
 def test_folders_are_made_again_when_a_parent_is_taken_back_meanwhile(tmp_path, monkeypatch):
     from pathlib import Path as P
 
-    from pomdp_ffm.launch.rundir import make_folders
+    from pomdp_ffm.run.rundir import make_folders
 
     real, failed = P.mkdir, []
 
@@ -264,7 +264,7 @@ def test_folders_are_made_again_when_a_parent_is_taken_back_meanwhile(tmp_path, 
 def test_the_directory_check_leaves_dot_dot_to_the_kernel(tmp_path, monkeypatch):
     # lnk/.. is the link's target's parent, not this folder (where a file named runs is in the way): the path
     # can be made, as mkdir would make it.
-    from pomdp_ffm.launch.precheck import why_not_makeable
+    from pomdp_ffm.jobs.precheck import why_not_makeable
 
     (tmp_path / "real" / "deep").mkdir(parents=True)
     (tmp_path / "lnk").symlink_to(tmp_path / "real" / "deep")
@@ -291,7 +291,7 @@ def test_writes_need_the_lock(tmp_path):
 def test_set_asides_in_one_second_keep_both(tmp_path, monkeypatch):
     import datetime
 
-    from pomdp_ffm.launch import rundir
+    from pomdp_ffm.run import rundir
 
     class Frozen(datetime.datetime):
         @classmethod
@@ -309,7 +309,7 @@ def test_set_asides_in_one_second_keep_both(tmp_path, monkeypatch):
 
 
 def test_temporary_files_are_unique_to_the_process(tmp_path):
-    from pomdp_ffm.launch import rundir
+    from pomdp_ffm.run import rundir
 
     r = RunDir(tmp_path)
     tmp = rundir.tmp_path(r.checkpoint)
@@ -476,7 +476,7 @@ def test_edited_config_is_refused(cut_run):
         Refused,
         match=r"config.yaml differs from the copy in .*last.pt \(seed: 0 -> 7\): one of "
         r"them was damaged, edited or replaced. If config.yaml was, restore it with "
-        r"`python -m pomdp_ffm.launch.rundir restore-config .*`; if the checkpoint was",
+        r"`python -m pomdp_ffm.run.rundir restore-config .*`; if the checkpoint was",
     ):
         run(cfg, run_dir)
 
@@ -911,8 +911,8 @@ def test_a_write_reaches_the_disk_and_a_folder_that_cannot_sync_does_not_stop_it
     import errno
     import stat as stat_mod
 
-    from pomdp_ffm.launch.rundir import replace_text
-    from pomdp_ffm.launch.unwritable import Unwritable
+    from pomdp_ffm.run.rundir import replace_text
+    from pomdp_ffm.run.unwritable import Unwritable
 
     real, synced = os.fsync, []
 

@@ -11,10 +11,10 @@ import pytest
 from hang import HANG_S
 from test_trainer import collect
 
-from pomdp_ffm.launch.grid import combined_status, sweep_jobs
-from pomdp_ffm.launch.rundir import RunDir, RunStatus, Status
-from pomdp_ffm.launch.start import seed_dirs
+from pomdp_ffm.jobs.grid import combined_status, sweep_jobs
+from pomdp_ffm.jobs.start import seed_dirs
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
+from pomdp_ffm.run.rundir import RunDir, RunStatus, Status
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
 
@@ -174,7 +174,7 @@ def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
 def joint_with(monkeypatch, make):
     """Joint rounds through ``make(trainers)`` wherever seeds.joint_runner would make a runner on CUDA (two seeds
     or more)."""
-    from pomdp_ffm import seeds as seeds_mod
+    from pomdp_ffm.jobs import seeds as seeds_mod
 
     made = []
     monkeypatch.setattr(
@@ -293,7 +293,7 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
     # its next episode while the others wait mid-burst. A stop there checkpoints them mid-burst; on resume the
     # rounds go on as they would have, and every log is the uninterrupted one's.
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.launch.checkpoint import load_checkpoint
+    from pomdp_ffm.run.checkpoint import load_checkpoint
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     overrides = (
@@ -370,8 +370,8 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
     # A seed whose update count is one off the others' (as a checkpoint from another schedule may leave it) takes,
     # alone and at once, the delay - 1 updates that bring its count to theirs mod the delay (fewer than the
     # others would take to meet it); from then on every update of every seed is joint.
-    from pomdp_ffm import seeds as seeds_mod
     from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.jobs import seeds as seeds_mod
     from pomdp_ffm.trainer import run_bursts
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
@@ -412,7 +412,7 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
 # --- acting steps gathered across the seeds (on CUDA: the seeds' acting graphs run at once) --------------------
 def gathered(monkeypatch):
     """The seeds' acting steps gathered, as on CUDA with graphs, here on a CPU (where a submit computes)."""
-    from pomdp_ffm import seeds as seeds_mod
+    from pomdp_ffm.jobs import seeds as seeds_mod
 
     monkeypatch.setattr(seeds_mod, "gathers", lambda trainers: len(trainers) > 1)
 
@@ -523,7 +523,7 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
     out = run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopMidway)
     assert out.stopped and all(r.stopped for r in out.seeds.values())
     # Every seed played its episode, or its evaluation, to the end: the stop is taken at the next burst or unit.
-    from pomdp_ffm.launch.checkpoint import load_checkpoint
+    from pomdp_ffm.run.checkpoint import load_checkpoint
 
     at = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["env_steps"] for k in range(3)]
     steps = [pd.read_csv(tmp_path / "cut" / f"seed-{k}" / "progress.csv")["z/env_steps"].max() for k in range(3)]
@@ -557,7 +557,7 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
     # saying so.
     import numpy as np
 
-    from pomdp_ffm.seeds import SharedRNGDrawn
+    from pomdp_ffm.jobs.seeds import SharedRNGDrawn
 
     gathered(monkeypatch)
 
@@ -574,7 +574,7 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
 
 
 def _host_rng(run_dir: Path) -> tuple:
-    from pomdp_ffm.launch.checkpoint import load_checkpoint
+    from pomdp_ffm.run.checkpoint import load_checkpoint
 
     rng = load_checkpoint(RunDir(run_dir).checkpoint)["rng"]
     return rng["numpy"]["keys"].tolist(), rng["numpy"]["pos"], rng["python"]
@@ -667,7 +667,7 @@ def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(comp
     from test_trainer import DURING, Spread, after_defer
 
     from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.launch.rundir import RunDir
+    from pomdp_ffm.run.rundir import RunDir
 
     class FailingCopy(Trainer):
         def __init__(self, *a, **kw):

@@ -19,9 +19,9 @@ from hang import HANG_S
 from omegaconf import OmegaConf
 
 from pomdp_ffm import agent as agent_module
-from pomdp_ffm.launch.exits import EXIT_UNWRITABLE
-from pomdp_ffm.launch.start import Refused
-from pomdp_ffm.launch.unwritable import Unwritable
+from pomdp_ffm.jobs.start import Refused
+from pomdp_ffm.run.exits import EXIT_UNWRITABLE
+from pomdp_ffm.run.unwritable import Unwritable
 from pomdp_ffm.train import run
 from pomdp_ffm.trainer import Trainer
 
@@ -187,7 +187,7 @@ def test_an_update_that_cannot_fit_in_memory_is_refused_at_the_start(composed, t
 def test_a_log_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(tmp_path, capsys):
     import logging
 
-    from pomdp_ffm.launch.start import RunLog
+    from pomdp_ffm.jobs.start import RunLog
 
     handler = RunLog(tmp_path / "experiment.log")
     record = logging.LogRecord("pomdp_ffm", logging.INFO, __file__, 1, "a record", None, None)
@@ -205,19 +205,19 @@ def test_a_log_record_that_cannot_be_written_is_one_warning_and_the_run_goes_on(
 
 
 def test_restore_config_says_an_unwritable_file_or_a_refusal_in_one_line_with_its_exit_code(tmp_path, capsys):
-    from pomdp_ffm.launch.checkpoint import CHECKPOINT_FORMAT
-    from pomdp_ffm.launch.exits import EXIT_REFUSED
-    from pomdp_ffm.launch.rundir import RunDir
-    from pomdp_ffm.launch.rundir import main as rundir_main
+    from pomdp_ffm.run.checkpoint import CHECKPOINT_FORMAT
+    from pomdp_ffm.run.exits import EXIT_REFUSED
+    from pomdp_ffm.run.rundir import RunDir
+    from pomdp_ffm.run.rundir import main as rundir_main
 
     run = RunDir(tmp_path / "run")
     run.checkpoint.parent.mkdir(parents=True)
     torch.save({"format": CHECKPOINT_FORMAT, "config": {"seed": 0}}, run.checkpoint)
     run.config.mkdir()  # (as an immutable config.yaml would refuse its replacement)
-    # A real process: the exit code and stderr are what `python -m pomdp_ffm.launch.rundir` gives, no traceback.
+    # A real process: the exit code and stderr are what `python -m pomdp_ffm.run.rundir` gives, no traceback.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "pomdp_ffm.launch.rundir", "restore-config", str(run.path)],
+        [sys.executable, "-m", "pomdp_ffm.run.rundir", "restore-config", str(run.path)],
         env=env,
         capture_output=True,
         text=True,

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from pomdp_ffm.launch.rundir import RunDir
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
+from pomdp_ffm.run.rundir import RunDir
 from pomdp_ffm.seq_models import available
 from pomdp_ffm.train import run
 from pomdp_ffm.trainer import Trainer

@@ -93,8 +93,8 @@ def main(argv=None) -> None:
         p.error("--project and --env-step-ms go together")
     from ..config import resolve_device
     from ..envs import get_task  # (here: after the re-exec, as every import of the training stack)
-    from ..launch.precheck import precheck
-    from ..launch.start import Refused
+    from ..jobs.precheck import precheck
+    from ..jobs.start import Refused
     from .memory import variants
 
     def checked(prefix: str, fn, *a, **kw):
@@ -141,7 +141,7 @@ def _run(args, overrides: list[str], device: torch.device) -> list:
     from . import acting, efficiency, evaluation, loop, memory, scan, update
 
     if args.which == "loop":
-        from ..launch.exits import EXIT_STOPPED
+        from ..run.exits import EXIT_STOPPED
 
         try:
             result = loop.run(overrides, args.steps, device, args.threads)

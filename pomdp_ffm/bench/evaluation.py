@@ -11,8 +11,8 @@ import numpy as np
 
 from ..envs import EnvInWorker, make_env
 from ..evaluation import Clocks, Due
-from ..launch.rundir import RunDir
 from ..rollout import AgentPolicy, RandomPolicy, Rollout
+from ..run.rundir import RunDir
 from ..trainer import Trainer, run_bursts
 from .common import Row, interleaved_medians
 from .loop import compose_run

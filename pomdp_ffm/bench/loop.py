@@ -28,8 +28,8 @@ from omegaconf import OmegaConf
 
 from ..config import RunConfig, env_step_budget, register_configs
 from ..envs import get_task
-from ..launch.grid import CONF_DIR
-from ..launch.signals import SweepSignals, stop_sweep, sweep_stopped
+from ..jobs.grid import CONF_DIR
+from ..run.signals import SweepSignals, stop_sweep, sweep_stopped
 from ..train import run as train_run
 from ..trainer import Trainer
 

@@ -9,7 +9,7 @@ On CUDA each agent also runs as CUDA-graph replays (``<algo>_<model>+graph``: po
 ``train.cuda_graph``), from the same weights, with numpy batches as the buffer samples them; the eager and graph
 variants are timed in the same interleaved rounds, and ``graph_speedup`` is eager ms / graph ms.
 
-``--seeds 1 5 10 20`` adds the seed axis (pomdp_ffm/seeds.py): for each S, S SAC+FFM agents updated as S separate
+``--seeds 1 5 10 20`` adds the seed axis (pomdp_ffm/jobs/seeds.py): for each S, S SAC+FFM agents updated as S separate
 runners in turn (each its own graph on CUDA: what S separate runs cost on one GPU) against one runner that
 updates the S agents together (``UpdateRunner.update_all``: on CUDA one graph with a branch per seed, on a CPU
 the same updates in turn), and on CUDA with TF32 matmuls (captured with TF32 on). Reported as seed-updates/s and

@@ -14,7 +14,7 @@ from analysis import columns, load, rundirs, runmeta, stats
 @contextlib.contextmanager
 def lock_held(run_dir):
     """Another process holds ``run_dir``'s lock (as a run continuing it does) until the block ends."""
-    from pomdp_ffm.launch.rundir import RunDir
+    from pomdp_ffm.run.rundir import RunDir
 
     holder = subprocess.Popen(
         [

@@ -62,7 +62,7 @@ def test_an_output_that_cannot_be_written_is_one_line_and_leaves_the_previous_re
 ):
     import errno
 
-    from pomdp_ffm.launch.exits import EXIT_UNWRITABLE
+    from pomdp_ffm.run.exits import EXIT_UNWRITABLE
 
     out = tmp_path / "report"
     assert cli.main([str(tree), "--out", str(out), "--resamples", "50"]) == 0

@@ -1,5 +1,5 @@
 """The run directory: the one place that knows its file names, its status, its lock and its checkpoints.
-``python -m pomdp_ffm.launch.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy (exit
+``python -m pomdp_ffm.run.rundir restore-config <dir>`` rewrites config.yaml from the checkpoint's own copy (exit
 codes as a run's: 2 refused, nothing written; 74 a file cannot be written)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .unwritable import Unwritable, writing
 
 
 class Status(str, Enum):
-    """A run directory's status, as ``start.status`` and ``python -m pomdp_ffm.launch.grid status`` name it."""
+    """A run directory's status, as ``start.status`` and ``python -m pomdp_ffm.jobs.grid status`` name it."""
 
     DONE = "done"
     RUNNING = "running"
@@ -83,7 +83,7 @@ class LockLost(RunDirError):
             f"refusing to write {what} in {run.path}: its lock file was removed or replaced while this "
             "process held it, so another process may be training here too"
         )
-        self.fix = f"check that no other process trains there (`python -m pomdp_ffm.launch.grid status {run.path}`)"
+        self.fix = f"check that no other process trains there (`python -m pomdp_ffm.jobs.grid status {run.path}`)"
 
 
 def tmp_path(target: Path) -> Path:
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .exits import EXIT_OK, EXIT_REFUSED, EXIT_UNWRITABLE
 
-    ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.launch.rundir", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pomdp_ffm.run.rundir", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("restore-config", help="rewrite config.yaml from the resume checkpoint's copy").add_argument("dir")
     run = RunDir(ap.parse_args(argv).dir)

@@ -5,7 +5,7 @@ The job list is expanded by Hydra's own override parser and BasicSweeper from th
 would expand them, so a dry run cannot disagree with the real launch about which jobs exist. A run directory's
 status is ``start.status``, the checks a start makes (reading only), so a status cannot disagree with a start either.
 
-Also here: how a sweep ended (``SweepOutcomes``), and ``python -m pomdp_ffm.launch.grid status <dir>...``.
+Also here: how a sweep ended (``SweepOutcomes``), and ``python -m pomdp_ffm.jobs.grid status <dir>...``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import register_configs
-from .exits import EXIT_OK, EXIT_REFUSED
-from .rundir import RunDir, RunResult, RunStatus, Status, replace_text
+from ..run.exits import EXIT_OK, EXIT_REFUSED
+from ..run.rundir import RunDir, RunResult, RunStatus, Status, replace_text
 from .start import seed_config, seed_dirs, status
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -221,7 +221,7 @@ class SweepOutcomes(Callback):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m pomdp_ffm.launch.grid",
+        prog="python -m pomdp_ffm.jobs.grid",
         description="Where run directories stand, by the checks a start makes (launch/README.md, Statuses).",
     )
     sub = ap.add_subparsers(dest="command", required=True)

@@ -27,10 +27,10 @@ from ..config import (
     yaml_problem,
 )
 from ..envs import get_task
+from ..run.checkpoint import CheckpointError, load_checkpoint, other_format
+from ..run.rundir import LockLost, RunDir, RunDirError, RunResult, RunStatus, Status, set_aside
+from ..run.unwritable import Unwritable, writing
 from ..trainer import Outcome, Trainer, TrainingDiverged
-from .checkpoint import CheckpointError, load_checkpoint, other_format
-from .rundir import LockLost, RunDir, RunDirError, RunResult, RunStatus, Status, set_aside
-from .unwritable import Unwritable, writing
 
 
 class Action(str, Enum):
@@ -44,7 +44,7 @@ class Action(str, Enum):
 
 
 log = logging.getLogger("pomdp_ffm")
-# The run directory whose trainer is working now, where several train in one process (pomdp_ffm/seeds.py).
+# The run directory whose trainer is working now, where several train in one process (pomdp_ffm/jobs/seeds.py).
 CURRENT_RUN: contextvars.ContextVar[Path | None] = contextvars.ContextVar("current_run", default=None)
 
 
@@ -93,9 +93,7 @@ def validate(cfg: DictConfig) -> RunConfig:
 
 def _restore_hint(run: RunDir) -> str:
     if run.checkpoint.exists():
-        return (
-            f"restore it from the checkpoint's copy with `python -m pomdp_ffm.launch.rundir restore-config {run.path}`"
-        )
+        return f"restore it from the checkpoint's copy with `python -m pomdp_ffm.run.rundir restore-config {run.path}`"
     return "there is no checkpoint to restore it from: put it back from a backup, or choose another run directory"
 
 
@@ -171,7 +169,7 @@ def _check_config_file(run: RunDir, state: dict) -> None:
         raise RunDirError(
             f"{run.config} differs from the copy in {run.checkpoint} ({'; '.join(what + diffs)}): one "
             "of them was damaged, edited or replaced. If config.yaml was, restore it with "
-            f"`python -m pomdp_ffm.launch.rundir restore-config {run.path}`; if the checkpoint was (another "
+            f"`python -m pomdp_ffm.run.rundir restore-config {run.path}`; if the checkpoint was (another "
             "run's), put this run's back, or delete it to start this run again"
         )
 

@@ -18,12 +18,15 @@ from typing import NamedTuple
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from .acting_graph import ActingRunner
-from .compiling import compile_before_acting
-from .graph import UpdateRunner
-from .launch.rundir import RunDir, RunDirError, RunResult
-from .launch.signals import StopSignals
-from .launch.start import (
+from ..acting_graph import ActingRunner
+from ..compiling import compile_before_acting
+from ..graph import UpdateRunner
+from ..rng import HostRNG, SeedRNG, host_rng_state, same_host_rng
+from ..rollout import Rollout, play_all
+from ..run.rundir import RunDir, RunDirError, RunResult
+from ..run.signals import StopSignals
+from ..trainer import StopRequested, Trainer, run_bursts
+from .start import (
     CURRENT_RUN,
     Action,
     Attempt,
@@ -34,9 +37,6 @@ from .launch.start import (
     seed_dirs,
     validate,
 )
-from .rng import HostRNG, SeedRNG, host_rng_state, same_host_rng
-from .rollout import Rollout, play_all
-from .trainer import StopRequested, Trainer, run_bursts
 
 log = logging.getLogger("pomdp_ffm")
 
