@@ -8,7 +8,7 @@
 
 Anything after the options is passed to Hydra unchanged (overrides, e.g. seed=0,1 or
 hydra.launcher.timeout_min=720). Each job's status comes from the checks its start makes
-(pomdp_ffm.jobs.start.status);
+(pomdp_ffm.jobs.plan.status);
 a damaged one is listed with its reason before the launch, and the sweep refuses it, writing nothing there, while
 the others run. Rerunning the same command skips finished runs and resumes interrupted ones. The sweep names each
 refused or failed job and ends with "N finished, M refused, K failed"; exit codes: launch/README.md.
@@ -23,8 +23,8 @@ import sys
 from collections import Counter
 
 from pomdp_ffm.jobs.grid import show_job, sweep_jobs
+from pomdp_ffm.jobs.plan import Refused
 from pomdp_ffm.jobs.precheck import precheck
-from pomdp_ffm.jobs.start import Refused
 from pomdp_ffm.run.exits import EXIT_OK, EXIT_REFUSED
 from pomdp_ffm.run.rundir import STATUSES, Status
 from pomdp_ffm.run.signals import STOP_SIGNALS

@@ -152,7 +152,7 @@ class Evaluator:
 
     def between_updates(self, hold_errors: bool = False) -> None:
         """The deferred evaluation advanced as far as it costs the updates nothing. ``hold_errors`` (a seed axis's
-        joint rounds) keeps its error for ``rest`` to raise in this seed's own turn."""
+        joint rounds) keeps its error for ``finish_deferred`` to raise in this seed's own turn."""
         rollout = self.deferred_rollout
         if rollout is None:
             return
@@ -182,7 +182,7 @@ class Evaluator:
         """Whether the device still runs updates queued before the latest (not waited for; never on a CPU)."""
         return len(self.queued) == 2 and not self.queued[0].query()
 
-    def rest(self) -> Evaluation | None:
+    def finish_deferred(self) -> Evaluation | None:
         """The deferred evaluation, its rest played now, or None."""
         if self.error is not None:
             e, self.error = self.error, None

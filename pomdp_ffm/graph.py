@@ -296,7 +296,7 @@ class UpdateRunner:
             )
         with compile_errors_named() if self.compiled else contextlib.nullcontext():
             if self.graphed:
-                return self._update(batches, grad_norms)
+                return self._graphed(batches, grad_norms)
             stats = []
             for a, b in zip(self.agents, batches):
                 aligned = Aligned.from_batch(b, a.device)
@@ -304,7 +304,7 @@ class UpdateRunner:
                 a.count_update()
             return stats
 
-    def _update(self, agents_batches: Sequence, grad_norms: bool) -> list[dict[str, torch.Tensor]]:
+    def _graphed(self, agents_batches: Sequence, grad_norms: bool) -> list[dict[str, torch.Tensor]]:
         self._check_state()
         path = (bool(grad_norms), self.agent.actor_step_due())
         self.stagings = self.stagings or [Staging(b, self.device, self.ring) for b in agents_batches]

@@ -39,9 +39,10 @@ from omegaconf import DictConfig
 from .compiling import CompileError
 from .config import register_configs
 from .jobs.grid import sweep_outcome
+from .jobs.plan import Action, Refused
 from .jobs.precheck import checked_command, launcher_name
 from .jobs.seeds import run_seeds
-from .jobs.start import Action, Refused, check_and_lock
+from .jobs.start import check_and_lock
 from .run import signals
 from .run.exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
 from .run.rundir import LockLost, RunDir, RunResult

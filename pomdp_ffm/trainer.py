@@ -388,7 +388,7 @@ class Trainer:
 
     def _finish_deferred(self) -> None:
         """The rest of the deferred evaluation played, then its row."""
-        if (evaluation := self.evaluator.rest()) is not None:
+        if (evaluation := self.evaluator.finish_deferred()) is not None:
             self.evaluated(evaluation)
 
     def _show_status(self) -> None:
@@ -404,7 +404,7 @@ class Trainer:
         )
 
     def _restore(self, state: dict) -> None:
-        """A checkpoint that start.plan() accepted."""
+        """A checkpoint that jobs/plan.plan() accepted."""
         self.agent.load_training_state(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
         saved = state["counters"]

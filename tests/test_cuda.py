@@ -400,7 +400,7 @@ def stop_at_update(k):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             StopMidBurst.runners.append(self.updater)
-            update, calls = self.updater, [0]
+            update, calls = self.updater.update_all, [0]
 
             def counted(*args, **kwargs):
                 calls[0] += 1
@@ -408,7 +408,7 @@ def stop_at_update(k):
                     self.stop.request(10)
                 return update(*args, **kwargs)
 
-            self.updater = counted
+            self.updater.update_all = counted
 
     return StopMidBurst
 
@@ -638,8 +638,8 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
     # and a stop inside the run resumes every seed.
     import signal
 
-    from pomdp_ffm import joint as joint_mod
-    from pomdp_ffm.joint import joint_runner
+    from pomdp_ffm.jobs import seeds as joint_mod
+    from pomdp_ffm.jobs.seeds import joint_runner
 
     made = []
     monkeypatch.setattr(joint_mod, "joint_runner", lambda ts: made.append(joint_runner(ts)) or made[-1])
@@ -684,7 +684,7 @@ def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tm
     monkeypatch.setattr(Rollout, "submit", lambda self: submitted.append(1) or submit(self))
     train(composed(*overrides), tmp_path / "gathered" / "seed-0")
     assert submitted
-    monkeypatch.setattr(seeds_mod.JointActs, "applies", lambda self, trainers: False)
+    monkeypatch.setattr(seeds_mod, "gathers", lambda trainers: False)
     train(composed(*overrides), tmp_path / "turns" / "seed-0")
     for k in range(3):
         pd.testing.assert_frame_equal(

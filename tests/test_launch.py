@@ -19,8 +19,8 @@ import pytest
 from hang import HANG_S
 
 from pomdp_ffm.jobs.grid import sweep_jobs
+from pomdp_ffm.jobs.plan import Refused, config_differences
 from pomdp_ffm.jobs.precheck import precheck
-from pomdp_ffm.jobs.start import Refused, config_differences
 from pomdp_ffm.run.checkpoint import CheckpointError, load_checkpoint
 from pomdp_ffm.run.exits import EXIT_FAILED, EXIT_REFUSED
 from pomdp_ffm.run.rundir import RunDir
@@ -82,7 +82,7 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
 
 
 def test_dry_run_reports_run_status(tmp_path, capsys):
-    # Each job's status is what its start would do under the job's own config (pomdp_ffm.jobs.start.status):
+    # Each job's status is what its start would do under the job's own config (pomdp_ffm.jobs.plan.status):
     # marker files alone, another task's finished run, or a file where the run belongs are damaged, each with its
     # reason.
     from conftest import TINY, compose_cfg

@@ -21,7 +21,7 @@ from hang import HANG_S
 
 from pomdp_ffm.jobs.grid import combined_status
 from pomdp_ffm.jobs.grid import main as grid_main
-from pomdp_ffm.jobs.start import status
+from pomdp_ffm.jobs.plan import status
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.run.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 from pomdp_ffm.run.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE

@@ -12,7 +12,7 @@ from hang import HANG_S
 from test_trainer import collect
 
 from pomdp_ffm.jobs.grid import combined_status, sweep_jobs
-from pomdp_ffm.jobs.start import seed_dirs
+from pomdp_ffm.jobs.plan import seed_dirs
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.run.rundir import RunDir, RunStatus, Status
 from pomdp_ffm.train import Refused, run

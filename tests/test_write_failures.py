@@ -19,7 +19,7 @@ from hang import HANG_S
 from omegaconf import OmegaConf
 
 from pomdp_ffm import agent as agent_module
-from pomdp_ffm.jobs.start import Refused
+from pomdp_ffm.jobs.plan import Refused
 from pomdp_ffm.run.exits import EXIT_UNWRITABLE
 from pomdp_ffm.run.unwritable import Unwritable
 from pomdp_ffm.train import run

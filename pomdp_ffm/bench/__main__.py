@@ -93,8 +93,8 @@ def main(argv=None) -> None:
         p.error("--project and --env-step-ms go together")
     from ..config import resolve_device
     from ..envs import get_task  # (here: after the re-exec, as every import of the training stack)
+    from ..jobs.plan import Refused
     from ..jobs.precheck import precheck
-    from ..jobs.start import Refused
     from .memory import variants
 
     def checked(prefix: str, fn, *a, **kw):

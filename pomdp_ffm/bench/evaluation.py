@@ -76,7 +76,7 @@ def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, t
     def evaluation(meanwhile=lambda: None) -> None:  # as "during" plays it: the actor's copy, taken now
         evaluator.defer(Due(at=Clocks(0, 0, 0, 0.0)))  # (its row's clocks: no row is written here)
         meanwhile()
-        evaluator.rest()
+        evaluator.finish_deferred()
 
     evaluation()  # builds the actor's copy and its acting
     fns = {

@@ -3,7 +3,7 @@
 The job list is expanded by Hydra's own override parser and BasicSweeper from the composed config's
 ``hydra.sweeper.params`` plus the command-line overrides, exactly as ``python -m pomdp_ffm.train -m ...``
 would expand them, so a dry run cannot disagree with the real launch about which jobs exist. A run directory's
-status is ``start.status``, the checks a start makes (reading only), so a status cannot disagree with a start either.
+status is ``plan.status``, the checks a start makes (reading only), so a status cannot disagree with a start either.
 
 Also here: how a sweep ended (``SweepOutcomes``), and ``python -m pomdp_ffm.jobs.grid status <dir>...``.
 """
@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import register_configs
 from ..run.exits import EXIT_OK, EXIT_REFUSED
 from ..run.rundir import RunDir, RunResult, RunStatus, Status, replace_text
-from .start import seed_config, seed_dirs, status
+from .plan import seed_config, seed_dirs, status
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -46,7 +46,7 @@ class Job:
     overrides: list[str]
     run_dir: Path
     run_dirs: list[Path]  # with seeds=[...]: every seed's directory
-    statuses: list[RunStatus]  # start.status of each
+    statuses: list[RunStatus]  # plan.status of each
 
     @property
     def status(self) -> RunStatus:
@@ -125,7 +125,7 @@ def job_configs(jobs: list[list[str]]) -> list[tuple[list[str], DictConfig]]:
 
 
 def sweep_jobs(overrides: list[str], statuses: bool = True) -> list[Job]:
-    """Every job of the sweep and, by start.status under the job's own config, where its run directories stand
+    """Every job of the sweep and, by plan.status under the job's own config, where its run directories stand
     (``statuses=False``: the jobs and their directories only, nothing composed or checked)."""
     parser = OverridesParser.create()
     jobs_overrides, cfg = job_overrides(overrides)

@@ -19,7 +19,7 @@ from omegaconf.errors import InterpolationResolutionError
 from ..config import yaml_problem
 from ..envs import check_worker_start_method
 from .grid import job_configs, job_overrides, sweep_jobs
-from .start import Refused, validate
+from .plan import Refused, validate
 
 
 def launcher_name(hydra_cfg) -> str:

@@ -26,17 +26,8 @@ from ..rollout import Rollout, play_all
 from ..run.rundir import RunDir, RunDirError, RunResult
 from ..run.signals import StopSignals
 from ..trainer import StopRequested, Trainer, run_bursts
-from .start import (
-    CURRENT_RUN,
-    Action,
-    Attempt,
-    Refused,
-    check_and_lock,
-    check_untouched,
-    seed_config,
-    seed_dirs,
-    validate,
-)
+from .plan import Action, Refused, check_untouched, seed_config, seed_dirs, validate
+from .start import CURRENT_RUN, Attempt, check_and_lock
 
 log = logging.getLogger("pomdp_ffm")
 

@@ -23,7 +23,7 @@ from .unwritable import Unwritable, writing
 
 
 class Status(str, Enum):
-    """A run directory's status, as ``start.status`` and ``python -m pomdp_ffm.jobs.grid status`` name it."""
+    """A run directory's status, as ``jobs.plan.status`` and ``python -m pomdp_ffm.jobs.grid status`` name it."""
 
     DONE = "done"
     RUNNING = "running"
@@ -35,12 +35,12 @@ class Status(str, Enum):
     __str__ = str.__str__  # the value in messages and tables, on every Python (3.12 would print "Status.DONE")
 
 
-# What start.status says of a run directory, worst first after done.
+# What jobs.plan.status says of a run directory, worst first after done.
 STATUSES = tuple(s.value for s in Status)
 
 
 class RunStatus(NamedTuple):
-    """What start.status says of a run directory: its kind and, for "damaged" and "running", why."""
+    """What jobs.plan.status says of a run directory: its kind and, for "damaged" and "running", why."""
 
     kind: Status
     detail: str = ""
@@ -180,7 +180,7 @@ class RunDir:
         return removed
 
     def status(self) -> Status:
-        """What the files say, first match first (``start.status`` checks them as a start would)."""
+        """What the files say, first match first (``jobs.plan.status`` checks them as a start would)."""
         if self.done.exists():
             return Status.DONE
         if self.holder() is not None and not self.holds_lock:
