@@ -179,7 +179,7 @@ def backward_grads(loss: torch.Tensor, module: nn.Module, **kw) -> list[torch.Te
 
 
 def update_both_ways(agent, s: Aligned):
-    """(losses, critic gradients, actor gradients) of the project's update (as critic_step and actor_step compute them)
+    """(losses, critic gradients, actor gradients) of the project's update (as update.update computes them)
     and of the reference's form, without the optimiser steps between them."""
     T, Bw, A = s.masks.shape[0], s.masks.shape[1], s.actions.shape[-1]
     sac = agent.algo.shares_actor_pass
