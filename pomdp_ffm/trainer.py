@@ -1,7 +1,7 @@
 """The reference's training loop (its policies/learner.py; docs/reference.md#training-loop), owning env, buffer,
 agent and progress.csv. ``Trainer.train`` is the loop: units of work, each the initial pool's random episodes or an
 iteration's, then the burst of updates they call for (``run_bursts``), its row, and the evaluation when due (its
-row, a snapshot, a checkpoint). A seed axis (seeds.py) drives several trainers through the same unit-sized calls,
+row, a snapshot, a checkpoint). A seed axis (jobs/seeds.py) drives several trainers through the same unit-sized calls,
 and ``run_bursts`` runs their bursts together where one runner updates them all."""
 
 from __future__ import annotations

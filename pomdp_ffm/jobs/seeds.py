@@ -183,8 +183,8 @@ class SeedAxis:
                 self.failed(s, e)
 
     def collect(self, seeds: list[Seed]) -> None:
-        """These seeds' next units' episodes, then their bursts (``Trainer.collect``): gathered where acting is,
-        except the initial pool's uniform draws (``Trainer.collect``'s calls, with the episodes played together)."""
+        """These seeds' next units' episodes, then their bursts (``Trainer.collect``); where acting is gathered
+        (not the initial pool's uniform draws), ``Trainer.collect``'s calls with the episodes played together."""
         gathered = [s for s in seeds if self.gather and s.trainer.counters.pool_done]
         for s in seeds:
             if s not in gathered:

@@ -113,7 +113,7 @@ class Attempt:
         with writing(run / RunDir.LOG):
             self.handler = RunLog(run / RunDir.LOG)
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        # Several trainers in one process (seeds.py): each experiment.log takes its own run's records only.
+        # Several trainers in one process (jobs/seeds.py): each experiment.log takes its own run's records only.
         self.handler.addFilter(lambda record: CURRENT_RUN.get() in (None, run.path))
         log.addHandler(self.handler)
         log.setLevel(logging.INFO)
