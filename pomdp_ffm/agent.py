@@ -41,7 +41,7 @@ class HistoryEncoder(nn.Module):
         self.input_size = cfg.action_embedding_size + cfg.reward_embedding_size + cfg.observ_embedding_size
         # Bounded by the update after each write (update.bound_memories_), not per call: no host read.
         self.memory = build_seq_model(
-            cfg.seq_model, input_size=self.input_size, hidden_size=cfg.rnn_hidden_size, **cfg.seq_model_options()
+            cfg.seq_model, input_size=self.input_size, hidden_size=cfg.rnn_hidden_size, **cfg.seq_model_kwargs()
         ).bounded_by_owner()
 
     def forward(self, prev_actions, rewards, observs, state=None):
@@ -182,6 +182,22 @@ class RecurrentAgent(nn.Module):
         for k, o in self.optimizers().items():
             o.load_state_dict(state["optim"][k])
         self.num_updates = int(state["num_updates"])
+
+
+def check_weights_fit(obs_dim: int, act_dim: int, cfg) -> None:
+    """DoesNotFit, naming the network sizes, where the agent's weights (actor, critic, their targets) would not fit
+    the host memory it is built in: counted on the meta device, which allocates nothing and draws no random number,
+    so that a failed allocation is a refusal by type, not a torch error to be told by its text."""
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+        agent = RecurrentAgent(obs_dim, act_dim, cfg)
+    need = sum(t.numel() * t.element_size() for t in (*agent.parameters(), *agent.buffers()))
+    free, where = host_memory_left()
+    if free is not None and need > free:
+        raise DoesNotFit(
+            f"policy.rnn_hidden_size={cfg.rnn_hidden_size}, policy.dqn_layers={list(cfg.dqn_layers)} and "
+            f"policy.policy_layers={list(cfg.policy_layers)} need {need / 2**30:.3g} GiB of weights, more than "
+            f"the {free / 2**30:.3g} GiB {where}; smaller networks are needed"
+        )
 
 
 @torch.no_grad()

@@ -63,7 +63,8 @@ class _Policy:  # PolicyConfig but its option sections
     gamma: float = checked(0.99, within(0, 1))
     tau: float = checked(0.005, must(lambda v: 0 < v <= 1, "in (0, 1]"))
 
-    def seq_model_options(self) -> dict:
+    def seq_model_kwargs(self) -> dict:
+        """The memory's keyword arguments: its section ``policy.<memory>``, or ``num_layers`` for a stacked RNN."""
         if self.seq_model in MEMORY_OPTIONS:
             opts = dataclasses.asdict(getattr(self, self.seq_model))
             return {k: tuple(v) if isinstance(v, list) else v for k, v in opts.items()}
@@ -71,9 +72,9 @@ class _Policy:  # PolicyConfig but its option sections
 
 
 def _stacks_layers(name: str) -> bool:
-    from .seq_models import options  # the model's class (torch), imported where a config is checked or used
+    from .seq_models import keywords  # the model's class (torch), imported where a config is checked or used
 
-    return "num_layers" in options(name)
+    return "num_layers" in keywords(name)
 
 
 # The policy's fields, then each option section in the registries' order (sac, td3, ffm).

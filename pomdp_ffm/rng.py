@@ -1,6 +1,6 @@
 """Every random generator's state: the process-wide ones (torch's, CUDA's, numpy's, Python's) as a checkpoint holds
-them (``saved``, ``restore``), one seed's swapped in for its turns in a seed axis (``SeedRNG``), and the check that a
-gathered phase left numpy's and Python's untouched (``same_host_rng``)."""
+them (``for_checkpoint``, ``set_from_checkpoint``), one seed's swapped in for its turns in a seed axis
+(``SeedRNG``), and the check that a gathered phase left numpy's and Python's untouched (``same_host_rng``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def host_rng_state() -> HostRNG:
     return HostRNG(np.random.get_state(), random.getstate())
 
 
-def saved(host: HostRNG) -> dict:
+def for_checkpoint(host: HostRNG) -> dict:
     """The process-wide generators' states, tensors and plain containers only (``checkpoint.load_checkpoint`` reads
     tensors-only); ``host``: numpy's and Python's (a seed of an axis keeps its own)."""
     (kind, keys, pos, has_gauss, cached), py_state = host
@@ -51,8 +51,8 @@ def saved(host: HostRNG) -> dict:
     }
 
 
-def restore(rng: dict) -> None:
-    """The generators set as ``saved`` left them (CUDA's where this process has CUDA)."""
+def set_from_checkpoint(rng: dict) -> None:
+    """The generators set as ``for_checkpoint`` found them (CUDA's where this process has CUDA)."""
     n = rng["numpy"]
     torch.set_rng_state(rng["torch"].cpu())
     np.random.set_state(

@@ -39,7 +39,7 @@ from omegaconf import DictConfig
 from .compiling import CompileError
 from .config import register_configs
 from .jobs.grid import sweep_outcome
-from .jobs.plan import Action, Refused
+from .jobs.plan import Action, Refused, job
 from .jobs.precheck import checked_command, launcher_name
 from .jobs.seeds import run_seeds
 from .jobs.start import check_and_lock
@@ -64,7 +64,7 @@ def run(
     stop = StopSignals() if stop is None else stop
     if cfg.get("seeds"):
         return run_seeds(cfg, Path(run_dir), trainer_cls, stop)
-    attempt = check_and_lock(cfg, run_dir, trainer_cls, stop=stop)
+    attempt = check_and_lock(job(cfg, run_dir), trainer_cls, stop=stop)
     try:
         if attempt.action == Action.SKIP:
             return attempt.skip()

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from . import rng as rngs
 from .acting_graph import make_actor
-from .agent import RecurrentAgent
+from .agent import RecurrentAgent, check_weights_fit
 from .buffer import SeqReplayBuffer
 from .burst import Burst
 from .compiling import compile_before_acting
@@ -120,6 +120,7 @@ class Trainer:
             self.buffer = SeqReplayBuffer(
                 int(t.buffer_size), obs_dim, act_dim, self.seq_len, t.sample_weight_baseline, seed=cfg.seed
             )
+            check_weights_fit(obs_dim, act_dim, cfg.policy)  # (built on the host, then moved)
             self.agent = RecurrentAgent(obs_dim, act_dim, cfg.policy).to(self.device)
             self.updater = UpdateRunner(self.agent, t.cuda_graph, compile=t.compile)
             self.acting = make_actor(self.agent, t.cuda_graph)
@@ -302,7 +303,7 @@ class Trainer:
         self._finish_deferred()  # played and logged now: the checkpoint holds the rows
         c = self.counters
         c.elapsed = time.time() - self._t0
-        rng = {**rngs.saved(rngs.host_rng_state()), "env": self.env.rng_state()}
+        rng = {**rngs.for_checkpoint(rngs.host_rng_state()), "env": self.env.rng_state()}
         buffer = (
             {
                 k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
@@ -410,7 +411,7 @@ class Trainer:
         saved = state["counters"]
         self.counters = Counters(**{**saved, "burst": Burst.restored(saved["burst"], self.agent.device)})
         self.config_copy = state["config"]
-        rngs.restore(state["rng"])
+        rngs.set_from_checkpoint(state["rng"])
         self.env.set_rng_state(state["rng"]["env"])  # at an episode boundary: the env's next reset matches
         log.info("resumed from %s at %d env steps", self.run.checkpoint, self.counters.env_steps)
 

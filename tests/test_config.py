@@ -161,7 +161,7 @@ def test_ffm_hidden_sizes_are_checked_by_the_rule_their_message_states(hydra_ctx
     splits = c >= 1 and hidden % c == 0
     if splits:
         p = make(["seq_model=ffm", f"policy.rnn_hidden_size={hidden}"]).policy
-        ffm = build("ffm", input_size=8, hidden_size=hidden, **p.seq_model_options())
+        ffm = build("ffm", input_size=8, hidden_size=hidden, **p.seq_model_kwargs())
         y, state = ffm(torch.randn(5, 2, 8))
         assert (ffm.context_size, ffm.memory_size) == (c, hidden // c) and ffm.memory_size * c == hidden
         assert y.shape == (5, 2, hidden) and state.shape == (2, hidden // c, c)
@@ -181,7 +181,7 @@ def test_ffm_hidden_sizes_are_checked_by_the_rule_their_message_states(hydra_ctx
 
 def test_ffm_sizes_follow_the_reference(hydra_ctx):
     c = make(["seq_model=ffm"])
-    opts = c.policy.seq_model_options()
+    opts = c.policy.seq_model_kwargs()
     assert opts["max_period"] == 128  # t_e
     ffm = build("ffm", input_size=64, hidden_size=c.policy.rnn_hidden_size, **opts)
     assert (ffm.context_size, ffm.memory_size) == (128 // 32, 128 // (128 // 32))
@@ -191,7 +191,7 @@ def test_informed_initialisation_from_the_command_line(hydra_ctx):
     import torch
 
     c = make(["seq_model=ffm", "policy.ffm.init_trace_range=[32,104]", "policy.ffm.init_period_range=[32,104]"])
-    ffm = build("ffm", input_size=8, hidden_size=c.policy.rnn_hidden_size, **c.policy.seq_model_options())
+    ffm = build("ffm", input_size=8, hidden_size=c.policy.rnn_hidden_size, **c.policy.seq_model_kwargs())
     torch.testing.assert_close(
         ffm.trace_durability(0.01), torch.linspace(32, 104, ffm.memory_size), rtol=1e-5, atol=1e-4
     )
@@ -250,7 +250,7 @@ def test_ffm_options_reach_the_memory(hydra_ctx):
     # patches/104: FFM's decay_context_product (a form of its complex decay, not the discount policy.gamma) and
     # decay_horizon (the decay bound's horizon, not the episode length).
     c = make(["policy.ffm.decay_context_product=hadamard", "policy.ffm.decay_horizon=256"])
-    ffm = build("ffm", input_size=8, hidden_size=c.policy.rnn_hidden_size, **c.policy.seq_model_options())
+    ffm = build("ffm", input_size=8, hidden_size=c.policy.rnn_hidden_size, **c.policy.seq_model_kwargs())
     assert ffm.alpha.shape == ffm.omega.shape == (ffm.memory_size, ffm.context_size)
     assert ffm.decay_horizon == 256 and c.policy.gamma == 0.9  # the discount is untouched
     # Old names are unknown keys like any other (the migration is retired).
@@ -408,7 +408,7 @@ def test_edge_values_are_accepted(hydra_ctx):
     make(["policy.ffm.aggregator=closed", "policy.ffm.decay_horizon=9"])
     make(["policy.ffm.aggregator=scan", "policy.ffm.decay_horizon=1"])
     assert (c.policy.gamma, c.seed, c.device, c.train.num_init_rollouts_pool) == (1.0, 2**32 - 1, "cuda:3", 0)
-    assert make(["seq_model=lstm", "policy.rnn_num_layers=2"]).policy.seq_model_options() == {"num_layers": 2}
+    assert make(["seq_model=lstm", "policy.rnn_num_layers=2"]).policy.seq_model_kwargs() == {"num_layers": 2}
     assert make(["seq_model=gru", "policy.rnn_hidden_size=100"]).policy.rnn_hidden_size == 100
     assert make(["train.sampled_seq_len=200"]).train.sampled_seq_len == 200  # Pendulum's whole episode
     make(["policy.rnn_hidden_size=100", "policy.ffm.context_size=4", "policy.ffm.memory_size=25"])

@@ -205,7 +205,7 @@ def test_config_and_analysis_take_their_lists_from_the_registries():
     assert all(policy[name].default_factory is section for name, section in sections.items())
     for name in memories:
         fields = [f.name for f in dataclasses.fields(sections[name])] if name in sections else []
-        assert seq_models.options(name) in (fields, ["num_layers"]), name
+        assert seq_models.keywords(name) in (fields, ["num_layers"]), name
     # Analysis: each memory's label and colour, each algorithm's label, the figures' order.
     assert C.MEMORY_MODELS == tuple(memories)
     assert {m: C.MODEL_LABELS[m] for m in memories} == {m: catalog.memories()[m].label for m in memories}

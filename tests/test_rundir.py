@@ -19,6 +19,7 @@ import torch
 from conftest import TINY, compose_cfg
 from hang import HANG_S
 
+from pomdp_ffm import agent as agent_module
 from pomdp_ffm.jobs.grid import combined_status
 from pomdp_ffm.jobs.grid import main as grid_main
 from pomdp_ffm.jobs.plan import status
@@ -433,6 +434,19 @@ def test_a_run_that_does_not_fit_in_memory_is_refused_naming_its_sizes(composed,
 
     with pytest.raises(RuntimeError, match="a bug, not memory"):  # anything else is not a refusal
         run(composed(), tmp_path / "r", trainer_cls=Broken)
+    assert not (tmp_path / "r").exists()
+
+
+def test_weights_that_do_not_fit_the_host_are_refused_before_any_is_allocated(composed, tmp_path, monkeypatch):
+    # Counted on the meta device (agent.check_weights_fit): a refusal by type (DoesNotFit), where torch would raise a
+    # plain RuntimeError for a failed host allocation. 1 KiB is less than any agent's weights.
+    monkeypatch.setattr(agent_module, "host_memory_left", lambda: (2**10, "of host memory available"))
+    with pytest.raises(
+        Refused,
+        match=r"^policy.rnn_hidden_size=\d+, policy.dqn_layers=\[.*\] and policy.policy_layers=\[.*\] need "
+        r"[\d.e-]+ GiB of weights, more than the 9.54e-07 GiB of host memory available; smaller networks are needed$",
+    ):
+        run(composed(), tmp_path / "r")
     assert not (tmp_path / "r").exists()
 
 

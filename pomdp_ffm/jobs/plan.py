@@ -1,10 +1,12 @@
-"""A run directory's plan, read-only: the command's config checked (``validate``), the directory checked against it
-(``plan``: fresh, resume, skip, or refused naming the file and the fix), a run's status (``status``), a seed axis's
-directories and configs. Nothing here writes; jobs/start.py locks and writes."""
+"""A run directory's plan, read-only: a job's config built and checked once (``job``: the one place a composed config
+becomes a RunConfig), the directory checked against it (``plan``: fresh, resume, skip, or refused naming the file
+and the fix), a run's status (``status``), a seed axis's directories and configs. Nothing here writes;
+jobs/start.py locks and writes."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -76,6 +78,21 @@ def validate(cfg: DictConfig) -> RunConfig:
     except ValueError as e:
         raise Refused(str(e)) from None
     return run_cfg
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run directory and its config, built and checked once (``job``) for every look at it that follows."""
+
+    cfg: RunConfig
+    composed: dict  # the config as config.yaml and the checkpoint store it, resolved
+    run: RunDir
+
+
+def job(cfg: DictConfig, run_dir: str | Path | RunDir) -> Job:
+    """The job's config checked (``validate``: Refused, one line) and its run directory; nothing read or written."""
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    return Job(validate(cfg), OmegaConf.to_container(cfg, resolve=True), run)
 
 
 def _restore_hint(run: RunDir) -> str:
@@ -161,8 +178,10 @@ def _check_config_file(run: RunDir, state: dict) -> None:
         )
 
 
-def plan(run: RunDir, run_cfg: RunConfig, composed: dict) -> tuple[Action, dict | None]:
-    """('skip', None), ('resume', checkpoint) or ('fresh', None), reading only, else RunDirError; all starts use it."""
+def plan(job: Job) -> tuple[Action, dict | None]:
+    """('skip', None), ('resume', checkpoint) or ('fresh', None), reading only, else RunDirError; every start makes
+    it before its lock (``check_untouched``) and under it (jobs/start.lock)."""
+    run, run_cfg, composed = job.run, job.cfg, job.composed
     budget = env_step_budget(run_cfg.train, get_task(run_cfg.env.env_name).max_episode_steps)[1]
     if not run_cfg.resume:
         if any(p.exists() for p in (run.done, run.checkpoint, run.progress, run.config)):
@@ -245,7 +264,7 @@ def status(path: str | Path, cfg: DictConfig | None = None) -> RunStatus:
             cfg = as_read_now(_stored_config(run) if run.config.exists() else _load_resume_checkpoint(run)["config"])
         cfg = cfg.copy()
         cfg.resume, cfg.device = True, "cpu"  # (keys a start may change: how it runs, not what it learns)
-        action, _ = plan(run, validate(cfg), OmegaConf.to_container(cfg, resolve=True))
+        action, _ = plan(job(cfg, run))
     except RunDirError as e:
         return RunStatus(Status.DAMAGED, str(e))
     except (Refused, ValueError) as e:  # the run's own config (a slot's was checked before)
@@ -253,6 +272,8 @@ def status(path: str | Path, cfg: DictConfig | None = None) -> RunStatus:
     return RunStatus(Status.DONE) if action == Action.SKIP else marker
 
 
-def check_untouched(run: RunDir, run_cfg: RunConfig, composed: dict) -> None:
-    run.ensure_free()  # (all a start checks without the lock)
-    plan(run, run_cfg, composed)
+def check_untouched(job: Job) -> None:
+    """Whether a start would go ahead, looked at without the lock: one refused here (RunDirError) leaves every file
+    as it found it, times included (a lock taken and given back would rewrite the lock file)."""
+    job.run.ensure_free()
+    plan(job)

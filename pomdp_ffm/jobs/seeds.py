@@ -16,42 +16,43 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from ..acting_graph import ActingRunner
 from ..compiling import compile_before_acting
 from ..graph import UpdateRunner
 from ..rng import HostRNG, SeedRNG, host_rng_state, same_host_rng
 from ..rollout import Rollout, play_all
-from ..run.rundir import RunDir, RunDirError, RunResult
+from ..run.rundir import RunDirError, RunResult
 from ..run.signals import StopSignals
 from ..trainer import StopRequested, Trainer, run_bursts
-from .plan import Action, Refused, check_untouched, seed_config, seed_dirs, validate
-from .start import CURRENT_RUN, Attempt, check_and_lock
+from .plan import Action, Refused, check_untouched, job, seed_config, seed_dirs, validate
+from .start import CURRENT_RUN, Attempt, lock
 
 log = logging.getLogger("pomdp_ffm")
 
 
 def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer], stop: StopSignals) -> RunResult:
-    run_cfg = validate(cfg)
-    dirs = seed_dirs(job_dir, run_cfg.seed, list(run_cfg.seeds))
-    cfgs = [seed_config(cfg, k) for k in run_cfg.seeds]
-    # Every directory checked before any is touched: a refusal writes nothing, not even a lock file.
-    for c, d in zip(cfgs, dirs):
+    seeds_cfg = validate(cfg)
+    dirs = seed_dirs(job_dir, seeds_cfg.seed, list(seeds_cfg.seeds))
+    jobs = [job(seed_config(cfg, k), d) for k, d in zip(seeds_cfg.seeds, dirs)]
+    for j in jobs:  # every directory checked before any is locked: a refusal leaves each as it was
         try:
-            check_untouched(RunDir(d), validate(c), OmegaConf.to_container(c, resolve=True))
+            check_untouched(j)
         except RunDirError as e:
             raise Refused(str(e)) from None
+    attempts: list[Attempt] = []  # then every one locked before any trainer is built
     seeds: list[Seed] = []
     try:
-        for k, c, d in zip(run_cfg.seeds, cfgs, dirs):
+        for j in jobs:
+            attempts.append(lock(j))
+        for k, attempt in zip(seeds_cfg.seeds, attempts):
             rng = SeedRNG()
-            attempt = check_and_lock(c, d, trainer_cls, stop=stop)
+            attempt.build(trainer_cls, stop=stop)
             rng.keep()  # right after the seed's trainer seeded and built everything
             seeds.append(Seed(k, attempt, rng))
     except BaseException:
-        # A seed refused under its lock (its directory taken since the checks): those locked before leave nothing.
-        close_each([s.attempt.abandon for s in seeds], quiet_as="a seed's start")
+        close_each([a.abandon for a in attempts], quiet_as="a seed's start")
         raise
     closers = [s.attempt.close for s in seeds]
     try:

@@ -1,25 +1,23 @@
-"""A start of a run directory (train.py, jobs/seeds.py): checked by jobs/plan.py reading only, then locked, and its
-attempt's lifecycle written (``Attempt``: begin, end, fail, close)."""
+"""A start of a run directory (train.py, jobs/seeds.py): locked and planned (``lock``, jobs/plan.py), its trainer built
+(``Attempt.build``), and its attempt's lifecycle written (``Attempt``: begin, end, fail, close)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import logging
-import re
 import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from ..agent import DoesNotFit
 from ..compiling import CompileError, compile_switch_said, log_compile_failure
 from ..run.rundir import LockLost, RunDir, RunDirError, RunResult, set_aside
 from ..run.unwritable import Unwritable, writing
 from ..trainer import Outcome, Trainer, TrainingDiverged
-from .plan import Action, Refused, check_untouched, plan, validate
+from .plan import Action, Job, Refused, check_untouched, plan
 
 log = logging.getLogger("pomdp_ffm")
 # The run directory whose trainer is working now, where several train in one process (pomdp_ffm/jobs/seeds.py).
@@ -40,50 +38,33 @@ class RunLog(logging.FileHandler):
             )
 
 
-def check_and_lock(cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer, **needs) -> Attempt:
-    """Validate, build the trainer, check, lock and plan again; else Refused, nothing written, the lock released."""
-    run_cfg, composed, run = validate(cfg), OmegaConf.to_container(cfg, resolve=True), RunDir(run_dir)
-    try:  # a finished run is skipped without building a trainer (env, buffer, agent: built for nothing)
-        finished = run.done.exists() and plan(run, run_cfg, composed)[0] == Action.SKIP
-    except (RunDirError, Refused, ValueError):
-        finished = False  # (any doubt is left to the full start below)
-    if finished:
-        try:
-            stale = run.acquire()
-            action, state = plan(run, run_cfg, composed)  # (under the lock: unchanged since, as a start trusts it)
-        except BaseException as e:
-            run.release(untouched=True)
-            if isinstance(e, RunDirError):
-                raise Refused(str(e)) from None
-            raise
-        if action == Action.SKIP:
-            return Attempt(None, run, action, state, composed, stale)
-        run.release(untouched=True)  # (changed between the two looks: started as any other)
-    try:  # (also checks what only the task can tell, e.g. the eval clock)
-        trainer = trainer_cls(run_cfg, run, composed=composed, **needs)
-    except (ValueError, CompileError) as e:  # (a compile known to fail: compiling.check_compilable)
+def check_and_lock(job: Job, trainer_cls: type[Trainer] = Trainer, **needs) -> Attempt:
+    """One run directory's start: ``check_untouched``, ``lock``, ``Attempt.build``; refused (Refused) with nothing
+    left behind."""
+    try:
+        check_untouched(job)
+    except RunDirError as e:
         raise Refused(str(e)) from None
-    except (MemoryError, RuntimeError) as e:  # host memory only: a GPU's may be short for a while (another job)
-        if not (isinstance(e, MemoryError) or re.search(r"(can't|cannot) allocate memory|not enough memory", str(e))):
-            raise
-        t, p = run_cfg.train, run_cfg.policy
-        raise Refused(
-            f"the run does not fit in memory as configured (train.buffer_size={t.buffer_size}, "
-            f"policy.rnn_hidden_size={p.rnn_hidden_size}, policy.dqn_layers={list(p.dqn_layers)}, "
-            f"policy.policy_layers={list(p.policy_layers)}): {_first_line(e)}"
-        ) from None
-    try:  # (a refused start writes nothing, not even the lock file; under the lock no other start changes it)
-        trainer.agent.check_update_fits(run_cfg.train, trainer.seq_len)
-        check_untouched(run, run_cfg, composed)
-        stale = run.acquire()
-        action, state = plan(run, run_cfg, composed)
+    attempt = lock(job)
+    attempt.build(trainer_cls, **needs)
+    return attempt
+
+
+def lock(job: Job) -> Attempt:
+    """The run's lock taken and its plan made again under it: the plan the start trusts (no other start changes the
+    directory meanwhile). Refused: the lock file and the folders the lock made taken back."""
+    try:
+        stale = job.run.acquire()
+    except RunDirError as e:  # (taken by another process since it was checked)
+        raise Refused(str(e)) from None
+    try:
+        action, state = plan(job)
     except BaseException as e:
-        trainer.close()
-        run.release(untouched=True)
-        if isinstance(e, (RunDirError, DoesNotFit)):
+        job.run.release(untouched=True)
+        if isinstance(e, RunDirError):
             raise Refused(str(e)) from None
         raise
-    return Attempt(trainer, run, action, state, composed, stale)
+    return Attempt(job, action, state, stale)
 
 
 def _first_line(e: BaseException) -> str:
@@ -94,13 +75,38 @@ def _first_line(e: BaseException) -> str:
 class Attempt:
     """One start of a run directory that passed its checks and holds its lock: what it writes, in order."""
 
-    trainer: Trainer | None  # (None for a run it skips)
-    run: RunDir
+    job: Job
     action: Action
-    state: dict | None
-    composed: dict
-    stale: str | None
+    state: dict | None  # the checkpoint it resumes from
+    stale: str | None  # what the lock said of a dead holder's
+    trainer: Trainer | None = None  # (``build``; None for a run it skips)
     handler: logging.Handler | None = None
+
+    @property
+    def run(self) -> RunDir:
+        return self.job.run
+
+    def build(self, trainer_cls: type[Trainer] = Trainer, **needs) -> None:
+        """The trainer (none for a run it skips); refused (Refused: a setting only the task can judge, a compile known
+        to fail, weights or an update that do not fit the memory): the lock released as ``lock`` leaves it."""
+        if self.action == Action.SKIP:
+            return
+        cfg = self.job.cfg
+        try:
+            self.trainer = trainer_cls(cfg, self.run, composed=self.job.composed, **needs)
+            self.trainer.agent.check_update_fits(cfg.train, self.trainer.seq_len)
+        except BaseException as e:
+            self.abandon()
+            if isinstance(e, (ValueError, CompileError)):  # (DoesNotFit is a ValueError)
+                raise Refused(str(e)) from None
+            if isinstance(e, MemoryError):  # the host's (a GPU's may be short for a while: another job's)
+                t, p = cfg.train, cfg.policy
+                raise Refused(
+                    f"the run does not fit in memory as configured (train.buffer_size={t.buffer_size}, "
+                    f"policy.rnn_hidden_size={p.rnn_hidden_size}, policy.dqn_layers={list(p.dqn_layers)}, "
+                    f"policy.policy_layers={list(p.policy_layers)}): {_first_line(e)}"
+                ) from None
+            raise
 
     def skip(self) -> RunResult:
         log.info("%s is finished (%s exists): skipping", self.run.path, RunDir.DONE)
@@ -146,7 +152,7 @@ class Attempt:
                     n,
                     set_aside(run.progress, "no-checkpoint").name,
                 )
-            run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(self.composed)))
+            run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(self.job.composed)))
         run.record_attempt("start" + compile_switch_said(self.state, self.trainer, run.path))
 
     def end(self, outcome: Outcome) -> RunResult:
@@ -166,11 +172,13 @@ class Attempt:
         return RunResult(stopped=outcome.stopped, signal=outcome.signal, counters=c)
 
     def abandon(self) -> None:
-        """Undo a start that will not begin (another seed's was refused): it leaves nothing, not even its lock file."""
+        """Undo a start that will not begin (refused, or another seed's was): it leaves nothing, not even its lock
+        file."""
         try:
             if self.trainer is not None:
                 self.trainer.close()
         finally:
+            self.trainer = None
             self.run.release(untouched=True)
 
     def fail(self, e: BaseException) -> None:

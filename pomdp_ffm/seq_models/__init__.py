@@ -27,17 +27,18 @@ def get(name: str) -> type[SeqModel]:
     return cls
 
 
-def options(name: str) -> list[str]:
-    """The keyword options model `name` accepts besides input_size and hidden_size."""
+def keywords(name: str) -> list[str]:
+    """The keyword arguments model `name` takes besides input_size and hidden_size (its config section's fields,
+    or ``num_layers``)."""
     params = inspect.signature(get(name).__init__).parameters
     return [p for p in params if p not in ("self", "input_size", "hidden_size")]
 
 
 def build(name: str, *, input_size: int, hidden_size: int, **opts) -> SeqModel:
-    allowed = options(name)
+    allowed = keywords(name)
     unknown = sorted(set(opts) - set(allowed))
     if unknown:
-        raise TypeError(f"seq model {name!r} got unknown option(s) {unknown}; allowed: {allowed}")
+        raise TypeError(f"seq model {name!r} got unknown keyword argument(s) {unknown}; allowed: {allowed}")
     return get(name)(input_size=input_size, hidden_size=hidden_size, **opts)
 
 
@@ -47,4 +48,4 @@ def drop_caches(*modules: nn.Module) -> None:
         m.drop_caches()
 
 
-__all__ = ["ABLATIONS", "FFM", "SeqModel", "State", "available", "build", "drop_caches", "get", "options"]
+__all__ = ["ABLATIONS", "FFM", "SeqModel", "State", "available", "build", "drop_caches", "get", "keywords"]
