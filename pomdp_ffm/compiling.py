@@ -147,7 +147,7 @@ def compile_before_acting(trainer) -> bool:
     signal: True, for the caller to take one that came while it compiled (nothing interrupts inductor). A
     CompileError where it fails; False where the update is not compiled (or the updater is a test's double), or where
     no update remains (a resumed run at its budget, which only finishes)."""
-    updater, c = trainer.updater, trainer.counters
+    updater, c = trainer.updater, trainer.standing
     if not getattr(updater, "compiled", False) or (c.burst is None and c.env_steps >= trainer.budget):
         return False
     folder = use_run_cache(trainer.run.path)

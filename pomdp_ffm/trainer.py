@@ -60,8 +60,9 @@ class StopRequested(Exception):
 
 
 @dataclass
-class Counters:
-    """Where the run stands; saved whole in the checkpoint."""
+class Standing:
+    """Where the run stands: its clocks, the last evaluation's, the seconds trained, the burst in hand; saved whole in
+    the checkpoint (under "counters", the name of the checkpoint format's key)."""
 
     env_steps: int = 0
     rollouts: int = 0
@@ -78,7 +79,7 @@ class Counters:
 class Outcome:
     stopped: bool = False
     signal: int | None = None
-    counters: Counters = field(default_factory=Counters)
+    standing: Standing = field(default_factory=Standing)
 
 
 class Trainer:
@@ -109,7 +110,7 @@ class Trainer:
         self.max_len = get_task(cfg.env.env_name).max_episode_steps  # an unknown task fails here, with the list
         self.iter_len, self.budget = env_step_budget(t, self.max_len)
         check_eval_clock(cfg, self.max_len)
-        self.counters, self.metrics, self.bar, self._closed = Counters(), None, None, False
+        self.standing, self.metrics, self.bar, self._closed = Standing(), None, None, False
         self.unit_episodes = self.unit_steps = 0  # the episodes collected in the unit of work in hand
         self._updates_per_s = 0.0
         # One env instance for training and evaluation, as in the reference.
@@ -133,7 +134,7 @@ class Trainer:
     def train(self, resume: dict | None = None) -> Outcome:
         """Train to the budget, or until a stop signal (then checkpoint). The run directory must be locked."""
         self.open(resume)
-        c = self.counters
+        c = self.standing
         try:
             if compile_before_acting(self):  # (train.compile; a stop that came meanwhile is taken right after)
                 self._check_stop()
@@ -157,11 +158,11 @@ class Trainer:
             self.run / RunDir.TENSORBOARD if self.cfg.eval.log_tensorboard else None,
             checkpoint=None if resume is None else resume["progress"],
         )
-        self._t0 = time.time() - self.counters.elapsed
+        self._t0 = time.time() - self.standing.elapsed
         self._last_eval_time = time.time()
         self.bar = tqdm(
             total=self.budget,
-            initial=self.counters.env_steps,
+            initial=self.standing.env_steps,
             unit="step",
             dynamic_ncols=True,
             disable=not self.cfg.progress,
@@ -179,14 +180,14 @@ class Trainer:
 
     def start_unit(self) -> None:
         """A stop is taken before an iteration, never inside its episodes (a checkpoint holds no half episode)."""
-        if self.counters.pool_done:
+        if self.standing.pool_done:
             self._check_stop()
         self.unit_episodes = self.unit_steps = 0
 
     def next_episode(self) -> Rollout | None:
         """The unit's next episode, its env reset; None once the unit has them all: the reference's initial pool
         of random actions up to its size in env steps, or an iteration's num_rollouts_per_iter by the agent."""
-        c, t = self.counters, self.cfg.train
+        c, t = self.standing, self.cfg.train
         if not c.pool_done:
             if c.env_steps >= t.num_init_rollouts_pool * self.max_len:
                 return None
@@ -200,7 +201,7 @@ class Trainer:
     def store(self, rollout: Rollout) -> None:
         """An ended episode counted, and stored where the buffer can sample it."""
         (ep,) = rollout.episodes()
-        pool = not self.counters.pool_done
+        pool = not self.standing.pool_done
         if pool:
             self.timers.update({f"pool_{k}": v for k, v in rollout.timers.items()})
         self.timers["n_pool_steps" if pool else "n_steps"] += ep.length
@@ -209,8 +210,8 @@ class Trainer:
         else:
             # Counted in env_steps like every step taken (patches/011-length-1-episodes.md).
             log.warning("episode of length %d not stored (the sequence buffer needs >= 2 steps)", ep.length)
-        self.counters.env_steps += ep.length
-        self.counters.rollouts += 1
+        self.standing.env_steps += ep.length
+        self.standing.rollouts += 1
         self.unit_episodes += 1
         self.unit_steps += ep.length
 
@@ -219,21 +220,21 @@ class Trainer:
         int(steps x ratio) updates after the pool, an int count does not; an iteration's is ceil(its steps x ratio),
         or the int count. With nothing in the buffer to sample, none."""
         ratio = self.cfg.train.num_updates_per_iter
-        if n is None and not self.counters.pool_done:
-            n = int(self.counters.env_steps * ratio) if isinstance(ratio, float) else 0
+        if n is None and not self.standing.pool_done:
+            n = int(self.standing.env_steps * ratio) if isinstance(ratio, float) else 0
         elif n is None:
             n = ratio if isinstance(ratio, int) else math.ceil(self.unit_steps * ratio)
-        self.counters.burst = Burst(n if len(self.buffer) > 0 else 0, self.agent.device)
+        self.standing.burst = Burst(n if len(self.buffer) > 0 else 0, self.agent.device)
 
     @property
     def burst_over(self) -> bool:
-        return self.counters.burst is None or self.counters.burst.over
+        return self.standing.burst is None or self.standing.burst.over
 
     def end_burst(self) -> Evaluation | None:
         """The burst's row, after the row of an evaluation deferred into it (the order without the deferral); then
         the evaluation due now, to be played and handed to ``evaluated``: None at the end of the pool, where none is
         due, or where it is deferred into the next burst (eval.during_updates)."""
-        c, burst = self.counters, self.counters.burst
+        c, burst = self.standing, self.standing.burst
         if burst.n > 0:
             self._close_burst(burst)  # (a non-finite statistic: the diverged checkpoint holds the burst)
         c.burst = None
@@ -245,7 +246,7 @@ class Trainer:
         return self._due_evaluation()
 
     def _due_evaluation(self) -> Evaluation | None:
-        c, ev = self.counters, self.cfg.eval
+        c, ev = self.standing, self.cfg.eval
         if not c.pool_done:
             c.pool_done = True
             return None
@@ -266,24 +267,24 @@ class Trainer:
         due = evaluation.due
         self._log_evaluation(*evaluation.results(), due.at or self._clocks())
         if due.snapshot:
-            self._snapshot(self.counters.last_return)
+            self._snapshot(self.standing.last_return)
         if due.checkpoint:
             self.save_checkpoint()
 
     def stopped(self) -> Outcome:
-        c = self.counters
+        c = self.standing
         if c.burst is not None and c.burst.n > 0:
             self._close_burst(c.burst)  # its sums into the checkpoint; a non-finite one fails the run instead
         self.save_checkpoint()  # (what the stop leaves is said once, by whoever started the run: start.Attempt.end)
-        return Outcome(stopped=True, signal=self.stop.requested, counters=c)
+        return Outcome(stopped=True, signal=self.stop.requested, standing=c)
 
     def finished(self) -> Outcome:
-        c = self.counters
+        c = self.standing
         self._finish_deferred()
         self._snapshot(c.last_return)
         self.save_checkpoint()
         log.info("finished: %d env steps, %d updates, last eval return %.2f", c.env_steps, c.rl_steps, c.last_return)
-        return Outcome(counters=c)
+        return Outcome(standing=c)
 
     def close(self) -> None:
         """Idempotent: whoever owns the trainer may call it."""
@@ -301,7 +302,7 @@ class Trainer:
     def save_checkpoint(self, path: Path | None = None) -> Path:
         """Tensors and plain containers only, for ``checkpoint.load_checkpoint`` to read tensors-only."""
         self._finish_deferred()  # played and logged now: the checkpoint holds the rows
-        c = self.counters
+        c = self.standing
         c.elapsed = time.time() - self._t0
         rng = {**rngs.for_checkpoint(rngs.host_rng_state()), "env": self.env.rng_state()}
         buffer = (
@@ -312,12 +313,12 @@ class Trainer:
             if self.cfg.checkpoint.save_buffer
             else None
         )
-        counters = {f.name: getattr(c, f.name) for f in fields(c)}
+        standing = {f.name: getattr(c, f.name) for f in fields(c)}
         state = {
             "format": CHECKPOINT_FORMAT,
             "config": self.config_copy,
             "agent": self.agent.training_state(),
-            "counters": {**counters, "burst": None if c.burst is None else c.burst.saved()},
+            "counters": {**standing, "burst": None if c.burst is None else c.burst.saved()},
             "progress": self.metrics.state(),
             "rng": rng,
             "buffer": buffer,
@@ -332,8 +333,8 @@ class Trainer:
     def _record_update(self, stats: dict) -> None:
         """An update run here or in a seed axis's joint round: counted, its statistics added to the burst."""
         self.timers["n_updates"] += 1
-        self.counters.rl_steps += 1
-        self.counters.burst.add(stats, self.counters.rl_steps)
+        self.standing.rl_steps += 1
+        self.standing.burst.add(stats, self.standing.rl_steps)
 
     def _close_burst(self, burst: Burst) -> None:
         # The burst's one device read waits for the queued updates: update time too.
@@ -344,7 +345,7 @@ class Trainer:
             self._diverged(first_bad, burst.last)
 
     def _diverged(self, first_bad: int, last: dict) -> None:
-        c = self.counters
+        c = self.standing
         path = self.save_checkpoint(self.run / RunDir.DIVERGED)
         last = {k: float(v) for k, v in last.items()}
         msg = (
@@ -355,12 +356,12 @@ class Trainer:
         raise TrainingDiverged(msg)
 
     def _clocks(self) -> Clocks:
-        c = self.counters
+        c = self.standing
         return Clocks(c.env_steps, c.rollouts, c.rl_steps, time.time())
 
     def _log_evaluation(self, deterministic: EvalResult, stochastic: EvalResult | None, at: Clocks) -> None:
         """An evaluation's row (the one place that writes one), at the clocks when it was due."""
-        c = self.counters
+        c = self.standing
         row = {
             ENV_STEPS: at.env_steps,
             ROLLOUTS: at.rollouts,
@@ -395,13 +396,13 @@ class Trainer:
     def _show_status(self) -> None:
         if self.bar is not None:
             self.bar.set_postfix_str(
-                f"upd/s={self._updates_per_s:.0f} eval={self.counters.last_return:.1f}", refresh=False
+                f"upd/s={self._updates_per_s:.0f} eval={self.standing.last_return:.1f}", refresh=False
             )
 
     def _snapshot(self, perf: float) -> None:
         """The reference's weights-only snapshot, save/agent_<iters>_perf<return>.pt."""
         self.run.save(
-            {"agent": self.agent.state_dict()}, self.run.snapshot(self.counters.env_steps // self.iter_len, perf)
+            {"agent": self.agent.state_dict()}, self.run.snapshot(self.standing.env_steps // self.iter_len, perf)
         )
 
     def _restore(self, state: dict) -> None:
@@ -409,11 +410,11 @@ class Trainer:
         self.agent.load_training_state(state["agent"])
         self.buffer.load_state_dict(state["buffer"])
         saved = state["counters"]
-        self.counters = Counters(**{**saved, "burst": Burst.restored(saved["burst"], self.agent.device)})
+        self.standing = Standing(**{**saved, "burst": Burst.restored(saved["burst"], self.agent.device)})
         self.config_copy = state["config"]
         rngs.set_from_checkpoint(state["rng"])
         self.env.set_rng_state(state["rng"]["env"])  # at an episode boundary: the env's next reset matches
-        log.info("resumed from %s at %d env steps", self.run.checkpoint, self.counters.env_steps)
+        log.info("resumed from %s at %d env steps", self.run.checkpoint, self.standing.env_steps)
 
 
 def run_bursts(trainers: list[Trainer], runner: UpdateRunner, limit: int | None = None) -> None:
@@ -423,7 +424,7 @@ def run_bursts(trainers: list[Trainer], runner: UpdateRunner, limit: int | None 
     update (computed for all in a round where one is at its last, kept by those at theirs). No host read between
     the updates: a non-finite statistic is found once the burst ends or stops (patches/014). Several trainers draw
     from the lead's generators: a seed is then not its run alone (patches/016)."""
-    clock, S, bursts = time.perf_counter, len(trainers), [t.counters.burst for t in trainers]
+    clock, S, bursts = time.perf_counter, len(trainers), [t.standing.burst for t in trainers]
     rounds = min(b.n - b.done for b in bursts)
     for _ in range(rounds if limit is None else min(rounds, limit)):
         if S > 1 and len({t.agent.actor_step_due() for t in trainers}) > 1:

@@ -293,7 +293,7 @@ def episodes_listed(calls: list, base=None):
         def next_episode(self):
             rollout = super().next_episode()
             if rollout is not None:
-                calls.append(("episode", self.counters.env_steps))
+                calls.append(("episode", self.standing.env_steps))
             return rollout
 
     return Listed
@@ -361,7 +361,7 @@ def test_a_stop_while_the_update_compiles_is_taken_before_the_first_episode_and_
 
     calls.clear()
     out = train(composed(*RUN), tmp_path / "cut", StopWhileCompiling)
-    assert out.stopped and out.counters.env_steps == out.counters.rl_steps == 0
+    assert out.stopped and out.standing.env_steps == out.standing.rl_steps == 0
     assert calls and all(c[0] == "compiled" for c in calls)  # compiled, then stopped: no episode
     assert "stopped by signal 10 at 0 env steps" in (tmp_path / "cut" / "attempts.log").read_text()
     out = train(composed(*RUN, "resume=true"), tmp_path / "cut")
@@ -389,7 +389,7 @@ def test_a_seed_axis_compiles_once_before_its_first_episode(composed, tmp_path, 
 
     out = run(composed(*RUN, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopWhileCompiling)
     assert calls == [("compiled", 0)] * 2  # one warm-up (TD3: critic and actor losses), no episode
-    assert out.stopped and all(r.stopped and r.counters.env_steps == 0 for r in out.seeds.values())
+    assert out.stopped and all(r.stopped and r.standing.env_steps == 0 for r in out.seeds.values())
     calls.clear()
     out = run(composed(*RUN, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0", episodes_listed(calls))
     assert not out.stopped and calls[: calls.index(("episode", 0))] == [("compiled", 0)] * 2

@@ -116,13 +116,13 @@ def test_cuda_run_trains_and_resumes_on_cpu(composed, tmp_path):
     # machine: the checkpoint holds the optimisers in their eager form (patches/015).
     overrides = ("env=Pendulum-V-v0", "algo=sac", "seq_model=ffm", "train.num_iters=4")
     out = train(composed(*overrides, "device=cuda"), tmp_path / "run", stop_at_update(6))
-    assert out.stopped and out.counters.rl_steps == 6
+    assert out.stopped and out.standing.rl_steps == 6
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", map_location="cpu")
     for optim in state["agent"]["optim"].values():
         assert not any(g["capturable"] for g in optim["param_groups"])
         assert all(st["step"].device.type == "cpu" for st in optim["state"].values())
     out = train(composed(*overrides, "device=cpu", "resume=true"), tmp_path / "run")
-    assert not out.stopped and out.counters.env_steps == 1000
+    assert not out.stopped and out.standing.env_steps == 1000
     df = read(tmp_path / "run")
     assert df["rl_loss/qf1_loss"].dropna().map(math.isfinite).all()
 
@@ -434,7 +434,7 @@ def test_trainer_with_the_graph_on_cuda(composed, tmp_path):
     # stopped inside a burst and resumed: the resumed runner warms up and captures again
     cut = stop_at_update(6)
     out = train(composed(*overrides), tmp_path / "cut", cut)
-    assert out.stopped and out.counters.rl_steps == 6
+    assert out.stopped and out.standing.rl_steps == 6
     resumed = stop_at_update(10**9)
     train(composed(*overrides, "resume=true"), tmp_path / "cut", resumed)
     assert resumed.runners[0].replays > 0
@@ -647,7 +647,7 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
     class StopOnSeed1(Trainer):
         def end_burst(self):
             evaluation = super().end_burst()
-            if self.cfg.seed == 1 and self.counters.env_steps >= 600:
+            if self.cfg.seed == 1 and self.standing.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
             return evaluation
 

@@ -438,7 +438,7 @@ def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_p
     class Interrupt(trainer_mod.Trainer):
         def end_burst(self):
             evaluation = super().end_burst()
-            if self.counters.env_steps >= 600:
+            if self.standing.env_steps >= 600:
                 self.stop.request(15)
             return evaluation
 

@@ -43,7 +43,7 @@ class Plan:
 def stopping_trainer(plan: Plan):
     class Stopping(Trainer):
         def _check_stop(self):
-            c = self.counters
+            c = self.standing
             if c.pool_done and c.burst is None and self.plan_at("iteration start"):  # start_unit's check
                 self.stop.request(15)
             super()._check_stop()
@@ -87,17 +87,17 @@ def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupt
     full, cut = tmp_path / "full", tmp_path / "cut"
     run(composed(*overrides), full)
     want = read(full)
-    in_pool_burst = ("update", lambda t: not t.counters.pool_done and t.counters.rl_steps == 10)
+    in_pool_burst = ("update", lambda t: not t.standing.pool_done and t.standing.rl_steps == 10)
     # an iteration's burst of several updates, after its first
     mid_burst = (
         "update",
         lambda t: (
-            t.counters.pool_done and t.counters.burst.n >= 2 and t.counters.burst.done == 1 and t.counters.rl_steps > 60
+            t.standing.pool_done and t.standing.burst.n >= 2 and t.standing.burst.done == 1 and t.standing.rl_steps > 60
         ),
     )
-    at_start = ("iteration start", lambda t: t.counters.env_steps >= 1500)  # some iterations after the resume
-    after_evaluation = ("evaluation", lambda t: t.counters.env_steps >= 2000)
-    kill = ("kill after evaluation", lambda t: t.counters.env_steps >= 3000)
+    at_start = ("iteration start", lambda t: t.standing.env_steps >= 1500)  # some iterations after the resume
+    after_evaluation = ("evaluation", lambda t: t.standing.env_steps >= 2000)
+    kill = ("kill after evaluation", lambda t: t.standing.env_steps >= 3000)
     plan = Plan([in_pool_burst, mid_burst, at_start, after_evaluation, kill])
     stopping = stopping_trainer(plan)
     for attempt in range(6):
@@ -113,8 +113,8 @@ def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupt
             assert len(plan.taken) == attempt + 1, f"attempt {attempt} took no stop: {plan.taken}"
             assert out is None if attempt == 4 else out.stopped
         if attempt == 0:
-            assert out.counters.burst.done == 10 and not out.counters.pool_done
+            assert out.standing.burst.done == 10 and not out.standing.pool_done
         if attempt == 1:
-            assert 0 < out.counters.burst.done < out.counters.burst.n
+            assert 0 < out.standing.burst.done < out.standing.burst.n
     assert not plan.stops and not out.stopped
     pd.testing.assert_frame_equal(read(cut), want, check_exact=True)

@@ -70,7 +70,7 @@ def read(run_dir: Path) -> pd.DataFrame:
 class StopAt600(Trainer):
     def end_burst(self):
         evaluation = super().end_burst()
-        if self.counters.env_steps >= 600:
+        if self.standing.env_steps >= 600:
             self.stop.request(signal.SIGTERM)
         return evaluation
 
@@ -531,7 +531,7 @@ def test_rows_after_the_checkpoint_are_dropped_with_a_warning(composed, tmp_path
     class Kill(Trainer):
         def _log_evaluation(self, *results):
             ret = super()._log_evaluation(*results)
-            if self.counters.env_steps >= 600:
+            if self.standing.env_steps >= 600:
                 raise KeyboardInterrupt
             return ret
 

@@ -67,7 +67,7 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
     class StopOnSeed1(Trainer):
         def end_burst(self):
             evaluation = super().end_burst()
-            if self.cfg.seed == 1 and self.counters.env_steps >= 600:
+            if self.cfg.seed == 1 and self.standing.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
             return evaluation
 
@@ -219,7 +219,7 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
     class StopOnSeed2(Trainer):
         def end_burst(self):
             evaluation = super().end_burst()
-            if self.cfg.seed == 2 and self.counters.env_steps >= 600:
+            if self.cfg.seed == 2 and self.standing.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
             return evaluation
 
@@ -258,7 +258,7 @@ def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, length
     trainers = _trainers_with_data(run_cfg, tmp_path)
     for t, n in zip(trainers, lengths):
         t.start_burst(n)
-    bursts = [t.counters.burst for t in trainers]
+    bursts = [t.standing.burst for t in trainers]
     rounds = min(lengths)
     run_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
     assert [b.done for b in bursts] == [rounds] * 3
@@ -267,7 +267,7 @@ def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, length
     assert all(set(b.counts) == set(bursts[0].counts) for b in bursts)  # no gradient norm summed
     for t, b in zip(trainers, bursts):
         run_bursts([t], t.updater)
-        assert b.done == b.n and t.counters.rl_steps == b.n
+        assert b.done == b.n and t.standing.rl_steps == b.n
         t.close()
 
 
@@ -283,7 +283,7 @@ def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_pat
         t.agent.num_updates = c
         t.start_burst(6)
     run_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
-    assert [t.counters.burst.done for t in trainers] == [joint_rounds] * 2
+    assert [t.standing.burst.done for t in trainers] == [joint_rounds] * 2
     for t in trainers:
         t.close()
 
@@ -312,7 +312,7 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
 
         def next_episode(self):
             rollout = super().next_episode()
-            if self.cfg.seed == 1 and rollout is not None and self.counters.pool_done:
+            if self.cfg.seed == 1 and rollout is not None and self.standing.pool_done:
                 StopAtSeed1sSecondEpisode.episodes += 1
                 if StopAtSeed1sSecondEpisode.episodes == 2:
                     self.stop.request(signal.SIGTERM)
@@ -356,7 +356,7 @@ def test_seeds_with_bursts_of_different_lengths_update_together(composed, tmp_pa
         "seeds=[0,1,2]",
     )
     run(composed(*overrides), tmp_path / "axis" / "seed-0", trainer_cls=_recording(made))
-    assert len({t.counters.rollouts for t in made}) > 1  # the seeds' episodes differ
+    assert len({t.standing.rollouts for t in made}) > 1  # the seeds' episodes differ
     n = [t.timers["n_updates"] for t in made]
     alone = [k - t.timers["n_joint_updates"] for k, t in zip(n, made)]
     # alone: only the last seed to finish, once the others have (measured: 5 of 535); a schedule that ran the
@@ -510,13 +510,13 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
     class StopMidway(Trainer):
         def next_episode(self):
             rollout = super().next_episode()
-            if where == "collect" and rollout is not None and self.cfg.seed == 1 and self.counters.env_steps == 600:
+            if where == "collect" and rollout is not None and self.cfg.seed == 1 and self.standing.env_steps == 600:
                 self.stop.request(signal.SIGTERM)  # as its episode 600-800 begins
             return rollout
 
         def end_burst(self):
             evaluation = super().end_burst()
-            if where == "evaluate" and self.cfg.seed == 0 and self.counters.env_steps == 600:
+            if where == "evaluate" and self.cfg.seed == 0 and self.standing.env_steps == 600:
                 self.stop.request(signal.SIGTERM)  # as the seeds' evaluations begin
             return evaluation
 
@@ -541,7 +541,7 @@ def test_a_failing_seed_with_gathered_acting(composed, tmp_path, monkeypatch):
     class FailSeed1(Trainer):
         def store(self, rollout):
             super().store(rollout)
-            if self.cfg.seed == 1 and self.counters.pool_done:
+            if self.cfg.seed == 1 and self.standing.pool_done:
                 raise RuntimeError("seed 1 broke mid-round")
 
     with pytest.raises(RuntimeError, match="seed 1 broke mid-round"):
@@ -564,7 +564,7 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
     class DrawsGlobally(Trainer):
         def store(self, rollout):
             super().store(rollout)
-            if self.counters.pool_done:
+            if self.standing.pool_done:
                 np.random.random()
 
     with pytest.raises(SharedRNGDrawn, match="global random generator"):
@@ -617,7 +617,7 @@ def test_the_rows_and_checkpoints_after_gathered_acting_are_in_the_seeds_own_tur
 
     class DrawsAtTheLastRow(Trainer):
         def _log_evaluation(self, *results):
-            if self.counters.env_steps >= self.budget:
+            if self.standing.env_steps >= self.budget:
                 np.random.random()
             return super()._log_evaluation(*results)
 

@@ -56,7 +56,7 @@ def test_run_writes_reference_log_and_checkpoints(composed, tmp_path):
     assert len(train_rows) == 4 and train_rows["rl_loss/qf1_loss"].notna().all()
     assert train_rows["rl_loss/alpha"].between(0, 1.5).all()
     assert (tmp_path / "run" / "DONE").exists() and (tmp_path / "run" / "checkpoints" / "last.pt").exists()
-    assert out.counters.env_steps == 800 and not out.stopped
+    assert out.standing.env_steps == 800 and not out.stopped
     assert not (tmp_path / "run" / "tb").exists()  # TensorBoard is opt-in (patches/010)
 
 
@@ -85,7 +85,7 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     class Interrupt(Trainer):
         def end_burst(self):
             evaluation = super().end_burst()
-            if self.counters.env_steps >= 600:
+            if self.standing.env_steps >= 600:
                 self.stop.request(15)  # what SIGTERM does
             return evaluation
 
@@ -93,7 +93,7 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     with pytest.raises(Refused, match="resume=true"):
         train(composed(*overrides), tmp_path / "cut")
     out = train(composed(*overrides, "resume=true"), tmp_path / "cut")
-    assert not out.stopped and out.counters.env_steps == 1400
+    assert not out.stopped and out.standing.env_steps == 1400
     cut = read(tmp_path / "cut")
     steps = eval_rows(cut)["z/env_steps"]
     assert steps.is_monotonic_increasing and steps.tolist() == [400, 600, 800, 1000, 1200, 1400]
@@ -131,7 +131,7 @@ def test_killed_run_keeps_its_rows(composed, tmp_path):
     class Kill(Trainer):
         def _log_evaluation(self, *results):
             ret = super()._log_evaluation(*results)
-            if self.counters.env_steps >= 600:
+            if self.standing.env_steps >= 600:
                 raise KeyboardInterrupt  # as if killed right after logging
             return ret
 
@@ -193,7 +193,7 @@ def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg
         if bad_at is not None:
             stats[bad_at]["qf2_loss"] = torch.tensor(math.inf)
         t.start_burst(3)
-        burst, start = t.counters.burst, t.counters.rl_steps
+        burst, start = t.standing.burst, t.standing.rl_steps
         for j, st in enumerate(stats):
             with DispatchedOps() as counted:
                 burst.add(st, start + j + 1)
@@ -213,7 +213,7 @@ def test_pybullet_task_end_to_end(composed, tmp_path):
         "env=HopperBLT-V-v0", "algo=td3", "train.num_iters=1", "train.num_updates_per_iter=0.002", "eval.log_interval=1"
     )
     out = train(cfg, tmp_path / "blt")
-    assert out.counters.env_steps >= 1000 and out.counters.rollouts > 1
+    assert out.standing.env_steps >= 1000 and out.standing.rollouts > 1
     df = read(tmp_path / "blt")
     assert df["rl_loss/qf1_loss"].notna().any()
 
@@ -276,9 +276,9 @@ def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, st
             self.updater.update_all = counted
 
     out = train(composed(*overrides), tmp_path / "cut", StopMidBurst)
-    assert out.stopped and out.counters.rl_steps == stop_at_update and out.counters.burst.done > 0
+    assert out.stopped and out.standing.rl_steps == stop_at_update and out.standing.burst.done > 0
     out = train(composed(*overrides, "resume=true"), tmp_path / "cut")
-    assert not out.stopped and out.counters.burst is None
+    assert not out.stopped and out.standing.burst is None
     pd.testing.assert_frame_equal(
         read(tmp_path / "cut").drop(columns=TIME_COLUMNS),
         read(tmp_path / "full").drop(columns=TIME_COLUMNS),
@@ -299,7 +299,7 @@ def test_length_1_episode_is_counted_but_not_stored(run_cfg, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="pomdp_ffm"):
         assert collect(trainer) == 1
     assert len(trainer.buffer) == 0
-    assert (trainer.counters.env_steps, trainer.counters.rollouts) == (1, 1)
+    assert (trainer.standing.env_steps, trainer.standing.rollouts) == (1, 1)
     assert any("episode of length 1 not stored" in r.getMessage() for r in caplog.records)
     trainer.close()
 
@@ -411,7 +411,7 @@ class CountDeferred(Trainer):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        after_defer(self, lambda: CountDeferred.deferred.append(self.counters.env_steps))
+        after_defer(self, lambda: CountDeferred.deferred.append(self.standing.env_steps))
 
 
 @pytest.mark.parametrize(
@@ -443,9 +443,9 @@ def test_evaluation_during_updates_writes_the_same_log(composed, tmp_path, monke
     # Deferred: the evaluations at clock iterations 2, 4, 5 (the pool is the first; 3 and 6 are checkpoints, 7 the
     # end). With 200-step episodes the env-step clock counts an iteration per episode.
     if task == "Pendulum-V-v0":
-        assert CountDeferred.deferred == [400, 800, 1000] and out.counters.env_steps == 1400
+        assert CountDeferred.deferred == [400, 800, 1000] and out.standing.env_steps == 1400
     else:
-        assert CountDeferred.deferred and out.counters.env_steps not in CountDeferred.deferred
+        assert CountDeferred.deferred and out.standing.env_steps not in CountDeferred.deferred
     if spread is not None:
         assert spread.between > 0  # some steps were played between two updates
     if way == "workers":  # steps played between updates while the workers step
@@ -475,9 +475,9 @@ def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(
 
     cut = composed(*overrides, "eval.during_updates=true")
     out = train(cut, tmp_path / "cut", StopMidBurst)
-    assert out.stopped and out.counters.burst.done > 0
+    assert out.stopped and out.standing.burst.done > 0
     rows = read(tmp_path / "cut")
-    assert eval_rows(rows)["z/env_steps"].tolist()[-1] < out.counters.env_steps  # the deferred one, logged at the stop
+    assert eval_rows(rows)["z/env_steps"].tolist()[-1] < out.standing.env_steps  # the deferred one, logged at the stop
     out = train(composed(*overrides, "eval.during_updates=true", "resume=true"), tmp_path / "cut")
     assert not out.stopped
     pd.testing.assert_frame_equal(

@@ -41,7 +41,7 @@ def last_attempt(run_dir: Path) -> str:
 class StopAfterFirstCheckpoint(Trainer):
     def end_burst(self):
         evaluation = super().end_burst()
-        if self.counters.env_steps >= 600:
+        if self.standing.env_steps >= 600:
             self.stop.request(15)
         return evaluation
 

@@ -22,7 +22,7 @@ class StopSeed1(Trainer):
 
     def end_burst(self):
         evaluation = super().end_burst()
-        if self.cfg.seed == 1 and self.counters.env_steps >= 400:
+        if self.cfg.seed == 1 and self.standing.env_steps >= 400:
             self.stop.request(signal.SIGTERM)
         return evaluation
 

@@ -71,7 +71,7 @@ def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, t
     def burst() -> None:
         trainer.start_burst(updates)
         run_bursts([trainer], trainer.updater)
-        trainer.counters.burst.close()
+        trainer.standing.burst.close()
 
     def evaluation(meanwhile=lambda: None) -> None:  # as "during" plays it: the actor's copy, taken now
         evaluator.defer(Due(at=Clocks(0, 0, 0, 0.0)))  # (its row's clocks: no row is written here)

@@ -143,7 +143,7 @@ class SeedAxis:
             try:
                 self.compile_update()
                 while self.running:
-                    self.collect([s for s in self.running if s.trainer.counters.burst is None])
+                    self.collect([s for s in self.running if s.trainer.standing.burst is None])
                     self.end_units(self.updates(list(self.running)))
             except (StopRequested, KeyboardInterrupt) as e:
                 for s in list(self.running):
@@ -186,7 +186,7 @@ class SeedAxis:
     def collect(self, seeds: list[Seed]) -> None:
         """These seeds' next units' episodes, then their bursts (``Trainer.collect``); where acting is gathered
         (not the initial pool's uniform draws), ``Trainer.collect``'s calls with the episodes played together."""
-        gathered = [s for s in seeds if self.gather and s.trainer.counters.pool_done]
+        gathered = [s for s in seeds if self.gather and s.trainer.standing.pool_done]
         for s in seeds:
             if s not in gathered:
                 with self.own_turn(s):
@@ -295,7 +295,7 @@ class SeedAxis:
 
     def finish_if_done(self, s: Seed) -> None:
         t = s.trainer
-        if t.counters.burst is None and t.counters.env_steps >= t.budget:
+        if t.standing.burst is None and t.standing.env_steps >= t.budget:
             self.results[s.k] = s.attempt.end(t.finished())
             t.close()
             self.running.remove(s)

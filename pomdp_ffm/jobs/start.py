@@ -156,7 +156,7 @@ class Attempt:
         run.record_attempt("start" + compile_switch_said(self.state, self.trainer, run.path))
 
     def end(self, outcome: Outcome) -> RunResult:
-        c = outcome.counters
+        c = outcome.standing
         if outcome.stopped:
             lost = "" if self.trainer.cfg.checkpoint.save_buffer else " without its replay buffer: it cannot be resumed"
             saved = f"checkpoint saved{lost}"
@@ -169,7 +169,7 @@ class Attempt:
                 raise RuntimeError("the budget was reached without a single evaluation logged")
             self.run.write_text(self.run.done, f"env_steps={c.env_steps}\n")
             self.run.record_attempt(f"finished at {c.env_steps} env steps")
-        return RunResult(stopped=outcome.stopped, signal=outcome.signal, counters=c)
+        return RunResult(stopped=outcome.stopped, signal=outcome.signal, standing=c)
 
     def abandon(self) -> None:
         """Undo a start that will not begin (refused, or another seed's was): it leaves nothing, not even its lock

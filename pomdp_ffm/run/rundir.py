@@ -58,7 +58,7 @@ class RunResult:
     skipped: bool = False  # finished before: nothing ran
     stopped: bool = False  # a stop signal ended it, its checkpoint saved
     signal: int | None = None
-    counters: Any = None  # where it stands (trainer.Counters), for one run that ran
+    standing: Any = None  # where it stands (trainer.Standing), for one run that ran
     seeds: dict[int, RunResult] = field(default_factory=dict)  # a seed axis: each seed's, by its index
     started: bool = True  # False: a sweep's job that the sweep's stop kept from starting
     refused: str = ""
