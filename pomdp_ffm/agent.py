@@ -12,6 +12,7 @@ from torch import nn
 from .algos import build_algorithm
 from .hostmem import host_memory_left
 from .nets import FeatureExtractor, Mlp
+from .optim import PLAIN, AdamForm, eager_state
 from .seq_models import build as build_seq_model
 from .seq_models import drop_caches
 from .update import Aligned, bound_memories_
@@ -91,17 +92,19 @@ class Critic(nn.Module):
 class RecurrentAgent(nn.Module):
     """Separate recurrent actor and critic, their targets and optimisers; SAC or TD3 supplies what differs."""
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg):
+    def __init__(self, obs_dim: int, act_dim: int, cfg, adam: AdamForm = PLAIN):
+        """``adam``: the form of every optimiser, chosen from the run's settings (trainer.Trainer) and kept for the
+        agent's life, across a load."""
         super().__init__()
-        self.cfg, self.obs_dim, self.act_dim = cfg, obs_dim, act_dim
-        self.algo = build_algorithm(cfg, act_dim)
+        self.cfg, self.obs_dim, self.act_dim, self.adam = cfg, obs_dim, act_dim, adam
+        self.algo = build_algorithm(cfg, act_dim, adam)
         head = self.algo.make_head(cfg.rnn_hidden_size + cfg.observ_embedding_size, cfg.policy_layers, act_dim)
         self.actor = Actor(obs_dim, act_dim, cfg, head)
         self.critic = Critic(obs_dim, act_dim, cfg)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False) if self.algo.uses_target_actor else None
-        self.actor_optim = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr)
-        self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=cfg.lr)
+        self.actor_optim = adam.adam(self.actor.parameters(), lr=cfg.lr)
+        self.critic_optim = adam.adam(self.critic.parameters(), lr=cfg.lr)
         self.num_updates = 0
         bound_memories_(self.actor, self.critic, *(t for t, _ in self.targets()))
 
@@ -170,27 +173,34 @@ class RecurrentAgent(nn.Module):
         return {"actor": self.actor_optim, "critic": self.critic_optim, **self.algo.optimizers()}
 
     def training_state(self) -> dict:
-        """Everything an update depends on: weights, optimisers, the update count (TD3's policy delay)."""
+        """Everything an update depends on: weights, optimisers (in the plain form, whatever the agent's: a checkpoint
+        does not depend on the switches), the update count (TD3's policy delay)."""
         return {
             "modules": self.state_dict(),
-            "optim": {k: o.state_dict() for k, o in self.optimizers().items()},
+            "optim": {k: eager_state(o.state_dict()) for k, o in self.optimizers().items()},
             "num_updates": self.num_updates,
         }
 
     def load_training_state(self, state: dict) -> None:
         self.load_state_dict(state["modules"])
         for k, o in self.optimizers().items():
-            o.load_state_dict(state["optim"][k])
+            o.load_state_dict(self.adam.loadable(state["optim"][k]))
         self.num_updates = int(state["num_updates"])
 
 
-def check_weights_fit(obs_dim: int, act_dim: int, cfg) -> None:
-    """DoesNotFit, naming the network sizes, where the agent's weights (actor, critic, their targets) would not fit
-    the host memory it is built in: counted on the meta device, which allocates nothing and draws no random number,
-    so that a failed allocation is a refusal by type, not a torch error to be told by its text."""
+def agent_shape(obs_dim: int, act_dim: int, cfg) -> RecurrentAgent:
+    """The agent as it would be built, on the meta device: its modules and sizes, nothing allocated, no random number
+    drawn. What the run's settings are decided from before the agent is built (its weights' bytes, compiling)."""
     with torch.device("meta"), torch.random.fork_rng(devices=[]):
-        agent = RecurrentAgent(obs_dim, act_dim, cfg)
-    need = sum(t.numel() * t.element_size() for t in (*agent.parameters(), *agent.buffers()))
+        return RecurrentAgent(obs_dim, act_dim, cfg)
+
+
+def check_weights_fit(shape: RecurrentAgent) -> None:
+    """DoesNotFit, naming the network sizes, where the agent's weights (actor, critic, their targets; ``shape``:
+    ``agent_shape``'s) would not fit the host memory it is built in: a refusal by type before the allocation,
+    where a failed one would be a torch error told only by its text."""
+    need = sum(t.numel() * t.element_size() for t in (*shape.parameters(), *shape.buffers()))
+    cfg = shape.cfg
     free, where = host_memory_left()
     if free is not None and need > free:
         raise DoesNotFit(

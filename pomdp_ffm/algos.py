@@ -9,6 +9,7 @@ from torch import nn
 
 from . import catalog
 from .nets import DeterministicHead, TanhGaussianHead
+from .optim import AdamForm
 
 
 class SAC(nn.Module):
@@ -18,14 +19,14 @@ class SAC(nn.Module):
     metrics = ("qf1_loss", "qf2_loss", "policy_loss", "policy_entropy", "alpha")  # update()'s, in column order
     make_head = TanhGaussianHead  # (input_size, hidden_sizes, act_dim) -> the policy head
 
-    def __init__(self, policy_cfg, act_dim: int):
+    def __init__(self, policy_cfg, act_dim: int, adam: AdamForm):
         super().__init__()
         self.cfg = cfg = policy_cfg.sac
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else float(cfg.target_entropy)
         if cfg.automatic_entropy_tuning:
             # alpha starts at 1.0 and the config's entropy_alpha is unused (the reference)
             self.log_alpha = nn.Parameter(torch.zeros(1))
-            self.alpha_optim = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+            self.alpha_optim = adam.adam([self.log_alpha], lr=cfg.alpha_lr)
         else:
             self.log_alpha, self.alpha_optim = None, None
             # float64: a float32 tensor times it rounds it as it rounds the reference's Python float. Not
@@ -82,7 +83,7 @@ class TD3(nn.Module):
     metrics = ("qf1_loss", "qf2_loss", "policy_loss")
     make_head = DeterministicHead
 
-    def __init__(self, policy_cfg, act_dim: int):
+    def __init__(self, policy_cfg, act_dim: int, adam: AdamForm):  # (no optimiser of its own)
         super().__init__()
         self.cfg = policy_cfg.td3
         self.policy_delay = int(self.cfg.policy_delay)
@@ -123,5 +124,5 @@ def get(name: str) -> type[nn.Module]:
     return catalog.load(_TARGETS[name])
 
 
-def build_algorithm(policy_cfg, act_dim: int) -> nn.Module:
-    return get(policy_cfg.algo_name)(policy_cfg, act_dim)
+def build_algorithm(policy_cfg, act_dim: int, adam: AdamForm) -> nn.Module:
+    return get(policy_cfg.algo_name)(policy_cfg, act_dim, adam)

@@ -85,21 +85,24 @@ def _compile_failure(agents: Sequence[RecurrentAgent]) -> str | None:
     return None
 
 
-def compile_pays(agents: Sequence[RecurrentAgent]) -> bool:
+def compile_pays(agents: Sequence[RecurrentAgent], device: torch.device) -> bool:
     """``train.compile=null``: where compiling was measured to pay (docs/benchmarks.md, "The compiled update"): on
     CUDA, for memories that declare it (FFM). Not on a CPU (slower than eager), nor for GRU/LSTM (dynamo unrolls
-    cuDNN's kernel step by step)."""
+    cuDNN's kernel step by step). ``agents``: built, or their shapes (agent.agent_shape); ``device``: where they
+    train."""
     memories = {type(a.critic.encoder.memory) for a in agents}
-    return (
-        agents[0].device.type == "cuda" and all(m.compile_pays for m in memories) and _compile_failure(agents) is None
-    )
+    return device.type == "cuda" and all(m.compile_pays for m in memories) and _compile_failure(agents) is None
 
 
-def check_compilable(agents: Sequence[RecurrentAgent]) -> None:
-    """A CompileError, before any update, where a compile is known to fail."""
-    why = _compile_failure(agents) if agents[0].device.type == "cuda" else None
+def compiles(setting: bool | None, agents: Sequence[RecurrentAgent], device: torch.device) -> bool:
+    """``train.compile`` resolved: true or false as set, null as ``compile_pays`` finds; a CompileError, before
+    anything is built or written, where a compile asked for is known to fail."""
+    if setting is None:
+        return compile_pays(agents, device)
+    why = _compile_failure(agents) if setting and device.type == "cuda" else None
     if why is not None:
         raise CompileError(f"train.compile=true with {why}")
+    return bool(setting)
 
 
 def run_cache_dir(run: str | Path) -> Path:
@@ -178,7 +181,7 @@ def compile_switch_said(state: dict | None, trainer, where) -> str:
     except Exception:  # (a value this version refuses: plan() compared it as it is)
         was = ((state.get("config") or {}).get("train") or {}).get("compile")
     now = trainer.cfg.train.compile
-    compiled = [compile_pays([trainer.agent]) if v is None else bool(v) for v in (was, now)]
+    compiled = [compile_pays([trainer.agent], trainer.device) if v is None else bool(v) for v in (was, now)]
     if compiled[0] == compiled[1]:
         return ""
     yaml = {True: "true", False: "false", None: "null"}

@@ -1,14 +1,16 @@
 """The update as the replay of a captured CUDA graph (``train.cuda_graph``, patches/015-cuda-graph-update.md):
 each host path (grad_norms, actor step due) is captured after ``warmup`` eager updates on the side stream, then
-replayed, with the eager RNG stream. Adam runs capturable; a loaded optimiser state or a moved parameter drops the
-graphs. ``backend`` is ``CudaGraphs`` or a test double. With ``compile`` (``train.compile``), the update, captured
-or not, runs its losses through torch.compile (update.compiled_losses) and its Adam steps fused: ``warm_up``
-compiles them before the run acts (else the first update does), the capture records inductor's kernels."""
+replayed, with the eager RNG stream. The agents' Adam must be capturable (their ``AdamForm``, chosen when they are
+built); a loaded optimiser state or a moved parameter drops the graphs. ``backend`` is ``CudaGraphs`` or a test
+double. With ``compile`` (``train.compile``), the update, captured or not, runs its losses through torch.compile
+(update.compiled_losses), its Adam fused (the agents' form again): ``warm_up`` compiles them before the run acts
+(else the first update does), the capture records inductor's kernels. No runner changes an agent's optimisers."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -17,7 +19,7 @@ import torch
 
 from .agent import RecurrentAgent
 from .buffer import Batch
-from .compiling import check_compilable, compile_errors_named, compile_pays
+from .compiling import compile_errors_named, compiles
 from .seq_models import drop_caches
 from .update import Aligned, update
 
@@ -51,58 +53,6 @@ def bump_versions(tensors: list[torch.Tensor]) -> None:
     except TypeError:  # an older torch takes one tensor at a time
         for t in tensors:
             torch.autograd.graph.increment_version(t)
-
-
-def _steps_on_params_(optimizer: torch.optim.Optimizer) -> None:
-    """Adam's step counters on their parameter's device, as its capturable and fused forms read them."""
-    for p, st in optimizer.state.items():
-        step = st.get("step")
-        if torch.is_tensor(step) and step.device != p.device:
-            st["step"] = step.to(p.device)
-
-
-def _keep_state_dict_eager(optimizer: torch.optim.Optimizer) -> None:
-    if not getattr(optimizer, "_eager_state_dict_hook", False):
-        optimizer.register_state_dict_post_hook(_eager_state_dict)
-        optimizer._eager_state_dict_hook = True
-
-
-def make_capturable_(optimizer: torch.optim.Optimizer) -> None:
-    """Adam(capturable=True) in place, step counters on their parameter's device; state_dict() stays eager."""
-    for group in optimizer.param_groups:
-        group["capturable"] = True
-    _steps_on_params_(optimizer)
-    # The warm-up updates run the capturable step eagerly on purpose: no warning about it.
-    optimizer._warned_capturable_if_run_uncaptured = True
-    _keep_state_dict_eager(optimizer)
-
-
-def make_fused_(optimizer: torch.optim.Optimizer) -> None:
-    """Adam(fused=True) in place, and again after each load_state_dict (a resume loads the eager form): one
-    multi-tensor kernel a step where the foreach form launches about 17 (the compiled update's, patches/020).
-    state_dict() stays eager. Module-level, as the hook it registers: a deep copy copies it."""
-    for group in optimizer.param_groups:
-        group["fused"] = True
-    _steps_on_params_(optimizer)
-    if not getattr(optimizer, "_fused_after_load_hook", False):
-        optimizer.register_load_state_dict_post_hook(make_fused_)
-        optimizer._fused_after_load_hook = True
-    _keep_state_dict_eager(optimizer)
-
-
-def _eager_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
-    """state_dict post-hook: the eager form (capturable=False, fused=None, CPU step counters), so checkpoints do not
-    depend on the switches. Module-level, not a bound method: a deep copy of the agent copies its optimisers' hooks."""
-    for group in state_dict["param_groups"]:
-        group["capturable"], group["fused"] = False, None
-    # state_dict()["state"] holds the live per-parameter dicts: replace them, never write into them.
-    state_dict["state"] = {
-        k: {**st, "step": st["step"].cpu()}
-        if torch.is_tensor(st.get("step")) and st["step"].device.type != "cpu"
-        else st
-        for k, st in state_dict["state"].items()
-    }
-    return state_dict
 
 
 class Staging:
@@ -163,7 +113,7 @@ _ACTING_STREAMS: dict[int, torch.cuda.Stream] = {}  # by device index
 class CudaGraphs:
     """Capture on a side stream (PyTorch's whole-network recipe), replay on the current (or acting) stream."""
 
-    make_capturable = True
+    needs_capturable = True
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
@@ -232,24 +182,24 @@ class UpdateRunner:
         agents: RecurrentAgent | Sequence[RecurrentAgent],
         cuda_graph: bool = True,
         *,
-        compile: bool | None = False,
+        compile: bool = False,
         warmup: int = WARMUP_UPDATES,
         ring: int = HOST_RING,
         backend=None,
     ):
         self.agents = [agents] if isinstance(agents, RecurrentAgent) else list(agents)
         self.agent, self.device = self.agents[0], self.agents[0].device
-        self.compiled = compile_pays(self.agents) if compile is None else bool(compile)
+        self.compiled = compiles(bool(compile), self.agents, self.device)  # (a compile known to fail: CompileError)
         if self.compiled:
-            check_compilable(self.agents)
-            for o in (o for a in self.agents for o in a.optimizers().values()):
-                make_fused_(o)
+            _check_adam(self.agents, "fused", "train.compile")
         delays = sorted({a.algo.policy_delay for a in self.agents})
         if len(delays) > 1:
             raise ValueError(f"agents updated together must share their policy delay: got {delays}")
         if backend is None and cuda_graph and self.device.type == "cuda":
             backend = CudaGraphs(self.device)
         self.backend, self.graphed = backend, backend is not None
+        if self.graphed and self.backend.needs_capturable:
+            _check_adam(self.agents, "capturable", "train.cuda_graph")
         self.warmup, self.ring = max(int(warmup), 1), int(ring)
         self.stagings, self._graphs, self._eager_runs, self._fingerprint = None, {}, Counter(), None
         self._params: list[torch.Tensor] = []  # the agents' parameters, listed at the last rearm
@@ -332,7 +282,9 @@ class UpdateRunner:
             return [self._update_on_static(k, grad_norms, actor_step, s) for k, s in enumerate(streams)]
 
     def _eager(self, path: tuple[bool, bool]) -> list[dict[str, torch.Tensor]]:
-        with self.backend.side_stream():
+        with self.backend.side_stream(), warnings.catch_warnings():
+            # The warm-up updates run the capturable step eagerly on purpose.
+            warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
             stats = [self._update_on_static(k, *path) for k in range(len(self.agents))]
         self.backend.keep_for_current_stream([v for st in stats for v in st.values()])
         self._eager_runs[path] += 1
@@ -376,7 +328,6 @@ class UpdateRunner:
         optims = [o for a in self.agents for o in a.optimizers().values()]
         return (
             tuple(o.state for o in optims),
-            tuple(all(g.get("capturable", False) for g in o.param_groups) for o in optims),
             tuple(p.data_ptr() for p in self._params),
             self._params[0].device if self._params else self.device,
         )
@@ -391,9 +342,9 @@ class UpdateRunner:
             and now[1:] == was[1:]
         ):
             return
-        if now[3] != self.device:
+        if now[2] != self.device:
             raise ValueError(
-                f"the agent moved from {self.device} to {now[3]} after its UpdateRunner was built; build a new runner"
+                f"the agent moved from {self.device} to {now[2]} after its UpdateRunner was built; build a new runner"
             )
         self._rearm()
 
@@ -402,11 +353,17 @@ class UpdateRunner:
             self.backend.synchronize()  # replays still queued read what the graphs own
         self._graphs, self._eager_runs = {}, Counter()
         self._params = [p for a in self.agents for p in a.parameters()]
-        if self.backend.make_capturable:
-            for o in (o for a in self.agents for o in a.optimizers().values()):
-                make_capturable_(o)
         self._fingerprint = self._current_fingerprint()
         self.rearms += 1
+
+
+def _check_adam(agents: Sequence[RecurrentAgent], switch: str, setting: str) -> None:
+    forms = [a.adam for a in agents]
+    if not all(getattr(f, switch) for f in forms):
+        raise ValueError(
+            f"{setting} needs every agent's Adam built {switch} (RecurrentAgent(..., adam=AdamForm({switch}=True))); "
+            f"got {forms}"
+        )
 
 
 def _copied(outputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:

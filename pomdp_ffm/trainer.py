@@ -11,7 +11,7 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +20,10 @@ from tqdm import tqdm
 
 from . import rng as rngs
 from .acting_graph import make_actor
-from .agent import RecurrentAgent, check_weights_fit
+from .agent import RecurrentAgent, agent_shape, check_weights_fit
 from .buffer import SeqReplayBuffer
 from .burst import Burst
-from .compiling import compile_before_acting
+from .compiling import compile_before_acting, compiles
 from .config import RunConfig, check_eval_clock, env_step_budget, resolve_device
 from .envs import get_task, make_env
 from .evaluation import Clocks, Due, EvalResult, Evaluation, Evaluator
@@ -43,6 +43,7 @@ from .metrics import (
     columns,
     summed,
 )
+from .optim import AdamForm
 from .rollout import AgentPolicy, RandomPolicy, Rollout, play_all
 from .run.checkpoint import CHECKPOINT_FORMAT
 from .run.rundir import RunDir
@@ -121,9 +122,11 @@ class Trainer:
             self.buffer = SeqReplayBuffer(
                 int(t.buffer_size), obs_dim, act_dim, self.seq_len, t.sample_weight_baseline, seed=cfg.seed
             )
-            check_weights_fit(obs_dim, act_dim, cfg.policy)  # (built on the host, then moved)
-            self.agent = RecurrentAgent(obs_dim, act_dim, cfg.policy).to(self.device)
-            self.updater = UpdateRunner(self.agent, t.cuda_graph, compile=t.compile)
+            check_weights_fit(shape := agent_shape(obs_dim, act_dim, cfg.policy))  # (built on the host, then moved)
+            compiled = compiles(t.compile, [shape], self.device)  # (its Adam's form: fused where compiled)
+            adam = AdamForm.for_update(compiled, t.cuda_graph, self.device)
+            self.agent = RecurrentAgent(obs_dim, act_dim, cfg.policy, adam).to(self.device)
+            self.updater = UpdateRunner(self.agent, t.cuda_graph, compile=compiled)
             self.acting = make_actor(self.agent, t.cuda_graph)
             self.evaluator = Evaluator(cfg, self.env, self.acting, self.agent, self.timers)
             self.columns = columns(self.agent.algo.metrics, cfg.eval.eval_stochastic)
@@ -313,12 +316,11 @@ class Trainer:
             if self.cfg.checkpoint.save_buffer
             else None
         )
-        standing = {f.name: getattr(c, f.name) for f in fields(c)}
         state = {
             "format": CHECKPOINT_FORMAT,
             "config": self.config_copy,
             "agent": self.agent.training_state(),
-            "counters": {**standing, "burst": None if c.burst is None else c.burst.saved()},
+            "counters": {**vars(c), "burst": None if c.burst is None else c.burst.saved()},
             "progress": self.metrics.state(),
             "rng": rng,
             "buffer": buffer,

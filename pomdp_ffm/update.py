@@ -16,7 +16,7 @@ queues kernels, so that it can be captured once in a CUDA graph and replayed (po
 
 ``compiled=True`` (``train.compile``) runs the same functions through ``torch.compile``: the actor pass and the two
 losses (forward and backward) become inductor's fused kernels; the targets and the temperature stay as they are,
-and the runner that compiles gives the optimisers their fused form (graph.make_fused_;
+and the agents' Adam is built fused (their optim.AdamForm, chosen by the trainer with the switch;
 patches/020-compiled-update.md).
 """
 

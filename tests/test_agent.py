@@ -14,6 +14,7 @@ from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.algos import SAC
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
+from pomdp_ffm.optim import PLAIN
 from pomdp_ffm.seq_models import FFM, available
 from pomdp_ffm.seq_models.ffm import DECAY_MIN
 from pomdp_ffm.update import Aligned, actor_loss, critic_loss, masked_mean, step_actor, step_critic
@@ -39,14 +40,14 @@ def make_batch(seed=0, pad_from=None):
     )
 
 
-def make_agent(algo="sac", model="ffm", seed=0, **kw):
+def make_agent(algo="sac", model="ffm", seed=0, adam=PLAIN, **kw):
     torch.manual_seed(seed)
     cfg = PolicyConfig(
         seq_model=model,
         algo_name=algo,
         **{"rnn_hidden_size": 32, "dqn_layers": [32, 32], "policy_layers": [32, 32], **kw},
     )
-    return RecurrentAgent(O, A, cfg)
+    return RecurrentAgent(O, A, cfg, adam)
 
 
 def test_t_plus_one_alignment():

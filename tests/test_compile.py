@@ -17,8 +17,11 @@ from test_agent import make_agent, make_batch
 
 from pomdp_ffm.compiling import CompileError
 from pomdp_ffm.graph import UpdateRunner
+from pomdp_ffm.optim import AdamForm
 from pomdp_ffm.seq_models.recurrence import AGGREGATE
 from pomdp_ffm.update import EAGER, Aligned, compiled_losses
+
+FUSED = AdamForm(fused=True)  # the form a compiled update's agents are built in (trainer.Trainer)
 
 # Measured on this suite's small agents (5 updates): losses agree to 2e-6 relative, parameters to 1e-4 absolute
 # (Adam's scale-free step turns a last-bit difference in a near-zero gradient into up to lr = 3e-4 per step).
@@ -45,7 +48,7 @@ def assert_close_updates(out, ref):
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 @pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
 def test_compiled_updates_equal_the_eager_updates(algo, model):
-    eager, compiled = make_agent(algo, model), make_agent(algo, model)
+    eager, compiled = make_agent(algo, model), make_agent(algo, model, adam=FUSED)
     ref = updates(UpdateRunner(eager, cuda_graph=False), eager)
     out = updates(UpdateRunner(compiled, cuda_graph=False, compile=True), compiled)
     assert_close_updates(out, ref)
@@ -57,7 +60,7 @@ def test_a_compiled_update_in_real_arithmetic_equals_the_eager_update():
     # CPU through inductor's generic scan (minutes to compile), against the eager update with the complex loop.
     from pomdp_ffm.config import FFMConfig
 
-    eager, compiled = make_agent("sac", "ffm"), make_agent("sac", "ffm", ffm=FFMConfig(aggregator="assoc"))
+    eager, compiled = make_agent("sac", "ffm"), make_agent("sac", "ffm", adam=FUSED, ffm=FFMConfig(aggregator="assoc"))
     ref = updates(UpdateRunner(eager, cuda_graph=False), eager)
     out = updates(UpdateRunner(compiled, cuda_graph=False, compile=True), compiled)
     assert_close_updates(out, ref)
@@ -82,7 +85,7 @@ def test_each_compiled_part_is_one_graph(algo):
 
 @pytest.mark.slow
 def test_a_seed_axis_compiled_equals_its_seeds_compiled_alone():
-    agents = [make_agent("sac", "ffm", seed=k) for k in range(2)]
+    agents = [make_agent("sac", "ffm", seed=k, adam=FUSED) for k in range(2)]
     alone = [copy.deepcopy(a) for a in agents]
     joint = UpdateRunner(agents, cuda_graph=False, compile=True)
     torch.manual_seed(3)
@@ -110,7 +113,7 @@ def test_a_warm_up_compiles_all_that_the_updates_run_and_changes_nothing(monkeyp
 
     made, real = [], compile_fx.fx_codegen_and_compile
     monkeypatch.setattr(compile_fx, "fx_codegen_and_compile", lambda *a, **kw: made.append(1) or real(*a, **kw))
-    agent = make_agent("td3", "ffm")
+    agent = make_agent("td3", "ffm", adam=FUSED)
     lazy, before = copy.deepcopy(agent), copy.deepcopy(agent.state_dict())
     torch._dynamo.reset()
     with fresh_cache():
@@ -142,7 +145,7 @@ def test_a_failed_compile_is_one_line_naming_the_switch(monkeypatch):
         "compiled_losses",
         lambda: update_mod.Losses(*(torch.compile(breaks, fullgraph=True, backend="eager") for _ in range(3))),
     )
-    agent = make_agent("sac", "ffm")
+    agent = make_agent("sac", "ffm", adam=FUSED)
     before = copy.deepcopy(agent.state_dict())
     with pytest.raises(CompileError) as e:
         UpdateRunner(agent, cuda_graph=False, compile=True)(make_batch())

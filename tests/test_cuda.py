@@ -129,8 +129,11 @@ def test_cuda_run_trains_and_resumes_on_cpu(composed, tmp_path):
 
 # --- the update as CUDA-graph replays ------------------------------------------------------------------------
 from pomdp_ffm.config import TD3Config  # noqa: E402
-from pomdp_ffm.graph import UpdateRunner, make_capturable_, make_fused_  # noqa: E402
+from pomdp_ffm.graph import UpdateRunner  # noqa: E402
+from pomdp_ffm.optim import AdamForm  # noqa: E402
 from pomdp_ffm.trainer import Trainer  # noqa: E402
+
+CAPTURABLE = AdamForm(capturable=True)  # the form a graphed runner's agents are built in (trainer.Trainer)
 
 GRAPH_CASES = [
     ("sac", "ffm", {}),
@@ -162,13 +165,10 @@ def run_on_cuda(agent, update, n=20, start=0):
 
 
 def graph_and_eager(algo, model, kw, n=20, capturable_eager=False):
-    eager = make_agent(algo, model, **kw).to(CUDA)
-    if capturable_eager:
-        for o in eager.optimizers().values():
-            make_capturable_(o)
+    eager = make_agent(algo, model, adam=AdamForm(capturable=capturable_eager), **kw).to(CUDA)
     torch.manual_seed(7)
     ref = run_on_cuda(eager, functools.partial(updated, eager), n)
-    agent = make_agent(algo, model, **kw).to(CUDA)
+    agent = make_agent(algo, model, adam=CAPTURABLE, **kw).to(CUDA)
     runner = UpdateRunner(agent, cuda_graph=True)
     torch.manual_seed(7)
     out = run_on_cuda(agent, runner, n)
@@ -252,19 +252,15 @@ def papers_shape_runs(algo, compiled, capturable_eager):
             {k: v.detach().cpu() for k, v in agent.state_dict().items()},
         )
 
-    def make():
+    def make(adam):
         torch.manual_seed(0)
-        return RecurrentAgent(OBS, ACT, PolicyConfig(algo_name=algo)).to(CUDA)
+        return RecurrentAgent(OBS, ACT, PolicyConfig(algo_name=algo), adam).to(CUDA)
 
-    eager = make()
-    if capturable_eager:
-        for o in eager.optimizers().values():
-            make_capturable_(o)
-            if compiled:  # as the compiling runner makes them
-                make_fused_(o)
+    # (capturable_eager: the runner's form, fused where compiled; else the reference's Adam)
+    eager = make(AdamForm.for_update(compiled, True, CUDA) if capturable_eager else AdamForm())
     torch.manual_seed(7)
     ref = run(lambda b, grad_norms: updated(eager, b, grad_norms=grad_norms, compiled=compiled), eager)
-    agent = make()
+    agent = make(AdamForm.for_update(compiled, True, CUDA))
     runner = UpdateRunner(agent, cuda_graph=True, compile=compiled)
     torch.manual_seed(7)
     out = run(runner, agent)
@@ -320,7 +316,7 @@ def test_graph_updates_equal_the_eager_capturable_updates_bit_for_bit(algo, mode
     "algo, model, kw", [GRAPH_CASES[0], GRAPH_CASES[5], GRAPH_CASES[6]], ids=[GRAPH_IDS[0], GRAPH_IDS[5], GRAPH_IDS[6]]
 )
 def test_graph_replays_never_synchronise(algo, model, kw):
-    agent = make_agent(algo, model, **kw).to(CUDA)
+    agent = make_agent(algo, model, adam=CAPTURABLE, **kw).to(CUDA)
     runner = UpdateRunner(agent, cuda_graph=True)
     for i in range(12):  # warm-up and every capture
         runner(make_batch(i % 3), grad_norms=grad_norms_at(i))
@@ -338,7 +334,7 @@ def test_graph_replays_never_synchronise(algo, model, kw):
 
 
 def test_acting_after_a_replay_uses_the_new_parameters():
-    agent = make_agent("sac", "ffm", lr=0.05).to(CUDA)
+    agent = make_agent("sac", "ffm", lr=0.05, adam=CAPTURABLE).to(CUDA)
     runner = UpdateRunner(agent, cuda_graph=True, warmup=1)
     probe = make_batch(5)
 
@@ -363,7 +359,7 @@ def test_acting_after_a_replay_uses_the_new_parameters():
 def test_graph_run_resumes_from_a_checkpoint(algo, model, kw):
     # 16 updates in one go, against 8, a checkpoint, and 8 more on another agent whose runner had already
     # captured its graphs: the load rearms it (new optimiser state), and the run goes on to the same numbers.
-    agent = make_agent(algo, model, **kw).to(CUDA)
+    agent = make_agent(algo, model, adam=CAPTURABLE, **kw).to(CUDA)
     runner = UpdateRunner(agent, cuda_graph=True)
     torch.manual_seed(7)
     run_on_cuda(agent, runner, 8)
@@ -371,7 +367,7 @@ def test_graph_run_resumes_from_a_checkpoint(algo, model, kw):
     torch.save(agent.training_state(), saved)
     full = run_on_cuda(agent, runner, 8, start=8)
 
-    other = make_agent(algo, model, seed=1, **kw).to(CUDA)
+    other = make_agent(algo, model, seed=1, adam=CAPTURABLE, **kw).to(CUDA)
     other_runner = UpdateRunner(other, cuda_graph=True)
     run_on_cuda(other, other_runner, 8)
     assert other_runner.replays > 0
@@ -468,18 +464,15 @@ def seed_axis_and_in_turn(algo, model, kw, capturable_eager=False, S=3, compiled
     """20 updates of S agents as one graph with a branch per agent, and of S twins each updated eagerly in turn
     (optionally with the same capturable Adam; with ``compiled``, both through torch.compile): (graph run, eager
     run, runner)."""
-    eager = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
-    if capturable_eager:
-        for a in eager:
-            for o in a.optimizers().values():
-                make_capturable_(o)
-                if compiled:  # as the compiling runner makes them
-                    make_fused_(o)
+    form = AdamForm.for_update(compiled, True, CUDA)  # the runner's (fused where compiled)
+    eager = [
+        make_agent(algo, model, seed=k, adam=form if capturable_eager else AdamForm(), **kw).to(CUDA) for k in range(S)
+    ]
     torch.manual_seed(7)
     ref = seed_axis_run(
         eager, lambda bs, g: [updated(a, b, grad_norms=g, compiled=compiled) for a, b in zip(eager, bs)]
     )
-    agents = [make_agent(algo, model, seed=k, **kw).to(CUDA) for k in range(S)]
+    agents = [make_agent(algo, model, seed=k, adam=form, **kw).to(CUDA) for k in range(S)]
     runner = UpdateRunner(agents, cuda_graph=True, compile=compiled)
     torch.manual_seed(7)
     out = seed_axis_run(agents, lambda bs, g: runner.update_all(bs, grad_norms=g))
@@ -510,16 +503,16 @@ def test_a_compiled_seed_axis_graph_equals_its_seeds_compiled_alone_bit_for_bit(
 
 
 def test_compile_is_on_where_it_pays_and_refused_where_it_fails():
-    from pomdp_ffm.compiling import CompileError
+    from pomdp_ffm.compiling import CompileError, compiles
 
     ffm, small, gru = (
         make_agent("sac", m, **kw).to(CUDA)
         for m, kw in (("ffm", {"rnn_hidden_size": 64}), ("ffm", {}), ("gru", {"rnn_hidden_size": 64}))
     )
-    assert [UpdateRunner(a, compile=None).compiled for a in (ffm, small, gru)] == [True, False, False]
-    assert not UpdateRunner(ffm.cpu(), compile=None).compiled  # slower than eager on a CPU
+    assert [compiles(None, [a], CUDA) for a in (ffm, small, gru)] == [True, False, False]
+    assert not compiles(None, [ffm], torch.device("cpu"))  # slower than eager on a CPU
     with pytest.raises(CompileError, match="policy.rnn_hidden_size >= 64 or train.compile=false"):
-        UpdateRunner(small, compile=True)  # FFM with one context column: inductor fails on it (torch 2.11)
+        compiles(True, [small], CUDA)  # FFM with one context column: inductor fails on it (torch 2.11)
 
 
 @pytest.mark.parametrize("algo, model, kw", SEED_AXIS_CASES, ids=SEED_AXIS_IDS)
@@ -531,7 +524,7 @@ def test_seed_axis_graph_equals_the_capturable_agents_bit_for_bit(algo, model, k
 
 
 def test_seed_axis_replays_never_synchronise():
-    agents = [make_agent("sac", "ffm", seed=k).to(CUDA) for k in range(4)]
+    agents = [make_agent("sac", "ffm", seed=k, adam=CAPTURABLE).to(CUDA) for k in range(4)]
     runner = UpdateRunner(agents, cuda_graph=True)
     batches = lambda i: [make_batch((i + k) % 4) for k in range(4)]
     for i in range(8):
@@ -731,9 +724,10 @@ sys.path.insert(0, "tests")
 import pytest, torch
 from pomdp_ffm import graph
 from pomdp_ffm.graph import CaptureError, UpdateRunner
+from pomdp_ffm.optim import AdamForm
 from test_agent import make_agent, make_batch
 
-agent = make_agent("sac", "gru").to("cuda")
+agent = make_agent("sac", "gru", adam=AdamForm(capturable=True)).to("cuda")
 runner = UpdateRunner(agent, cuda_graph=True, warmup=1)
 runner(make_batch())
 real = graph.update

@@ -18,7 +18,8 @@ from updating import updated
 from pomdp_ffm.acting_graph import ActingRunner
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import TD3Config, TrainConfig
-from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, _copied, make_capturable_
+from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, _copied
+from pomdp_ffm.optim import AdamForm
 from pomdp_ffm.seq_models import FFM, available
 
 
@@ -44,7 +45,7 @@ class PythonGraphs:
     """The runner's backend without a GPU: capture runs nothing (as a CUDA capture executes nothing), replay
     runs Python. It checks the runner's bookkeeping, not what a CUDA capture freezes."""
 
-    make_capturable = False
+    needs_capturable = False
 
     def __init__(self, fail: Exception | None = None):
         self.fail, self.graphs, self.branched = fail, [], []
@@ -529,27 +530,44 @@ def test_staging_keeps_mixed_dtypes():
         assert s.dtype == torch.from_numpy(x).dtype
 
 
-# --- optimisers: capturable, and checkpoints in the eager form -----------------------------------------------
-def test_capturable_optimisers_save_the_eager_state():
+# --- optimisers: built in their form, checkpoints in the eager form ------------------------------------------
+def test_a_capturable_agent_saves_and_loads_the_eager_state():
     agent = make_agent("sac", "ffm")
     for i in range(2):
         updated(agent, make_batch(i))
     before = copy.deepcopy(agent.training_state()["optim"])
-    for o in agent.optimizers().values():
-        make_capturable_(o)
-        assert all(g["capturable"] for g in o.param_groups)
-    assert len(agent.optimizers()) == 3  # actor, critic, SAC's temperature
-    after = agent.training_state()["optim"]
+    # (a capturable Adam steps only on an accelerator: here it is built, loaded and saved)
+    capturable = make_agent("sac", "ffm", seed=1, adam=AdamForm(capturable=True))
+    assert len(capturable.optimizers()) == 3  # actor, critic, SAC's temperature
+    assert all(g["capturable"] for o in capturable.optimizers().values() for g in o.param_groups)
+    capturable.load_training_state(copy.deepcopy(agent.training_state()))
+    assert all(g["capturable"] for o in capturable.optimizers().values() for g in o.param_groups)  # kept
+    after = capturable.training_state()["optim"]
     assert_same_optim(after, before)  # capturable=False, step counters on the CPU, as saved by the eager agent
-    # the live groups untouched
-    assert all(g["capturable"] for o in agent.optimizers().values() for g in o.param_groups)
-    # a deep copy (the tests' habit) and a load keep working; the load brings the eager form back
-    twin = copy.deepcopy(agent)
+    assert all(g["capturable"] for o in capturable.optimizers().values() for g in o.param_groups)  # live: untouched
+    # a deep copy (the tests' habit) loads it as well; a plain agent loads it plain
+    twin = copy.deepcopy(capturable)
     twin.load_training_state({**twin.training_state(), "optim": after})
-    assert not any(g["capturable"] for o in twin.optimizers().values() for g in o.param_groups)
+    assert all(g["capturable"] for o in twin.optimizers().values() for g in o.param_groups)
+    agent.load_training_state({**agent.training_state(), "optim": after})
+    assert not any(g["capturable"] for o in agent.optimizers().values() for g in o.param_groups)
 
 
-def test_a_compiling_runner_fuses_the_optimisers_and_keeps_them_fused_across_a_load(monkeypatch):
+def test_a_runner_refuses_agents_whose_adam_is_not_in_its_form():
+    # train.compile's update steps fused Adam, a CUDA graph's a capturable one: the agent is built in that form
+    # (trainer.Trainer), and a runner that would need another refuses it rather than change it.
+    with pytest.raises(ValueError, match=r"^train.compile needs every agent's Adam built fused "):
+        UpdateRunner(make_agent("sac", "ffm"), cuda_graph=False, compile=True)
+
+    class NeedsCapturable(PythonGraphs):
+        needs_capturable = True
+
+    with pytest.raises(ValueError, match=r"^train.cuda_graph needs every agent's Adam built capturable "):
+        UpdateRunner(make_agent("sac", "ffm"), backend=NeedsCapturable())
+    assert UpdateRunner(make_agent("sac", "ffm", adam=AdamForm(capturable=True)), backend=NeedsCapturable()).graphed
+
+
+def test_a_fused_agent_keeps_its_form_across_a_load(monkeypatch):
     # train.compile's Adam: the fused kernel (two operators a step; patches/020). The losses stay eager here
     # (compiling is tests/test_compile.py's); what is checked is the optimisers' form, their checkpoint, and a
     # resume that continues the uninterrupted run bit for bit, which it would not if the load left them unfused.
@@ -558,8 +576,8 @@ def test_a_compiling_runner_fuses_the_optimisers_and_keeps_them_fused_across_a_l
     from pomdp_ffm import update as update_mod
 
     monkeypatch.setattr(update_mod, "compiled_losses", lambda: update_mod.EAGER)
-    agent = make_agent("sac", "ffm")
-    eager_form = copy.deepcopy(agent).training_state()["optim"]
+    agent = make_agent("sac", "ffm", adam=AdamForm(fused=True))
+    eager_form = copy.deepcopy(make_agent("sac", "ffm")).training_state()["optim"]
     runner = UpdateRunner(agent, cuda_graph=False, compile=True)
     assert all(g["fused"] for o in agent.optimizers().values() for g in o.param_groups)
     torch.manual_seed(5)
@@ -577,7 +595,7 @@ def test_a_compiling_runner_fuses_the_optimisers_and_keeps_them_fused_across_a_l
     torch.manual_seed(5)
     for i in range(3, 5):
         runner(make_batch(i))
-    resumed = make_agent("sac", "ffm", seed=1)
+    resumed = make_agent("sac", "ffm", seed=1, adam=AdamForm(fused=True))
     resumed_runner = UpdateRunner(resumed, cuda_graph=False, compile=True)
     resumed.load_training_state(saved)  # as the trainer does: the runner first, then the checkpoint
     assert all(g["fused"] for o in resumed.optimizers().values() for g in o.param_groups)

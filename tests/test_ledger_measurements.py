@@ -24,8 +24,8 @@ from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.algos import SAC
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig
-from pomdp_ffm.graph import make_fused_
 from pomdp_ffm.nets import _HALF_LOG_2PI, TanhGaussianHead
+from pomdp_ffm.optim import AdamForm
 from pomdp_ffm.seq_models import build
 from pomdp_ffm.seq_models.ffm import reference_decay_limit
 from pomdp_ffm.seq_models.recurrence import AGGREGATE, aggregate_loop
@@ -386,18 +386,16 @@ def test_the_head_computes_the_log_probability_from_the_draw():
 
 
 # --------------------------------------------------------------------------------------------------
-# patches/020: the fused Adam step (graph.make_fused_) against the default one, the losses eager, 5 updates from the
-# same weights, batches and random numbers.
+# patches/020: the fused Adam step (optim.AdamForm(fused=True)) against the default one, the losses eager, 5 updates
+# from the same weights, batches and random numbers.
 
 
 def fused_adam_drift(make, batches, seed: int) -> list[float]:
-    """max |fused - default| over every parameter and buffer, after each update."""
+    """max |fused - default| over every parameter and buffer, after each update; ``make(adam)``: an agent, its
+    weights the same whatever ``adam``."""
     runs = []
-    for fused in (False, True):
-        agent = make()
-        if fused:
-            for optimizer in agent.optimizers().values():
-                make_fused_(optimizer)
+    for adam in (AdamForm(), AdamForm(fused=True)):
+        agent = make(adam)
         torch.manual_seed(seed)
         runs.append([])
         for batch in batches:
@@ -411,7 +409,7 @@ def fused_adam_drift(make, batches, seed: int) -> list[float]:
 def test_fused_adam_against_the_default_step(algo, model, one_thread):
     # tests/test_agent.py's small agents (memory 32, layers 32x32, batch 6 of 12-step windows): an ulp or two of the
     # weights after 5 updates, 3.0e-8 here (at most 6.0e-8 over the noise seeds 0-9, every case)
-    drift = fused_adam_drift(lambda: make_agent(algo, model), [make_batch(i) for i in range(5)], seed=5)
+    drift = fused_adam_drift(lambda adam: make_agent(algo, model, adam=adam), [make_batch(i) for i in range(5)], 5)
     assert max(drift) <= 1.2e-7, drift
 
 
@@ -423,9 +421,9 @@ def test_fused_adam_against_the_default_step_at_the_papers_shape(one_thread):
     # after 5 updates: TD3+GRU 5.1e-8 to 1.3e-5, SAC+FFM 3.0e-8 to 2.5e-5, TD3+FFM up to 2.3e-7, SAC+GRU 3.0e-8.
     from pomdp_ffm.bench.update import ACT, OBS, random_batch
 
-    def make():
+    def make(adam):
         torch.manual_seed(0)
-        return RecurrentAgent(OBS, ACT, PolicyConfig(seq_model="gru", algo_name="td3"))
+        return RecurrentAgent(OBS, ACT, PolicyConfig(seq_model="gru", algo_name="td3"), adam)
 
     rng = np.random.default_rng(0)
     drift = fused_adam_drift(make, [random_batch(rng) for _ in range(5)], seed=0)

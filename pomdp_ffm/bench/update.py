@@ -37,15 +37,20 @@ from ..agent import RecurrentAgent
 from ..buffer import Batch
 from ..config import FFMConfig, PolicyConfig
 from ..graph import WARMUP_UPDATES, UpdateRunner
+from ..optim import AdamForm
 from .common import DispatchedOps, Row, interleaved_medians
 
 OBS, ACT, BATCH, SEQ = 6, 3, 64, 64
 SHAPE = f"HopperBLT-V_B{BATCH}_T{SEQ}_h128"
 
 
-def make_agent(model: str, algo: str, seed: int, device: torch.device) -> RecurrentAgent:
+def make_agent(
+    model: str, algo: str, seed: int, device: torch.device, graph: bool = False, compiled: bool = False, **policy
+) -> RecurrentAgent:
+    """The benchmark's agent, its Adam in the form a runner with ``graph`` and ``compiled`` steps."""
     torch.manual_seed(seed)
-    return RecurrentAgent(OBS, ACT, PolicyConfig(seq_model=model, algo_name=algo)).to(device)
+    cfg = PolicyConfig(seq_model=model, algo_name=algo, **policy)
+    return RecurrentAgent(OBS, ACT, cfg, AdamForm.for_update(compiled, graph, device)).to(device)
 
 
 def random_batch(rng: np.random.Generator) -> Batch:
@@ -89,7 +94,8 @@ def run(repeats: int, device: torch.device) -> list[Row]:
     updates = {k: UpdateRunner(agent, cuda_graph=False) for k, agent in agents.items()}
     if device.type == "cuda":
         for k in agents:
-            runner = UpdateRunner(copy.deepcopy(agents[k]), cuda_graph=True)
+            algo, model = k.split("_")
+            runner = UpdateRunner(make_agent(model, algo, 0, device, graph=True), cuda_graph=True)
             for i in range(runner.warmup + 2):  # eager warm-up, the capture and a first replay
                 runner(batches[i % len(batches)])
             assert runner.replays > 0 and runner.captured_paths == {(False, True)}, k
@@ -118,7 +124,7 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
     rows = []
     batches = [random_batch(rng) for _ in range(4)]
     for S in seed_counts:
-        agents = lambda: [make_agent(model, "sac", k, device) for k in range(S)]
+        agents = lambda graph=graph: [make_agent(model, "sac", k, device, graph) for k in range(S)]
         separate = [UpdateRunner(a, cuda_graph=graph) for a in agents()]
         kinds = ["together", "together+tf32"] if graph else ["together"]
         joint = {k: UpdateRunner(agents(), cuda_graph=graph) for k in kinds}
@@ -141,7 +147,7 @@ def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model:
             rows.append(Row("seed-axis", shape, k, "seed_updates_per_s", S / v, "1/s"))
         # What an eager round dispatches outside the optimisers' steps (a replay dispatches none), after a first
         # round has made the optimisers' state.
-        runner = UpdateRunner(agents(), cuda_graph=False)
+        runner = UpdateRunner(agents(False), cuda_graph=False)
         runner.update_all(batches[:1] * S)
         with DispatchedOps(optimisers=False) as counted:
             runner.update_all(batches[:1] * S)
@@ -220,10 +226,7 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
         for suffix, compiled, graph, aggregator in variants:
             if (compiled and model != "ffm") or (aggregator == "scan" and algo != "sac"):
                 continue
-            torch.manual_seed(0)
-            agent = RecurrentAgent(
-                OBS, ACT, PolicyConfig(seq_model=model, algo_name=algo, ffm=FFMConfig(aggregator=aggregator))
-            ).to(device)
+            agent = make_agent(model, algo, 0, device, graph, compiled, ffm=FFMConfig(aggregator=aggregator))
             runner = UpdateRunner(agent, cuda_graph=graph, compile=compiled)
             try:
                 if compiled and not graph:  # the first compiled variant of this architecture: time its compile
@@ -254,7 +257,9 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
     for S in seed_counts or []:
         runners = {
             f"together{suffix}": UpdateRunner(
-                [make_agent("ffm", "sac", k, device) for k in range(S)], cuda_graph=cuda, compile=compiled
+                [make_agent("ffm", "sac", k, device, cuda, compiled) for k in range(S)],
+                cuda_graph=cuda,
+                compile=compiled,
             )
             for suffix, compiled in (("", False), ("+compile", True))
         }

@@ -84,7 +84,7 @@ def joint_runner(trainers: list[Trainer]) -> UpdateRunner | None:
     first = trainers[0]
     if len(trainers) < 2 or first.agent.device.type != "cuda" or not first.cfg.train.cuda_graph:
         return None
-    return UpdateRunner([t.agent for t in trainers], cuda_graph=True, compile=first.cfg.train.compile)
+    return UpdateRunner([t.agent for t in trainers], cuda_graph=True, compile=first.updater.compiled)
 
 
 def gathers(trainers: list[Trainer]) -> bool:
