@@ -10,7 +10,7 @@ import torch
 from updating import updated
 
 from pomdp_ffm import update as update_module
-from pomdp_ffm.agent import RecurrentAgent
+from pomdp_ffm.agent import RecurrentAgent, agent_shape
 from pomdp_ffm.algos import SAC
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
@@ -123,6 +123,20 @@ def test_update_memory_estimate_per_memory(model, layers, per_row):
     # were when the agent held a table of them.
     cfg = PolicyConfig(seq_model=model, rnn_hidden_size=32, rnn_num_layers=layers)
     assert RecurrentAgent(O, A, cfg).update_memory()[1] == per_row
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("model", available())
+def test_the_agents_shape_has_its_weights_and_draws_no_random_number(algo, model):
+    # agent.agent_shape: what the trainer decides from before it builds the agent (the weights' bytes, compiling)
+    cfg = make_agent(algo, model).cfg
+    rng = torch.get_rng_state()
+    shape = agent_shape(O, A, cfg)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(t.device.type == "meta" for t in (*shape.parameters(), *shape.buffers()))
+    built = make_agent(algo, model)
+    sizes = lambda agent: [(k, t.shape, t.dtype) for k, t in (*agent.named_parameters(), *agent.named_buffers())]
+    assert sizes(shape) == sizes(built)
 
 
 def test_reference_architecture_sizes():
