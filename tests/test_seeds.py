@@ -43,20 +43,20 @@ def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
     assert logs[0] != logs[1] and logs[0].count("finished:") == logs[1].count("finished:") == 1
 
 
-def test_a_seed_refused_under_its_lock_leaves_no_lock_in_the_seeds_before_it(composed, tmp_path, monkeypatch):
+def test_a_seed_refused_under_its_lock_leaves_no_lock_in_the_seeds_before_it(composed, tmp_path):
     # Another process takes seed 1's directory after the axis checked it but before the axis locks it: the axis is
     # refused, and seed 0, already locked by then, is left as it was found: no lock file, no folder.
+
     other = RunDir(tmp_path / "axis" / "seed-1")
-    acquire = RunDir.acquire
 
-    def raced(self):
-        if self.path == other.path and self is not other:
-            acquire(other)
-        return acquire(self)
+    class Raced(Trainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if self.cfg.seed == 1:
+                other.acquire()
 
-    monkeypatch.setattr(RunDir, "acquire", raced)
     with pytest.raises(Refused, match=r"seed-1 is in use by pid "):
-        run(composed("device=cpu", "seeds=[0,1]"), tmp_path / "axis" / "seed-0")
+        run(composed("device=cpu", "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=Raced)
     other.release()
     assert not (tmp_path / "axis" / "seed-0").exists()
 

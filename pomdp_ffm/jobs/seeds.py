@@ -23,11 +23,11 @@ from ..compiling import compile_before_acting
 from ..graph import UpdateRunner
 from ..rng import HostRNG, SeedRNG, host_rng_state, same_host_rng
 from ..rollout import Rollout, play_all
-from ..run.rundir import RunDirError, RunResult
+from ..run.rundir import RunResult
 from ..run.signals import StopSignals
 from ..trainer import StopRequested, Trainer, run_bursts
-from .plan import Action, Refused, check_untouched, job, seed_config, seed_dirs, validate
-from .start import CURRENT_RUN, Attempt, lock
+from .plan import Action, job, seed_config, seed_dirs, validate
+from .start import CURRENT_RUN, Attempt, checked, start
 
 log = logging.getLogger("pomdp_ffm")
 
@@ -36,23 +36,17 @@ def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer], stop: 
     seeds_cfg = validate(cfg)
     dirs = seed_dirs(job_dir, seeds_cfg.seed, list(seeds_cfg.seeds))
     jobs = [job(seed_config(cfg, k), d) for k, d in zip(seeds_cfg.seeds, dirs)]
-    for j in jobs:  # every directory checked before any is locked: a refusal leaves each as it was
-        try:
-            check_untouched(j)
-        except RunDirError as e:
-            raise Refused(str(e)) from None
-    attempts: list[Attempt] = []  # then every one locked before any trainer is built
+    actions = [checked(j) for j in jobs]  # every directory checked before any is touched
     seeds: list[Seed] = []
     try:
-        for j in jobs:
-            attempts.append(lock(j))
-        for k, attempt in zip(seeds_cfg.seeds, attempts):
+        for k, j, action in zip(seeds_cfg.seeds, jobs, actions):
             rng = SeedRNG()
-            attempt.build(trainer_cls, stop=stop)
+            attempt = start(j, action, trainer_cls, stop=stop)
             rng.keep()  # right after the seed's trainer seeded and built everything
             seeds.append(Seed(k, attempt, rng))
     except BaseException:
-        close_each([a.abandon for a in attempts], quiet_as="a seed's start")
+        # A seed refused (its directory taken since the checks): those started before it leave nothing.
+        close_each([s.attempt.abandon for s in seeds], quiet_as="a seed's start")
         raise
     closers = [s.attempt.close for s in seeds]
     try:

@@ -1,5 +1,5 @@
-"""A start of a run directory (train.py, jobs/seeds.py): locked and planned (``lock``, jobs/plan.py), its trainer built
-(``Attempt.build``), and its attempt's lifecycle written (``Attempt``: begin, end, fail, close)."""
+"""A start of a run directory (train.py, jobs/seeds.py): checked by jobs/plan.py reading only, its trainer built, then
+locked and planned again (``start``), and its attempt's lifecycle written (``Attempt``: begin, end, fail, close)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ..agent import DoesNotFit
 from ..compiling import CompileError, compile_switch_said, log_compile_failure
 from ..run.rundir import LockLost, RunDir, RunDirError, RunResult, set_aside
 from ..run.unwritable import Unwritable, writing
@@ -39,32 +40,70 @@ class RunLog(logging.FileHandler):
 
 
 def check_and_lock(job: Job, trainer_cls: type[Trainer] = Trainer, **needs) -> Attempt:
-    """One run directory's start: ``check_untouched``, ``lock``, ``Attempt.build``; refused (Refused) with nothing
-    left behind."""
+    """One run directory's start: ``checked``, then ``start``; refused (Refused) with nothing left behind."""
+    return start(job, checked(job), trainer_cls, **needs)
+
+
+def checked(job: Job) -> Action:
+    """What a start would do, looked at without the lock (plan.check_untouched); refused: Refused, nothing touched."""
     try:
-        check_untouched(job)
+        return check_untouched(job)
     except RunDirError as e:
         raise Refused(str(e)) from None
-    attempt = lock(job)
-    attempt.build(trainer_cls, **needs)
-    return attempt
 
 
-def lock(job: Job) -> Attempt:
-    """The run's lock taken and its plan made again under it: the plan the start trusts (no other start changes the
-    directory meanwhile). Refused: the lock file and the folders the lock made taken back."""
+def start(job: Job, action: Action, trainer_cls: type[Trainer] = Trainer, **needs) -> Attempt:
+    """The trainer built (none where ``checked`` found the run finished: ``action``), then the lock taken and the
+    plan made again under it, the plan the start trusts (no other start changes the directory meanwhile). Refused:
+    nothing left behind; a refusal before the lock (any of the trainer's) leaves the directory untouched."""
+    trainer = None if action == Action.SKIP else build(job, trainer_cls, **needs)
     try:
-        stale = job.run.acquire()
-    except RunDirError as e:  # (taken by another process since it was checked)
+        try:
+            stale = job.run.acquire()
+        except RunDirError as e:  # (taken by another process since it was checked)
+            raise Refused(str(e)) from None
+        try:
+            action, state = plan(job)
+            if action == Action.SKIP and trainer is not None:  # (finished since it was checked)
+                trainer.close()
+                trainer = None
+            elif action != Action.SKIP and trainer is None:  # (no longer finished since)
+                trainer = build(job, trainer_cls, **needs)
+        except BaseException as e:
+            job.run.release(untouched=True)
+            if isinstance(e, RunDirError):
+                raise Refused(str(e)) from None
+            raise
+    except BaseException:
+        if trainer is not None:
+            trainer.close()
+        raise
+    return Attempt(job, action, state, stale, trainer)
+
+
+def build(job: Job, trainer_cls: type[Trainer] = Trainer, **needs) -> Trainer:
+    """The run's trainer, its update checked against the memory free; refused (Refused): a setting only the task can
+    judge, a compile known to fail, weights or an update that do not fit the memory."""
+    cfg = job.cfg
+    try:
+        trainer = trainer_cls(cfg, job.run, composed=job.composed, **needs)
+    except (ValueError, CompileError) as e:  # (agent.DoesNotFit is a ValueError)
         raise Refused(str(e)) from None
+    except MemoryError as e:  # the host's (a GPU's may be short for a while: another job's)
+        t, p = cfg.train, cfg.policy
+        raise Refused(
+            f"the run does not fit in memory as configured (train.buffer_size={t.buffer_size}, "
+            f"policy.rnn_hidden_size={p.rnn_hidden_size}, policy.dqn_layers={list(p.dqn_layers)}, "
+            f"policy.policy_layers={list(p.policy_layers)}): {_first_line(e)}"
+        ) from None
     try:
-        action, state = plan(job)
+        trainer.agent.check_update_fits(cfg.train, trainer.seq_len)
     except BaseException as e:
-        job.run.release(untouched=True)
-        if isinstance(e, RunDirError):
+        trainer.close()
+        if isinstance(e, DoesNotFit):
             raise Refused(str(e)) from None
         raise
-    return Attempt(job, action, state, stale)
+    return trainer
 
 
 def _first_line(e: BaseException) -> str:
@@ -79,34 +118,12 @@ class Attempt:
     action: Action
     state: dict | None  # the checkpoint it resumes from
     stale: str | None  # what the lock said of a dead holder's
-    trainer: Trainer | None = None  # (``build``; None for a run it skips)
+    trainer: Trainer | None  # (None for a run it skips)
     handler: logging.Handler | None = None
 
     @property
     def run(self) -> RunDir:
         return self.job.run
-
-    def build(self, trainer_cls: type[Trainer] = Trainer, **needs) -> None:
-        """The trainer (none for a run it skips); refused (Refused: a setting only the task can judge, a compile known
-        to fail, weights or an update that do not fit the memory): the lock released as ``lock`` leaves it."""
-        if self.action == Action.SKIP:
-            return
-        cfg = self.job.cfg
-        try:
-            self.trainer = trainer_cls(cfg, self.run, composed=self.job.composed, **needs)
-            self.trainer.agent.check_update_fits(cfg.train, self.trainer.seq_len)
-        except BaseException as e:
-            self.abandon()
-            if isinstance(e, (ValueError, CompileError)):  # (DoesNotFit is a ValueError)
-                raise Refused(str(e)) from None
-            if isinstance(e, MemoryError):  # the host's (a GPU's may be short for a while: another job's)
-                t, p = cfg.train, cfg.policy
-                raise Refused(
-                    f"the run does not fit in memory as configured (train.buffer_size={t.buffer_size}, "
-                    f"policy.rnn_hidden_size={p.rnn_hidden_size}, policy.dqn_layers={list(p.dqn_layers)}, "
-                    f"policy.policy_layers={list(p.policy_layers)}): {_first_line(e)}"
-                ) from None
-            raise
 
     def skip(self) -> RunResult:
         log.info("%s is finished (%s exists): skipping", self.run.path, RunDir.DONE)
@@ -172,13 +189,11 @@ class Attempt:
         return RunResult(stopped=outcome.stopped, signal=outcome.signal, standing=c)
 
     def abandon(self) -> None:
-        """Undo a start that will not begin (refused, or another seed's was): it leaves nothing, not even its lock
-        file."""
+        """Undo a start that will not begin (another seed's was refused): it leaves nothing, not even its lock file."""
         try:
             if self.trainer is not None:
                 self.trainer.close()
         finally:
-            self.trainer = None
             self.run.release(untouched=True)
 
     def fail(self, e: BaseException) -> None:
