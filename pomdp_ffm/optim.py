@@ -38,11 +38,10 @@ PLAIN = AdamForm()  # the reference's Adam
 def eager_state(state_dict: dict) -> dict:
     """An optimiser's ``state_dict()`` in the plain form (capturable=False, fused=None, step counters on the CPU), as
     a plain agent saves it. Its "state" holds the live per-parameter dicts: they are replaced, never written into."""
-    groups = [{**g, "capturable": False, "fused": None} for g in state_dict["param_groups"]]
     state = {
         k: {**st, "step": st["step"].cpu()}
         if torch.is_tensor(st.get("step")) and st["step"].device.type != "cpu"
         else st
         for k, st in state_dict["state"].items()
     }
-    return {**state_dict, "param_groups": groups, "state": state}
+    return {**PLAIN.loadable(state_dict), "state": state}

@@ -180,7 +180,7 @@ def _check_config_file(run: RunDir, state: dict) -> None:
 
 def plan(job: Job) -> tuple[Action, dict | None]:
     """('skip', None), ('resume', checkpoint) or ('fresh', None), reading only, else RunDirError; every start makes
-    it before its lock (``check_untouched``) and under it (jobs/start.start)."""
+    it before its lock (jobs/start.checked) and under it (jobs/start.start)."""
     run, run_cfg, composed = job.run, job.cfg, job.composed
     budget = env_step_budget(run_cfg.train, get_task(run_cfg.env.env_name).max_episode_steps)[1]
     if not run_cfg.resume:
@@ -270,10 +270,3 @@ def status(path: str | Path, cfg: DictConfig | None = None) -> RunStatus:
     except (Refused, ValueError) as e:  # the run's own config (a slot's was checked before)
         return RunStatus(Status.DAMAGED, f"{run.config} is not a config this version runs ({' '.join(str(e).split())})")
     return RunStatus(Status.DONE) if action == Action.SKIP else marker
-
-
-def check_untouched(job: Job) -> Action:
-    """What a start would do, looked at without the lock: one refused here (RunDirError) leaves every file as it
-    found it, times included (a lock taken and given back would rewrite the lock file)."""
-    job.run.ensure_free()
-    return plan(job)[0]

@@ -18,7 +18,7 @@ from ..compiling import CompileError, compile_switch_said, log_compile_failure
 from ..run.rundir import LockLost, RunDir, RunDirError, RunResult, set_aside
 from ..run.unwritable import Unwritable, writing
 from ..trainer import Outcome, Trainer, TrainingDiverged
-from .plan import Action, Job, Refused, check_untouched, plan
+from .plan import Action, Job, Refused, plan
 
 log = logging.getLogger("pomdp_ffm")
 # The run directory whose trainer is working now, where several train in one process (pomdp_ffm/jobs/seeds.py).
@@ -45,9 +45,11 @@ def check_and_lock(job: Job, trainer_cls: type[Trainer] = Trainer, **needs) -> A
 
 
 def checked(job: Job) -> Action:
-    """What a start would do, looked at without the lock (plan.check_untouched); refused: Refused, nothing touched."""
+    """What a start would do, looked at without the lock: one refused here (Refused) leaves every file as it found
+    it, times included (a lock taken and given back would rewrite the lock file)."""
     try:
-        return check_untouched(job)
+        job.run.ensure_free()
+        return plan(job)[0]
     except RunDirError as e:
         raise Refused(str(e)) from None
 
