@@ -271,7 +271,7 @@ def probability_of_improvement(
     return pd.DataFrame(rows, columns=POI_COLUMNS)
 
 
-def improvement_pairs(models, baselines=("gru", "lstm"), challenger: str = "ffm") -> list[tuple[str, str]]:
+def improvement_pairs(models, baselines=C.BASELINES, challenger: str = C.CHALLENGER) -> list[tuple[str, str]]:
     """(challenger group, baseline group) pairs: every model group of ``challenger``'s memory against every model
     group of a baseline memory, within its source and across sources (ffm / gru, ffm@ref / gru@ref, ffm /
     gru@ref, ffm / a published GRU variant); other agents (C.is_model_group) are never compared."""
@@ -279,7 +279,7 @@ def improvement_pairs(models, baselines=("gru", "lstm"), challenger: str = "ffm"
     return [(x, y) for x in models if C.memory_of(x) == challenger for y in models if C.memory_of(y) in baselines]
 
 
-def compare_models(scores: pd.DataFrame, baselines=("gru", "lstm"), challenger: str = "ffm", **boot) -> pd.DataFrame:
+def compare_models(scores: pd.DataFrame, baselines=C.BASELINES, challenger: str = C.CHALLENGER, **boot) -> pd.DataFrame:
     """:func:`probability_of_improvement` for every pair of :func:`improvement_pairs`."""
     frames = [
         probability_of_improvement(scores, x, y, **boot)

@@ -37,6 +37,8 @@ EVAL_COLUMNS = {
 _MEMORIES = list(catalog.memories().values())
 MEMORY_MODELS = tuple(m.name for m in _MEMORIES)
 MODEL_LABELS = {**{m.name: m.label for m in _MEMORIES}, "markovian": "Markovian", "oracle": "Oracle"}
+# The comparison drawn by default: FFM against the reference's RNNs (pomdp_ffm.catalog).
+CHALLENGER, BASELINES = catalog.CHALLENGER, catalog.BASELINES
 # Our algorithms, and the reference's discrete SAC.
 ALGO_LABELS = {**{a.name: a.label for a in catalog.ALGORITHMS}, "sacd": "SACD"}
 KNOWN_ALGOS = tuple(ALGO_LABELS)

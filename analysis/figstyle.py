@@ -37,7 +37,7 @@ _RC = {
     "pdf.fonttype": 42,
 }
 # The baselines, the other memories, FFM (the one studied) last.
-_MODEL_ORDER = ["oracle", "markovian", *(m for m in C.MEMORY_MODELS if m != "ffm"), "ffm"]
+_MODEL_ORDER = ["oracle", "markovian", *(m for m in C.MEMORY_MODELS if m != C.CHALLENGER), C.CHALLENGER]
 
 
 @contextmanager

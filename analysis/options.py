@@ -109,9 +109,9 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--beta", type=float, default=C.DEFAULT_BETA, help="forgetting threshold for t_alpha")
     p.add_argument(
         "--compare",
-        default="gru,lstm",
+        default=",".join(C.BASELINES),
         metavar="MODELS",
-        help="baseline memories for P(FFM > baseline), comma separated (default gru,lstm): FFM is "
+        help="baseline memories for P(FFM > baseline), comma separated (default %(default)s): FFM is "
         "compared with each within its source and across sources",
     )
     p.add_argument("--formats", default="png,pdf", help="figure formats, comma separated (default png,pdf)")

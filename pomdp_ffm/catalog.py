@@ -93,6 +93,15 @@ BUILT_IN = (
 )
 
 
+# The FFM paper's off-policy comparison: FFM against the memories of the reference's recurrent SAC and TD3
+# (POMDP-Baselines' configs/pomdp/*/rnn.yml: GRU on the BLT tasks, LSTM on Pendulum). Analysis compares these by
+# default; the benchmarks time them; a test that needs a few memories of different kinds rather than all (a
+# complex-state scan, torch's fused GRU, LSTM's two-part state) takes them.
+CHALLENGER = "ffm"
+BASELINES = ("gru", "lstm")
+COMPARED = (CHALLENGER, *BASELINES)
+
+
 @functools.cache
 def memories() -> dict[str, Memory]:
     """Every memory by name: the built-in ones, then those of installed plug-ins."""

@@ -16,6 +16,7 @@ from updating import updated
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.bench.update import ACT, OBS, random_batch
 from pomdp_ffm.buffer import SeqReplayBuffer
+from pomdp_ffm.catalog import COMPARED
 from pomdp_ffm.config import PolicyConfig
 from pomdp_ffm.seq_models import available
 
@@ -41,7 +42,7 @@ def test_memory_benchmark_command_writes_rows(tmp_path):
     assert "fwd_bwd_ms" in proc.stdout and "x gru" in proc.stdout
     rows = list(csv.DictReader(open(out)))
     models = {r["model"] for r in rows}
-    assert {"ffm", "gru", "lstm", "gru-loop"} <= models
+    assert {*COMPARED, "gru-loop"} <= models
     assert {r["metric"] for r in rows} == {"fwd_bwd_ms", "fwd_ms", "peak_mem_mb", "act_us"}
     assert all(float(r["value"]) > 0 for r in rows)
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from test_agent import make_agent, make_batch
 
+from pomdp_ffm.catalog import COMPARED
 from pomdp_ffm.compiling import CompileError
 from pomdp_ffm.graph import UpdateRunner
 from pomdp_ffm.optim import AdamForm
@@ -46,7 +47,7 @@ def assert_close_updates(out, ref):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
+@pytest.mark.parametrize("model", COMPARED)
 def test_compiled_updates_equal_the_eager_updates(algo, model):
     eager, compiled = make_agent(algo, model), make_agent(algo, model, adam=FUSED)
     ref = updates(UpdateRunner(eager, cuda_graph=False), eager)

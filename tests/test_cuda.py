@@ -20,6 +20,7 @@ from test_agent import EQUIVALENCE_CASES, make_agent, make_batch, tensor_batch
 from test_trainer import read, train
 from updating import updated
 
+from pomdp_ffm.catalog import COMPARED
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.seq_models import available, build
 from pomdp_ffm.seq_models.ffm import DECAY_MIN, reference_decay_limit
@@ -557,7 +558,7 @@ def test_acting_replays_equal_the_agents_acting(algo, model):
     assert graph.captures == 2 and graph.replays > 0
 
 
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
+@pytest.mark.parametrize("model", COMPARED)
 def test_acting_steps_submitted_together_equal_each_runners_alone(model):
     # Three agents (a seed axis's seeds) act stochastically: each alone from its own RNG stream, then with every
     # step submitted for all three (each in its stream) before any is waited for, as a seed axis gathers them.

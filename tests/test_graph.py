@@ -17,6 +17,7 @@ from updating import updated
 
 from pomdp_ffm.acting_graph import ActingRunner
 from pomdp_ffm.buffer import Batch
+from pomdp_ffm.catalog import COMPARED
 from pomdp_ffm.config import TD3Config, TrainConfig
 from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, _copied
 from pomdp_ffm.optim import AdamForm
@@ -389,7 +390,7 @@ def acting_episodes(agent, runner, steps: int, episodes: int = 4):
     return pairs
 
 
-@pytest.mark.parametrize("model", ["ffm", "gru", "lstm"])
+@pytest.mark.parametrize("model", COMPARED)
 def test_acting_goes_on_when_a_parameter_is_reallocated_mid_episode(model):
     # The graphs read the parameters where they were: a re-allocated one drops them, and the episode goes on
     # eagerly from the graph's memory state (then is captured again), as the agent itself would act.

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from hang import HANG_S
 
+from pomdp_ffm.catalog import BASELINES, CHALLENGER
 from pomdp_ffm.jobs.grid import sweep_jobs
 from pomdp_ffm.jobs.plan import Refused, config_differences
 from pomdp_ffm.jobs.precheck import precheck
@@ -176,12 +177,13 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
     # Job #0 (FFM) cannot take an FFM sizing that its hidden size cannot split; the GRU job would ignore it.
     # The whole sweep is refused up front, in one line naming the job, and nothing is launched or written.
     root = tmp_path / "sweep"
+    models = (CHALLENGER, BASELINES[0])  # FFM reads policy.ffm, GRU does not
     proc = train(
         tmp_path,
         "experiment=smoke",
         f"hydra.sweep.dir={root}",
         "seed=0",
-        "seq_model=ffm,gru",
+        f"seq_model={','.join(models)}",
         "policy.ffm.context_size=5",
         check=False,
     )
@@ -195,10 +197,10 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
         "experiment=smoke",
         f"hydra.sweep.dir={root}",
         "seed=0",
-        "seq_model=ffm,gru",
+        f"seq_model={','.join(models)}",
         "policy.ffm.context_size=1",
     )
-    runs = [root / "Pendulum-V-v0" / f"sac_{m}" / "seed-0" for m in ("ffm", "gru")]
+    runs = [root / "Pendulum-V-v0" / f"sac_{m}" / "seed-0" for m in models]
     assert all((r / "DONE").exists() and len(eval_steps(r)) > 0 for r in runs)
     assert "context_size: 1" in (runs[0] / "config.yaml").read_text()
     train(
@@ -206,7 +208,7 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
         "experiment=smoke",
         f"hydra.sweep.dir={root}",
         "seed=0",
-        "seq_model=ffm,gru",
+        f"seq_model={','.join(models)}",
         "policy.ffm.context_size=1",
     )
     assert all((r / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)") for r in runs)

@@ -42,6 +42,7 @@ from updating import updated
 
 from pomdp_ffm.agent import RecurrentAgent
 from pomdp_ffm.buffer import Batch
+from pomdp_ffm.catalog import COMPARED
 from pomdp_ffm.config import PolicyConfig, SACConfig, TD3Config
 from pomdp_ffm.seq_models import available
 from pomdp_ffm.update import Aligned, actor_loss, critic_loss
@@ -284,7 +285,7 @@ def recorded_update(agent, batch, monkeypatch):
 
 @pytest.mark.parametrize("alpha_loss", ["alpha", "log_alpha"])
 @pytest.mark.parametrize("target_entropy", [-10.0, 10.0])
-@pytest.mark.parametrize("model", ["ffm", "gru"])
+@pytest.mark.parametrize("model", COMPARED)
 def test_sac_update_reports_losses_and_moves_temperature(model, target_entropy, alpha_loss, monkeypatch):
     agent = make_agent("sac", model, sac=SACConfig(alpha_loss=alpha_loss, target_entropy=target_entropy))
     batch = make_batch(1)
@@ -326,7 +327,7 @@ def test_sac_fixed_temperature_update(monkeypatch):
 
 
 @pytest.mark.parametrize("actor_q", ["min", "q1"])
-@pytest.mark.parametrize("model", ["ffm", "lstm"])
+@pytest.mark.parametrize("model", COMPARED)
 def test_td3_update_reports_losses(model, actor_q, monkeypatch):
     agent = make_agent("td3", model, td3=TD3Config(actor_q=actor_q, target_noise=1.0, target_noise_clip=0.3))
     batch = make_batch(3)

@@ -239,3 +239,41 @@ def test_only_the_registries_know_the_names():
         ("config.py", "ffm"),
         ("config.py", "sac"),
     ]
+
+
+def model_lists(source: str) -> list[tuple[int, str]]:
+    """(line, source) of each literal list of memory names that ``source`` iterates over: a parametrize's values or
+    a loop's or comprehension's iterable."""
+    names = set(seq_models.available())
+
+    def is_model_list(node) -> bool:
+        if not isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return False
+        return sum(isinstance(e, ast.Constant) and e.value in names for e in node.elts) >= 2
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.For, ast.comprehension)):
+            iterables = [node.iter]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "parametrize":
+            iterables = node.args[1:2]
+        else:
+            continue
+        found += [(it.lineno, ast.unparse(it)) for it in iterables if is_model_list(it)]
+    return found
+
+
+def test_tests_take_their_model_lists_from_the_registry():
+    # Every memory (seq_models.available()), the paper's comparison (catalog.COMPARED) or a property the classes
+    # declare, never a list written out: a model added to the registry needs no test edited. tests/analysis/ is
+    # not read: it labels made-up runs with the names, and builds no model.
+    found = {path.name: model_lists(path.read_text()) for path in sorted((ROOT / "tests").glob("*.py"))}
+    assert {name: lists for name, lists in found.items() if lists} == {}
+    # What it catches:
+    written_out = (
+        "@pytest.mark.parametrize('model', ['ffm', 'gru'])\ndef t(model): ...\n"
+        "for m in ('lstm', 'gru'): ...\n"
+        "[m for m in {'ffm', 's4d', 'x'}]\n"
+        "for case in [('sac', 'ffm'), ('td3', 'gru')]: ...\n"  # (cases, not a list of models)
+    )
+    assert sorted(line for line, _ in model_lists(written_out)) == [1, 3, 4]

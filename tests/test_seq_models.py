@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pomdp_ffm import catalog
-from pomdp_ffm.seq_models import ABLATIONS, available, build
+from pomdp_ffm.seq_models import ABLATIONS, available, build, get
 from pomdp_ffm.seq_models.ffm import DECAY_MIN, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON, reference_decay_limit
 from pomdp_ffm.seq_models.recurrence import (
     aggregate_assoc,
@@ -17,6 +17,7 @@ from pomdp_ffm.seq_models.recurrence import (
     linear_scan,
     linear_scan_loop,
 )
+from pomdp_ffm.seq_models.rnn import TorchRNN
 
 MODELS = available()
 
@@ -86,7 +87,7 @@ def test_step_by_step_equals_whole_sequence(name):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("name", ["gru", "lstm"])
+@pytest.mark.parametrize("name", [n for n in available() if issubclass(get(n), TorchRNN)])
 def test_rnn_reference_init(name):
     model = build(name, input_size=64, hidden_size=128)
     for pname, p in model.named_parameters():

@@ -12,6 +12,7 @@ from hang import HANG_S
 
 from pomdp_ffm import evaluation as evaluation_module
 from pomdp_ffm.algos import SAC
+from pomdp_ffm.catalog import BASELINES, CHALLENGER
 from pomdp_ffm.evaluation import Due
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.metrics import columns
@@ -305,7 +306,7 @@ def test_length_1_episode_is_counted_but_not_stored(run_cfg, tmp_path, caplog):
 
 
 @pytest.mark.parametrize("task", ["Pendulum-V-v0", "HopperBLT-P-v0", "HopperMJ-V-v0"])
-@pytest.mark.parametrize("seq_model", ["ffm", "gru"])
+@pytest.mark.parametrize("seq_model", [CHALLENGER, BASELINES[0]])
 def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path, task, seq_model):
     # patches/013: the batched evaluation plays the reference's episodes (same starts, same returns) and
     # leaves the training env's RNG where the one-after-another evaluation leaves it.

@@ -29,6 +29,7 @@ import torch
 
 from ..acting_graph import ActingRunner, make_actor
 from ..agent import RecurrentAgent, act_with
+from ..catalog import BASELINES, CHALLENGER, COMPARED
 from ..rng import SeedRNG
 from ..rollout import AgentPolicy
 from .common import Row, interleaved_medians
@@ -68,7 +69,7 @@ def episode(actor) -> None:
 
 def run(repeats: int, device: torch.device) -> list[Row]:
     rows = []
-    for model in ("ffm", "gru", "lstm"):
+    for model in COMPARED:
         agent = make_agent(model, "sac", 0, device)
         ways = {"agent": agent}
         if device.type == "cuda":
@@ -81,7 +82,9 @@ def run(repeats: int, device: torch.device) -> list[Row]:
     return rows
 
 
-def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, models=("ffm", "gru")) -> list[Row]:
+def run_seeds(
+    seed_counts: list[int], repeats: int, device: torch.device, models=(CHALLENGER, BASELINES[0])
+) -> list[Row]:
     rows = []
     for model in models:
         for S in seed_counts:

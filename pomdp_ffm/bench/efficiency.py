@@ -27,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..seq_models import build
+from ..seq_models.rnn import TorchRNN
 from .common import Row, peak_bytes, write_csv
 
 
@@ -56,7 +57,7 @@ class CellLoop(nn.Module):
     """A registered torch RNN's single layer (GRU, LSTM, Elman) stepped in Python, its gates written out with its
     own weights: the paper's fair comparison, without the library's fused kernels."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: TorchRNN):
         super().__init__()
         self.rnn = model.rnn
         self.kind = type(self.rnn).__name__  # GRU, LSTM or RNN
@@ -90,16 +91,14 @@ class CellLoop(nn.Module):
         return torch.stack(ys), state
 
 
-LOOPED = ("gru", "lstm", "elman")  # the memories with a library kernel, timed both ways
-
-
 def variants(names: list[str], epoch: Epoch, device: torch.device) -> dict[str, nn.Module]:
-    """The models timed, by row name: each memory of ``names``, and the Python-cell form of those in LOOPED."""
+    """The models timed, by row name: each memory of ``names``, and the Python-cell form of those that run
+    torch's fused RNN kernel (TorchRNN)."""
     models = {}
     for name in names:
         model = build(name, input_size=epoch.input_size, hidden_size=epoch.hidden_size).to(device)
         models[name] = model
-        if name in LOOPED:
+        if isinstance(model, TorchRNN):
             models[f"{name}+cells"] = CellLoop(model)
     return models
 

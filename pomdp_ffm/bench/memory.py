@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..catalog import BASELINES, COMPARED
 from ..seq_models import FFM, build
 from .common import Row, interleaved_medians, saved_tensor_bytes
 
@@ -56,8 +57,7 @@ def variants(input_size: int, hidden_size: int, device: torch.device, only=None)
         # the associative scan in real arithmetic, eager: whether one CUDA form can serve eager and compiled runs
         "ffm-assoc": build("ffm", aggregator="assoc", **size),
         "ffm-dense": FFMDenseFloor(input_size, hidden_size),
-        "gru": build("gru", **size),
-        "lstm": build("lstm", **size),
+        **{name: build(name, **size) for name in BASELINES},
         "gru-loop": LoopGRU(input_size, hidden_size),
     }
     models.pop(f"ffm-{models['ffm'].resolved_aggregator(device)}")  # already timed as "ffm" (auto)
@@ -95,7 +95,7 @@ def run(shape_names, repeats: int, device: torch.device, only: list[str] | None 
             rows.append(Row("memory", shape, k, "peak_mem_mb", mb, "MB"))
 
         # Acting: batch 1, one step, state carried, no autograd.
-        act = {k: m for k, m in models.items() if k in ("ffm", "gru", "lstm")}
+        act = {k: m for k, m in models.items() if k in COMPARED}
         xs = torch.randn(1, 1, I, device=device)
         states = {k: m.initial_state(1, device) for k, m in act.items()}
 

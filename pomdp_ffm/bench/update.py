@@ -33,8 +33,10 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from .. import seq_models
 from ..agent import RecurrentAgent
 from ..buffer import Batch
+from ..catalog import BASELINES, CHALLENGER, COMPARED
 from ..config import FFMConfig, PolicyConfig
 from ..graph import WARMUP_UPDATES, UpdateRunner
 from ..optim import AdamForm
@@ -77,11 +79,7 @@ def _counted(fns: dict[str, Callable[[int], object]]) -> dict[str, Callable[[], 
 def run(repeats: int, device: torch.device) -> list[Row]:
     rng = np.random.default_rng(0)
     batches = [random_batch(rng) for _ in range(4)]
-    agents = {
-        f"{algo}_{model}": make_agent(model, algo, 0, device)
-        for algo in ("sac", "td3")
-        for model in ("ffm", "gru", "lstm")
-    }
+    agents = {f"{algo}_{model}": make_agent(model, algo, 0, device) for algo in ("sac", "td3") for model in COMPARED}
     flops = {}
     for name, agent in agents.items():
         # Counted on a CPU copy: on CUDA, nn.GRU/nn.LSTM run as one cuDNN op that the counter has no
@@ -117,7 +115,7 @@ def run(repeats: int, device: torch.device) -> list[Row]:
     return rows + [Row("update", "matmul_4160x256x256", "torch", "matmul_gflop_s", matmul_gflop_s, "GFLOP/s")]
 
 
-def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model: str = "ffm") -> list[Row]:
+def run_seeds(seed_counts: list[int], repeats: int, device: torch.device, model: str = CHALLENGER) -> list[Row]:
     """Seed-updates/s of S agents updated separately (in turn) and together (one runner), for each S."""
     rng = np.random.default_rng(0)
     graph = device.type == "cuda"
@@ -221,10 +219,10 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
             ("+compile+graph", True, True, "auto"),
             ("+compile-scan+graph", True, True, "scan"),
         ]
-    for algo, model in itertools.product(("sac", "td3"), ("ffm", "gru")):
+    for algo, model in itertools.product(("sac", "td3"), (CHALLENGER, BASELINES[0])):
         name = f"{algo}_{model}"
         for suffix, compiled, graph, aggregator in variants:
-            if (compiled and model != "ffm") or (aggregator == "scan" and algo != "sac"):
+            if (compiled and not seq_models.get(model).compile_pays) or (aggregator == "scan" and algo != "sac"):
                 continue
             agent = make_agent(model, algo, 0, device, graph, compiled, ffm=FFMConfig(aggregator=aggregator))
             runner = UpdateRunner(agent, cuda_graph=graph, compile=compiled)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from .rnn import _TorchRNN
+from .rnn import TorchRNN
 
 
-class Elman(_TorchRNN):
+class Elman(TorchRNN):
     """An Elman network of ``num_layers`` tanh layers (torch's ``nn.RNN``), initialised as rnn.py's GRU and LSTM."""
 
     # Saved per unit of width and layer, counted as GRU's 8 and LSTM's 10 are (two per gate plus two): one gate.

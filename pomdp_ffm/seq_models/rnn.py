@@ -1,4 +1,5 @@
-"""GRU and LSTM: torch's fused modules with the reference initialisation."""
+"""GRU and LSTM: torch's fused modules with the reference initialisation; TorchRNN, the base of every memory that is
+one of torch's fused RNN modules (GRU, LSTM, Elman)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from torch import nn
 from .base import SeqModel, State
 
 
-class _TorchRNN(SeqModel):
+class TorchRNN(SeqModel):
     rnn_cls: type[nn.RNNBase]
     activations: int  # floats an update saves per unit of width and layer (activation_floats)
 
@@ -35,11 +36,11 @@ class _TorchRNN(SeqModel):
         return self.activations * self.hidden_size * self.num_layers
 
 
-class GRU(_TorchRNN):
+class GRU(TorchRNN):
     rnn_cls, activations = nn.GRU, 8
 
 
-class LSTM(_TorchRNN):
+class LSTM(TorchRNN):
     rnn_cls, activations = nn.LSTM, 10
 
 
