@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from updating import updated
 
 from pomdp_ffm import update as update_module
@@ -232,11 +233,23 @@ class HostSync(AssertionError):
 _READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__")
 
 
+class _NoDataDependentShapes(TorchDispatchMode):
+    """An operator whose output's shape depends on its input's values (torch.Tag.dynamic_output_shape: nonzero, a
+    boolean mask's indexing, unique, masked_select) reads those values on the host to size its output: on CUDA a
+    synchronisation, and a failed capture inside a CUDA graph."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if torch.Tag.dynamic_output_shape in func.tags:
+            raise HostSync(f"{func} sizes its output from a tensor's values, read on the host")
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def no_host_reads(allowed=()):
     """Inside the block, every way a tensor's value reaches Python raises HostSync: .item(), .tolist(), .numpy(),
-    bool(), float(), int(), indexing with a tensor. `allowed` lists tensors whose .item() may run (Adam's step
-    counters: CPU tensors even on a GPU, read by torch.optim without capturable=True)."""
+    bool(), float(), int(), indexing with a tensor, and an operator that sizes its output from the values.
+    `allowed` lists tensors whose .item() may run (Adam's step counters: CPU tensors even on a GPU, read by
+    torch.optim without capturable=True)."""
     allowed = {id(t) for t in allowed}
 
     def guard(name, orig):
@@ -250,7 +263,8 @@ def no_host_reads(allowed=()):
     with pytest.MonkeyPatch.context() as m:
         for name in _READS:
             m.setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
-        yield
+        with _NoDataDependentShapes():
+            yield
 
 
 def optimizer_steps(agent):
@@ -272,6 +286,9 @@ def test_the_host_read_guard_catches_what_it_should():
         lambda: x.tolist(),
         lambda: int(x[0]),
         lambda: x.numpy(),
+        lambda: x[x > 1],
+        lambda: x.nonzero(),
+        lambda: torch.unique(x),
         lambda: ffm(torch.randn(2, 1, 4)),
     ):
         with no_host_reads(), pytest.raises(HostSync):
@@ -296,6 +313,22 @@ def test_update_reads_no_device_value_on_the_host(algo, model, grad_norms):
         for k, v in st.items():
             assert isinstance(v, torch.Tensor) and v.shape == () and not v.requires_grad, k
             assert v.device == agent.device and torch.isfinite(v), k
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("model", available())
+def test_acting_steps_read_no_device_value_on_the_host(algo, model):
+    # What an acting graph captures (acting_graph.ActingRunner): the actor's step from a carried state and the
+    # algorithm's action, both ways; only the action's copy to the host (act_with) reads a value.
+    agent = make_agent(algo, model)
+    s = Aligned.from_batch(make_batch(), agent.device)
+    state = agent.actor.encoder.memory.initial_state(B)
+    with no_host_reads(), torch.no_grad():
+        for t in range(3):
+            step = slice(t, t + 1)
+            out, state = agent.actor(s.actions[step], s.rewards[step], s.observs[step], state)
+            for deterministic in (True, False):
+                assert agent.algo.act(out, deterministic).shape == (1, B, A)
 
 
 def test_fixed_temperature_is_a_constant_tensor():
