@@ -38,7 +38,7 @@ from ..agent import RecurrentAgent
 from ..buffer import Batch
 from ..catalog import BASELINES, CHALLENGER, COMPARED
 from ..config import FFMConfig, PolicyConfig
-from ..graph import WARMUP_UPDATES, UpdateRunner
+from ..graph import WARMUP_UPDATES, CaptureError, UpdateRunner
 from ..optim import AdamForm
 from .common import DispatchedOps, Row, interleaved_medians
 
@@ -190,13 +190,14 @@ def _kernel_count(fn: Callable[[], object], device: torch.device) -> tuple[str, 
 def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | None = None) -> list[Row]:
     """``bench update --compile``: SAC/TD3 x FFM/GRU updated eagerly and, for FFM, through torch.compile
     (``+compile``), on CUDA each also as graph replays (``+graph``; ``+compile-scan``: compiled with the doubling
-    scan instead of the associative one). GRU runs cuDNN's kernel: compiled, dynamo unrolls it step by step (241 s
+    scan instead of the associative one; ``+assoc``: uncompiled with the associative one, the other half of whether
+    one form could serve both). GRU runs cuDNN's kernel: compiled, dynamo unrolls it step by step (241 s
     to compile a TD3+GRU update on a 2-vCPU VM), so it is not a variant here. Also: compile time cold (an empty
     inductor cache) and warm (the on-disk cache a resumed run finds), kernels per update (``_kernel_count``), and
     with ``seed_counts`` a SAC+FFM round of S seeds in one graph. On a CPU also ``+compile-assoc``: the form a
     compiled update takes on CUDA (FFM's associative scan in real arithmetic) through inductor's generic scan,
     minutes to compile; what it leaves outside inductor is what a GPU launches besides inductor's kernels. A
-    variant that fails to compile is reported and skipped."""
+    variant that fails to compile or to capture is reported and skipped."""
     import time
 
     import torch._dynamo
@@ -216,13 +217,18 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
     else:
         variants += [
             ("+graph", False, True, "auto"),
+            ("+assoc+graph", False, True, "assoc"),
             ("+compile+graph", True, True, "auto"),
             ("+compile-scan+graph", True, True, "scan"),
         ]
     for algo, model in itertools.product(("sac", "td3"), (CHALLENGER, BASELINES[0])):
         name = f"{algo}_{model}"
         for suffix, compiled, graph, aggregator in variants:
-            if (compiled and not seq_models.get(model).compile_pays) or (aggregator == "scan" and algo != "sac"):
+            memory = seq_models.get(model)
+            other_form = aggregator != "auto"  # a form of FFM's aggregator: FFM's alone, with graphs SAC's alone
+            if (compiled and not memory.compile_pays) or (
+                other_form and (memory is not seq_models.FFM or (graph and algo != "sac"))
+            ):
                 continue
             agent = make_agent(model, algo, 0, device, graph, compiled, ffm=FFMConfig(aggregator=aggregator))
             runner = UpdateRunner(agent, cuda_graph=graph, compile=compiled)
@@ -241,7 +247,7 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
                     rows.append(Row("update-compile", SHAPE, name + suffix, "generated_kernels", generated, "kernels"))
                 for i in range(runner.warmup + 2):  # compiled, captured and replayed once where it applies
                     runner(batches[i % len(batches)])
-            except CompileError as e:
+            except (CompileError, CaptureError) as e:  # reported; the other variants go on
                 print(f"{name}{suffix}: {e}", flush=True)
                 continue
             if not graph:
