@@ -222,13 +222,12 @@ def run_compiled(repeats: int, device: torch.device, seed_counts: list[int] | No
             ("+compile-scan+graph", True, True, "scan"),
         ]
     for algo, model in itertools.product(("sac", "td3"), (CHALLENGER, BASELINES[0])):
-        name = f"{algo}_{model}"
+        name, memory = f"{algo}_{model}", seq_models.get(model)
         for suffix, compiled, graph, aggregator in variants:
-            memory = seq_models.get(model)
-            other_form = aggregator != "auto"  # a form of FFM's aggregator: FFM's alone, with graphs SAC's alone
-            if (compiled and not memory.compile_pays) or (
-                other_form and (memory is not seq_models.FFM or (graph and algo != "sac"))
-            ):
+            if compiled and not memory.compile_pays:
+                continue
+            # A form of FFM's aggregator: FFM's alone, and with graphs SAC's alone.
+            if aggregator != "auto" and (memory is not seq_models.FFM or (graph and algo != "sac")):
                 continue
             agent = make_agent(model, algo, 0, device, graph, compiled, ffm=FFMConfig(aggregator=aggregator))
             runner = UpdateRunner(agent, cuda_graph=graph, compile=compiled)
