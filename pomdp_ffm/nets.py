@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 class FeatureExtractor(nn.Module):
@@ -76,11 +76,15 @@ class TanhGaussianHead(nn.Module):
     @staticmethod
     def sample(mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterised action and its log-probability [..., 1] (the reference's formula)."""
-        eps = torch.randn_like(mean)
+        return TanhGaussianHead.squash(mean, log_std, torch.randn_like(mean))
+
+    @staticmethod
+    def squash(mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The action tanh(mean + std eps) of a standard normal draw ``eps`` and its log-probability [..., 1]."""
         u = mean + log_std.exp() * eps
         action = torch.tanh(u)
         # log N(u; mean, std) minus the tanh Jacobian (with the reference's 1e-6), per action dim
-        log_prob = -0.5 * eps.square() - log_std - _HALF_LOG_2PI - torch.log(1 - action.square() + 1e-6)
+        log_prob = -0.5 * eps.square() - log_std - HALF_LOG_2PI - torch.log(1 - action.square() + 1e-6)
         return action, log_prob.sum(-1, keepdim=True)
 
 

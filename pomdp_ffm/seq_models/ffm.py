@@ -138,8 +138,8 @@ class FFM(SeqModel):
         self.input_gate, self.output_gate, self.aggregator = input_gate, output_gate, aggregator
         self.decay_bound = decay_bound and decay == "learned"
         self.decay_horizon, self.decay_limit = decay_horizon, reference_decay_limit(decay_horizon)
-        self._split = (m, hidden_size, m if input_gate else 0, hidden_size if output_gate else 0)
-        self.pre = nn.Linear(input_size, sum(self._split))
+        self.split_sizes = (m, hidden_size, m if input_gate else 0, hidden_size if output_gate else 0)
+        self.pre = nn.Linear(input_size, sum(self.split_sizes))
         self.mix = nn.Linear(2 * m * c, hidden_size)
         if init_trace_range is None:  # the reference: from under the bound to the rate keeping `beta` at max_period
             hi = self.decay_limit - 0.01
@@ -230,7 +230,7 @@ class FFM(SeqModel):
         T, B, _ = x.shape
         if not self._owner_bounds:
             self.bound_(only_if_out=True)
-        y_in, thru, in_gate, out_gate = torch.split(self.pre(x), self._split, dim=-1)
+        y_in, thru, in_gate, out_gate = torch.split(self.pre(x), self.split_sizes, dim=-1)
         u = y_in * torch.sigmoid(in_gate) if self.input_gate else y_in
         S, last = self._aggregate(u, state)
         z = self.mix(S.reshape(T, B, -1))
