@@ -18,14 +18,17 @@ The package's own models are ``BUILT_IN``. Another package adds one through an e
     MEMORY = Memory("toymem", "Toy", "#cc79a7", "toymem.model:ToyMemory", options=ToyOptions)
 
 It then trains from the ordinary command line, ``python -m pomdp_ffm.train seq_model=toymem``, its options under
-``policy.toymem`` (docs/memory_models.md)."""
+``policy.toymem`` (docs/memory_models.md). A plug-in that cannot be used is left out with one line of warning
+(``memories``); choosing it is refused naming why (``skipped``)."""
 
 from __future__ import annotations
 
 import functools
 import importlib
 import importlib.metadata
+import os
 import re
+import sys
 from dataclasses import dataclass, is_dataclass
 
 from . import options as O
@@ -102,24 +105,91 @@ BASELINES = ("gru", "lstm")
 COMPARED = (CHALLENGER, *BASELINES)
 
 
+# What memories() found of the plug-ins, by name: why each entry point it left out was left out, and where each
+# memory it took came from (functools' cache keeps its answer; a cache_clear reads the entry points afresh).
+_skipped: dict[str, str] = {}
+_origins: dict[str, str] = {}
+# The entry points warned of, in this process or the one that started it: the processes a command starts (a sweep's
+# workers, the evaluation's env workers) read the catalog again, and would each repeat the warnings.
+_WARNED = "POMDP_FFM_PLUGINS_WARNED"
+
+
 @functools.cache
 def memories() -> dict[str, Memory]:
-    """Every memory by name: the built-in ones, then those of installed plug-ins."""
+    """Every memory by name: the built-in ones, then those of installed plug-ins. A plug-in that cannot be used (an
+    entry point that does not load or names no record, a name taken, options the config cannot hold) is left out
+    with one line of warning (``skipped`` keeps it): a broken plug-in breaks only itself."""
     found = {m.name: m for m in BUILT_IN}
-    for point in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
-        where = f"entry point {point.name!r} = {point.value!r} (group {ENTRY_POINT_GROUP})"
-        try:
-            memory = point.load()
-        except Exception as e:
-            raise ValueError(f"{where} does not load: {type(e).__name__}: {e}") from e
-        if not isinstance(memory, Memory):
-            raise ValueError(f"{where} must name a pomdp_ffm.catalog.Memory record, not a {type(memory).__name__}")
-        if memory.name != point.name:
-            raise ValueError(f"{where} names its record {memory.name!r}: the two names must be the same")
-        if memory.name in found:
-            raise ValueError(f"{where}: memory {memory.name!r} is already taken by {found[memory.name].target}")
-        found[memory.name] = memory
+    _skipped.clear()
+    _origins.clear()
+    warned = set(os.environ.get(_WARNED, "").split())
+    for point in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, _package(p))):
+        where = f"entry point {point.name!r} = {point.value!r} (package {_package(point)}, group {ENTRY_POINT_GROUP})"
+        memory, why = _plugged_in(point, found)
+        if why is None:
+            found[memory.name] = memory
+            _origins[memory.name] = where
+            continue
+        _skipped.setdefault(point.name, f"{where} {why}")  # (of two packages' entry points of one name: the first)
+        key = f"{point.name}={point.value}".replace(" ", "")
+        if key not in warned:
+            print(f"warning: {where} {why}; skipped", file=sys.stderr)
+            warned.add(key)
+    if warned:
+        os.environ[_WARNED] = " ".join(sorted(warned))
     return found
+
+
+def skipped() -> dict[str, str]:
+    """Why each plug-in's entry point that ``memories`` left out was left out (one line), by the entry point's name."""
+    memories()
+    return dict(_skipped)
+
+
+def named(name: str) -> str:
+    """Memory ``name`` in a message about it: with its plug-in's entry point (package included), where it has one."""
+    memories()
+    return f"seq model {name!r}" + (f" of {_origins[name]}" if name in _origins else "")
+
+
+def _package(point: importlib.metadata.EntryPoint) -> str:
+    dist = point.dist
+    return "unknown" if dist is None else f"{dist.name} {dist.version}"
+
+
+def _plugged_in(point: importlib.metadata.EntryPoint, found: dict[str, Memory]) -> tuple[Memory | None, str | None]:
+    """The record ``point`` names, or None and why it cannot be used (the words after the entry point's name)."""
+    try:
+        memory = point.load()
+    except Exception as e:  # (the plug-in's own import: whatever it raises)
+        return None, f"does not load: {one_line(e)}"
+    if not isinstance(memory, Memory):
+        return None, f"must name a pomdp_ffm.catalog.Memory record, not a {type(memory).__name__}"
+    if memory.name != point.name:
+        return None, f"names its record {memory.name!r}: the two names must be the same"
+    if built_in(memory.name):
+        return (
+            None,
+            f"names memory {memory.name!r}, the name of the built-in {found[memory.name].target}, which stays in use",
+        )
+    if memory.name in found:
+        return None, f"names memory {memory.name!r}, already taken by {_origins[memory.name]}"
+    if any(a.name == memory.name for a in ALGORITHMS):  # (policy's sections are named after both)
+        return None, f"names memory {memory.name!r}, an algorithm's name"
+    if memory.options is not None:
+        from omegaconf import OmegaConf  # (here: only a plug-in with options needs it)
+
+        try:  # the config holds it as policy.<name>: a type OmegaConf refuses there would refuse every command
+            OmegaConf.structured(memory.options)
+        except Exception as e:
+            return None, f"has options {memory.options.__qualname__} the config cannot hold: {one_line(e)}"
+    return memory, None
+
+
+def one_line(e: BaseException) -> str:
+    """A plug-in's error in a message of one line: its type, then its lines joined (an OmegaConf error has three)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {'; '.join(lines)}" if lines else type(e).__name__
 
 
 def load(target: str):

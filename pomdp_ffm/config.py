@@ -175,6 +175,7 @@ class RunConfig:
 
     def __post_init__(self):
         # Here, where every key's full name is known; a section built alone (in a test) is not a user's input.
+        _check_plugged_in(self.policy.seq_model)
         check_rules(self)
         _check_together(self)
 
@@ -240,6 +241,18 @@ def check_rules(cfg, prefix: str = "") -> None:
                 ok = False
             if not ok:
                 raise ValueError(f"{key}={value!r} {rule.says() if callable(rule.says) else rule.says}")
+
+
+def _check_plugged_in(name: str) -> None:
+    """A plug-in's memory the catalog left out is refused naming why (its package, entry point and error), not as a
+    name unknown; a plug-in's class is imported here, among a start's checks, so that one whose module is missing is
+    one line before any run directory is made, not a traceback in an empty one (the built-in ones are the package's)."""
+    if name not in catalog.memories() and name in catalog.skipped():
+        raise ValueError(f"policy.seq_model={name!r}: {catalog.skipped()[name]}")
+    if name in catalog.memories() and not catalog.built_in(name):
+        from .seq_models import get  # (torch: imported where a config is checked, as _stacks_layers does)
+
+        get(name)
 
 
 def _check_together(c: RunConfig) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,13 @@ import pytest
 import yaml
 from conftest import TINY
 from hang import HANG_S
+from marks import parametrize_first_fast
 
 from analysis import constants as C
 from analysis import figstyle
 from pomdp_ffm import algos, catalog, config, seq_models
 from pomdp_ffm.envs import available_tasks
+from pomdp_ffm.run.exits import EXIT_REFUSED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,12 +73,51 @@ class ToyMemory(SeqModel):
 '''
 
 
+# Plug-ins broken in each way the catalog, the config or the build must name (a package may hold any of them): records
+# whose name or options cannot be used, whose class's module is not there, whose forward gives the wrong shapes.
+BROKEN_RECORDS = """
+from dataclasses import dataclass, field
+
+from pomdp_ffm.catalog import Memory
+
+
+@dataclass
+class SetOptions:
+    taps: set = field(default_factory=set)  # (no type a config holds)
+
+
+CLASH = Memory("ffm", "Toy", "#cc79a7", "toymem.model:ToyMemory")
+ALGORITHM = Memory("sac", "Toy", "#cc79a7", "toymem.model:ToyMemory")
+UNHELD = Memory("toyset", "Toy", "#cc79a7", "toymem.model:ToyMemory", options=SetOptions)
+ABSENT = Memory("toyabsent", "Toy", "#cc79a7", "toymem.absent:ToyMemory")
+WIDE = Memory("toywide", "Toy", "#cc79a7", "toymem.wrong:WideOutput")
+WHOLE = Memory("toywhole", "Toy", "#cc79a7", "toymem.wrong:WholeState")
+"""
+WRONG_MODELS = """
+from toymem.model import ToyMemory
+
+
+class WideOutput(ToyMemory):  # y one unit wider than hidden_size
+    def __init__(self, input_size, hidden_size, scale=1.0):
+        super().__init__(input_size, hidden_size + 1, scale)
+        self.hidden_size = hidden_size
+
+
+class WholeState(ToyMemory):  # every step's state, not the last one's
+    def forward(self, x, state=None):
+        y, (total, count) = super().forward(x, state)
+        return y, (total.expand(x.shape[0], *total.shape), count)
+"""
+
+
 def install_toy(site: Path, entry: str = "toymem = toymem:MEMORY") -> Path:
     """The toy package installed in ``site`` as pip would leave it: the package and its .dist-info, whose
-    entry_points.txt is what importlib.metadata reads."""
+    entry_points.txt is what importlib.metadata reads (``entry``: its lines)."""
     (site / "toymem").mkdir(parents=True)
     (site / "toymem" / "__init__.py").write_text(TOY_RECORD)
     (site / "toymem" / "model.py").write_text(TOY_MODULE)
+    (site / "toymem" / "broken.py").write_text(BROKEN_RECORDS)
+    (site / "toymem" / "wrong.py").write_text(WRONG_MODELS)
     info = site / "toymem-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toymem\nVersion: 0.1\n")
@@ -91,6 +133,9 @@ def plugged_in(tmp_path, monkeypatch):
     def install(entry: str = "toymem = toymem:MEMORY"):
         monkeypatch.syspath_prepend(str(install_toy(tmp_path / "site", entry)))
         catalog.memories.cache_clear()
+
+    # (No plug-in warned of yet in this process tree: the catalog's record of those it warned of is undone after.)
+    monkeypatch.setenv(catalog._WARNED, "")
 
     yield install
     catalog.memories.cache_clear()
@@ -124,25 +169,141 @@ def test_a_plug_in_is_listed_after_the_built_in_memories(plugged_in):
     assert catalog.memories()["toymem"].label == "Toy"
 
 
+WHERE = r"entry point '{}' = '{}' \(package toymem 0\.1, group pomdp_ffm\.seq_models\)"
+
+
 @pytest.mark.parametrize(
     "entry, error",
     [
         ("gru = toymem:MEMORY", r"names its record 'toymem': the two names must be the same"),
         ("toymem = toymem.model:ToyMemory", r"must name a pomdp_ffm.catalog.Memory record, not a type"),
-        ("toymem = toymem:NOTHING", r"does not load: AttributeError"),
+        ("toymem = toymem:NOTHING", r"does not load: AttributeError: module 'toymem' has no attribute 'NOTHING'"),
+        ("toymem = toymem.absent:MEMORY", r"does not load: ModuleNotFoundError: No module named 'toymem.absent'"),
+        ("sac = toymem.broken:ALGORITHM", r"names memory 'sac', an algorithm's name"),
+        (
+            "toyset = toymem.broken:UNHELD",
+            r"has options SetOptions the config cannot hold: ValidationError: Unexpected type annotation: set; "
+            r"full_key: taps; object_type=SetOptions",
+        ),
     ],
+    ids=["name", "not_a_record", "no_attribute", "no_module", "algorithm_name", "options"],
 )
-def test_a_bad_plug_in_is_named_in_one_line(plugged_in, entry, error):
+def test_a_broken_plug_in_is_one_line_of_warning_and_skipped(plugged_in, capsys, entry, error):
+    # A broken plug-in breaks only itself: the others, and every command that does not choose it, go on.
     plugged_in(entry)
-    with pytest.raises(ValueError, match=rf"^entry point '\w+' = '[\w.:]+' \(group pomdp_ffm.seq_models\).*{error}"):
-        catalog.memories()
+    name, value = (part.strip() for part in entry.split("="))
+    assert catalog.memories() == {m.name: m for m in catalog.BUILT_IN}
+    why = WHERE.format(re.escape(name), re.escape(value)) + " " + error
+    assert re.fullmatch(why, catalog.skipped()[name]) and list(catalog.skipped()) == [name]
+    assert re.fullmatch(f"warning: {why}; skipped\n", capsys.readouterr().err)
 
 
-def test_a_plug_in_cannot_take_a_built_in_name(plugged_in, monkeypatch):
-    plugged_in()
-    monkeypatch.setattr(catalog, "BUILT_IN", (*catalog.BUILT_IN, catalog.Memory("toymem", "T", "#000000", "a.b:C")))
-    with pytest.raises(ValueError, match=r"memory 'toymem' is already taken by a.b:C$"):
-        catalog.memories()
+def test_a_plug_in_cannot_take_a_built_in_name(plugged_in, capsys):
+    # Refused naming both, the built-in memory kept.
+    plugged_in("ffm = toymem.broken:CLASH")
+    assert catalog.memories()["ffm"] == next(m for m in catalog.BUILT_IN if m.name == "ffm")
+    assert seq_models.get("ffm") is seq_models.FFM
+    assert catalog.skipped() == {
+        "ffm": "entry point 'ffm' = 'toymem.broken:CLASH' (package toymem 0.1, group pomdp_ffm.seq_models) "
+        "names memory 'ffm', the name of the built-in pomdp_ffm.seq_models.ffm:FFM, which stays in use"
+    }
+    assert capsys.readouterr().err.count("warning:") == 1
+
+
+def test_a_plug_in_is_warned_of_once_per_process_tree(plugged_in, capsys, tmp_path):
+    # The processes a command starts (a sweep's workers, the evaluation's env workers) read the catalog again.
+    plugged_in("toymem = toymem.absent:MEMORY")
+    catalog.memories()
+    assert capsys.readouterr().err.startswith("warning: entry point 'toymem'")
+    catalog.memories.cache_clear()
+    assert "toymem" in catalog.skipped() and capsys.readouterr().err == ""
+    code = "import pomdp_ffm.catalog as c; print(sorted(c.skipped()))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, env=env)
+    assert (proc.stdout, proc.stderr) == ("['toymem']\n", "")
+
+
+@pytest.mark.parametrize(
+    "entry, error",
+    [
+        (
+            "toywide = toymem.broken:WIDE",
+            r"forward\(x\[3, 2, 3\], None\) must return y of shape \[3, 2, 4\] \(T, B, hidden_size\), not \[3, 2, 5\]",
+        ),
+        (
+            "toywhole = toymem.broken:WHOLE",
+            r"forward\(x\[3, 2, 3\], None\) must return a state of initial_state\(2\)'s shapes \[\[2, 3\], \[2, 1\]\], "
+            r"not \[\[3, 2, 3\], \[2, 1\]\]",
+        ),
+        (
+            "toyabsent = toymem.broken:ABSENT",
+            r"its class toymem.absent:ToyMemory does not load: ModuleNotFoundError: No module named 'toymem.absent'",
+        ),
+    ],
+    ids=["output", "state", "class_module"],
+)
+def test_a_plug_in_memory_of_the_wrong_shapes_is_named_as_it_is_built(plugged_in, entry, error):
+    # Once, as it is built (one tiny forward), with the shapes expected, not a matmul's error at the first update.
+    plugged_in(entry)
+    name, value = (part.strip() for part in entry.split("="))
+    with pytest.raises(
+        ValueError, match=f"^seq model '{name}' of {WHERE.format(re.escape(name), re.escape(value))}: {error}$"
+    ):
+        seq_models.build(name, input_size=3, hidden_size=4)
+
+
+def _command(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command of the project, run with the plug-ins of ``site`` installed (none warned of before)."""
+    env = {k: v for k, v in os.environ.items() if k != catalog._WARNED}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+    return subprocess.run(
+        [sys.executable, *args], check=False, capture_output=True, text=True, timeout=HANG_S, cwd=cwd, env=env
+    )
+
+
+# Every kind of broken plug-in at once, in one package: an entry point that does not import, one taking a built-in's
+# name, options the config cannot hold, a class's module missing, a forward of the wrong shape.
+BROKEN = (
+    "toymem = toymem.absent:MEMORY",
+    "ffm = toymem.broken:CLASH",
+    "toyset = toymem.broken:UNHELD",
+    "toyabsent = toymem.broken:ABSENT",
+    "toywide = toymem.broken:WIDE",
+)
+
+
+def test_commands_that_do_not_use_a_broken_plug_in_work(tmp_path):
+    site = install_toy(tmp_path / "site", "\n".join(BROKEN))
+    run_dir = tmp_path / "run"
+    train = ["-m", "pomdp_ffm.train", "env=Pendulum-V-v0", "seq_model=gru", "device=cpu", *TINY]
+    proc = _command(site, *train, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0 and (run_dir / "DONE").exists(), proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert [w.split("'")[1] for w in warnings] == ["ffm", "toymem", "toyset"], warnings  # (one line each)
+    proc = _command(site, "-m", "analysis", "--help", cwd=tmp_path)  # (the other commands read the same catalog)
+    assert proc.returncode == 0 and proc.stderr.count("warning:") == 3, proc.stderr[-2000:]
+
+
+@parametrize_first_fast(
+    "choice, error",
+    [
+        ("seq_model=toymem", r"seq_model=toymem: entry point 'toymem' = 'toymem.absent:MEMORY' .* does not load: "),
+        ("policy.seq_model=toyset", r"policy.seq_model='toyset': entry point 'toyset' = .* the config cannot hold: "),
+        ("seq_model=toyabsent", r"seq model 'toyabsent' of .*: its class toymem.absent:ToyMemory does not load: "),
+        ("seq_model=toywide", r"seq model 'toywide' of .*: forward\(x\[3, 2, \d+\], None\) must return y of shape "),
+    ],
+    ids=["no_module", "options", "class_module", "output"],
+)
+def test_choosing_a_broken_plug_in_is_one_line_and_exit_2(tmp_path, choice, error):
+    # Named with its package, entry point and cause; nothing left behind, the run directory included.
+    site = install_toy(tmp_path / "site", "\n".join(BROKEN))
+    run_dir = tmp_path / "run"
+    train = ["-m", "pomdp_ffm.train", "env=Pendulum-V-v0", choice, "device=cpu", *TINY]
+    proc = _command(site, *train, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("warning:")]
+    assert proc.returncode == EXIT_REFUSED and len(errors) == 1, proc.stderr[-2000:]
+    assert re.match(f"error: {error}", errors[0]) and "(package toymem 0.1, group pomdp_ffm.seq_models)" in errors[0]
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize(

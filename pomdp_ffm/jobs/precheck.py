@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from .. import catalog
 from ..config import yaml_problem
 from ..envs import check_worker_start_method
 from .grid import job_configs, job_overrides, sweep_jobs
@@ -34,6 +35,9 @@ def _one_line(e: Exception) -> str:
     if problem is not None:  # a config file Hydra read
         return problem + ("; remove one of them" if "duplicate key" in problem else "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    group, _, choice = str(getattr(e, "missing_cfg_file", None) or "").partition("/")
+    if group == "seq_model" and choice in catalog.skipped():  # a plug-in's memory left out: why, not the choices
+        return f"seq_model={choice}: {catalog.skipped()[choice]}"
     if "Available options in" in text:  # an unknown config-group choice: name the choices
         head = lines[0].replace("In 'config': ", "")
         options = [
