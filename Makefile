@@ -2,7 +2,7 @@
 PYTHON ?= python3
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test test-all lint bench
+.PHONY: install demo test test-all test-matrix lint bench
 
 install:
 	$(PYTHON) -m pip install -q -e ".[test]"
@@ -14,14 +14,17 @@ demo: install
 	$(PYTHON) -m analysis lines $(DEMO_DIR)/run --out $(DEMO_DIR)/report --curves runmax
 	@echo "log: $(DEMO_DIR)/run/progress.csv   plot: $(DEMO_DIR)/report/figures/"
 
-# The style first (ruff, configured in pyproject.toml; a second), then the default suite, on two cores at once (under
-# 6 minutes on a 2-core machine); `make test-all` adds the slow tests and runs them one at a time (CI runs it:
-# .ci/run).
+# The style first (ruff, configured in pyproject.toml; a second), then the default suite, on two cores at once (about
+# 4 minutes on a 2-core machine); `make test-all` adds the tests marked slow (CI runs it: .ci/run), also on two
+# cores; `make test-matrix` runs the default suite under the CPU's other kernel paths (tests/kernel_matrix.sh).
 test: install lint
-	$(PYTHON) -m pytest -q -m "not slow" -n 2 --dist worksteal
+	$(PYTHON) -m pytest -q -m "not slow" -n 2 --dist worksteal --durations=25
 
 test-all: install lint
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2 --dist worksteal --durations=25
+
+test-matrix: install
+	bash tests/kernel_matrix.sh $(PYTHON)
 
 lint: install
 	$(PYTHON) -m ruff check .

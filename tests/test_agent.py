@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from marks import parametrize_first_fast
 from torch.utils._python_dispatch import TorchDispatchMode
 from updating import updated
 
@@ -402,7 +403,7 @@ EQUIVALENCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("algo, kw", EQUIVALENCE_CASES)
+@parametrize_first_fast("algo, kw", EQUIVALENCE_CASES)
 def test_updates_equal_the_per_call_bound_path(algo, kw, device="cpu", rtol=0.0):
     # lr 0.05: the optimiser steps push the FFM decays out of their bound at nearly every step, so when and where
     # the clamp runs matters (the target actor averages the actor's decay *before* its clamp, as before).

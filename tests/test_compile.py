@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from marks import parametrize_first_fast
 from test_agent import make_agent, make_batch
 
 from pomdp_ffm.catalog import COMPARED
@@ -206,6 +207,7 @@ def test_ffm_in_real_arithmetic_equals_its_complex_loop(with_state):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.slow
 def test_no_complex_operator_reaches_the_compiler():
     # Inductor leaves complex operators to eager kernels, each a launch of its own on a GPU; in the compiled path
     # (aggregator "assoc") FFM's training pass, forward and backward, is real arithmetic from input to loss.
@@ -430,7 +432,7 @@ runpy.run_module("pomdp_ffm.train", run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("where", ["build", "first call"])
+@parametrize_first_fast("where", ["build", "first call"])
 def test_a_failed_compile_in_a_run_is_one_line_naming_the_switch_and_the_log(tmp_path, where):
     # Any error of the compile (a C++ build in inductor, wrapped by dynamo; an error in the first compiled call,
     # unwrapped): one line on the terminal naming train.compile and experiment.log, which holds the whole chain (as

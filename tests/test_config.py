@@ -82,6 +82,7 @@ def test_groups_cover_the_engine():
             assert data[key[0]][key[1]] == name
 
 
+@pytest.mark.slow
 def test_every_combination_composes_and_validates(hydra_ctx):
     # Every file composes; every task x algorithm x memory then validates as Hydra composes it: the algo and
     # seq_model files (@package _global_) merged after the env's, in the defaults list's order (pinned below).
@@ -460,6 +461,7 @@ def test_presets_compose(hydra_ctx):
     assert smoke.train.num_iters <= 3 and smoke.policy.rnn_hidden_size % 32 == 0
 
 
+@pytest.mark.slow
 def test_cfg_job_prints_composed_config(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(
@@ -526,6 +528,7 @@ def test_a_device_is_one_this_machine_has(monkeypatch):
         resolve_device("cuda:2")
 
 
+@pytest.mark.slow
 def test_a_duplicated_key_in_a_config_file_is_one_line_naming_the_file_and_key(tmp_path):
     # A user's experiment file, in a folder added with --config-dir (which Hydra reads, and so do the checks).
     (tmp_path / "extra" / "experiment").mkdir(parents=True)
@@ -566,6 +569,7 @@ def test_a_value_with_spaces_that_the_shell_split_gets_a_quoting_hint(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing started
 
 
+@pytest.mark.slow
 def test_every_configured_update_fits_in_4_gib(hydra_ctx):
     # The estimate that refuses a window or batch too large (RecurrentAgent.check_update_fits) never refuses a
     # config the presets and task files run, on a machine with 4 GiB free (observation and action sizes above

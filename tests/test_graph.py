@@ -12,6 +12,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from marks import parametrize_first_fast
 from test_agent import make_agent, make_batch, tensor_batch
 from updating import updated
 
@@ -135,7 +136,7 @@ def assert_same_optim(a, b):
 
 
 # --- on a CPU the runner is update.update --------------------------------------------------------------------
-@pytest.mark.parametrize("algo, model, kw", CASES, ids=IDS)
+@parametrize_first_fast("algo, model, kw", CASES, ids=IDS)
 def test_runner_on_cpu_is_the_eager_update(algo, model, kw):
     eager = make_agent(algo, model, **kw)
     ref = run(functools.partial(updated, eager), eager)
@@ -164,7 +165,7 @@ def test_the_eager_runner_is_the_update_function_counted():
 
 
 # --- the runner's own logic, with a Python stand-in for the graphs -------------------------------------------
-@pytest.mark.parametrize("algo, model, kw", CASES, ids=IDS)
+@parametrize_first_fast("algo, model, kw", CASES, ids=IDS)
 def test_runner_logic_equals_the_eager_update(algo, model, kw):
     eager = make_agent(algo, model, **kw)
     ref = run(functools.partial(updated, eager), eager, n=14)
@@ -288,8 +289,8 @@ SEED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("algo, model, kw", SEED_CASES, ids=["sac-ffm", "td3-gru-d2", "sac-lstm", "td3-mlp"])
-@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "python-graphs"])
+@parametrize_first_fast("algo, model, kw", SEED_CASES, ids=["sac-ffm", "td3-gru-d2", "sac-lstm", "td3-mlp"])
+@parametrize_first_fast("graphed", [False, True], ids=["eager", "python-graphs"])
 def test_several_agents_update_as_each_alone(algo, model, kw, graphed):
     # update_all: agent k on batch k, each exactly as its own update in turn (the same RNG draws in the same
     # order), with the switch off and through the runner's logic with a stand-in for the graphs.
@@ -412,7 +413,7 @@ def test_acting_goes_on_when_a_parameter_is_reallocated_mid_episode(model):
     assert runner.captures == 2
 
 
-@pytest.mark.parametrize("algo, model", [("sac", "ffm"), ("td3", "gru")])
+@parametrize_first_fast("algo, model", [("sac", "ffm"), ("td3", "gru")])
 def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_path, monkeypatch, algo, model):
     # The trainer with its updates and its acting through the runners' logic (the Python stand-in for graphs):
     # the same progress.csv as the eager run, and through a stop and resume too.

@@ -10,6 +10,7 @@ import pytest
 import torch
 from analysis_synth import steps_grid, write_our_run, write_reference_run
 from hang import HANG_S
+from marks import parametrize_first_fast
 
 import analysis
 from analysis import aggregate, bench, curves, decay, figures, load, modelfigures, stats
@@ -239,7 +240,7 @@ def test_cli_single_command_and_options(small_tree, tmp_path):
     assert not (out / ".cache").exists()
 
 
-@pytest.mark.parametrize(
+@parametrize_first_fast(
     "args, message",
     [
         (["--resamples", "0"], "--resamples must be positive, got 0"),
@@ -255,12 +256,14 @@ def test_cli_rejects_bad_options(small_tree, tmp_path, args, message):
     assert not (tmp_path / "o").exists()  # refused before the output folder is made
 
 
+@pytest.mark.slow
 def test_cli_missing_runs_folder_is_a_usage_error(tmp_path):
     res = _run_cli(str(tmp_path / "nope"), "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.startswith("error: no such RUNS folder")
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_cli_seed_reproducible(small_tree, tmp_path):
     root, _ = small_tree
     outs = []
@@ -378,6 +381,7 @@ def test_decay_skips_checkpoints_the_safe_loader_refuses(tmp_path):
     assert values["steps"].round(6).tolist() == [20.0] and set(values["checkpoint"]) == {"agent_1_perf0.000.pt"}
 
 
+@pytest.mark.slow
 def test_cli_folder_without_runs_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     res = _run_cli("lines", str(tmp_path / "empty"), "--out", str(tmp_path / "out"), cwd=tmp_path)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from analysis_synth import steps_grid, write_our_run
 from hang import HANG_S
+from marks import parametrize_first_fast
 
 from analysis import cli
 
@@ -56,7 +57,7 @@ def test_a_failure_half_way_leaves_the_previous_report(tree, tmp_path, monkeypat
     assert sorted(p.name for p in out.iterdir()) == sorted({".cache", *(p.parts[0] for p in before)})
 
 
-@pytest.mark.parametrize("where", ["a read-only --out", "a full disk half-way"])
+@parametrize_first_fast("where", ["a read-only --out", "a full disk half-way"])
 def test_an_output_that_cannot_be_written_is_one_line_and_leaves_the_previous_report(
     tree, tmp_path, monkeypatch, capsys, where
 ):

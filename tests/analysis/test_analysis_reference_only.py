@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from analysis_synth import steps_grid, write_reference_run
+from marks import parametrize_first_fast
 
 from analysis import aggregate, cli, stats
 from analysis import constants as C
@@ -70,7 +71,7 @@ def _rows(frame, models, column="model"):
     return frame[frame[column].isin(models)].reset_index(drop=True)
 
 
-@pytest.mark.parametrize("pool", [False, True])
+@parametrize_first_fast("pool", [False, True])
 def test_agent_variants_change_nothing_for_the_model_groups(tmp_path, pool):
     options = ["--pool-sources"] if pool else []
     ffm, gru = ("ffm", "gru") if pool else ("ffm@ref", "gru@ref")
