@@ -61,7 +61,7 @@ def machine() -> str:
     except OSError:
         pass
     config = torch.__config__.show()
-    mkl = re.search(r"Math Kernel Library Version (\S+)", config)
+    mkl = re.search(r"Math Kernel Library Version ([0-9.]+)", config)
     onednn = re.search(r"MKL-DNN (v\S+)", config)
     libs = [f"MKL {mkl[1]}" if mkl else "no MKL", f"oneDNN {onednn[1]}" if onednn else "no oneDNN"]
     paths = [
