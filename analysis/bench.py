@@ -3,12 +3,15 @@ benchmark's trials summed up as the FFM paper's figure shows them (mean and boot
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from . import constants as C
+from . import published
 from .stats import bootstrap_ci, group_seed, value_order
 
 BENCH_COLUMNS = ["benchmark", "shape", "model", "metric", "value", "unit"]
@@ -54,37 +57,93 @@ def better(metric: str, unit: str = "") -> str | None:
     return None
 
 
+# What a measurement can be, by unit. No benchmark here times anything for a year or holds an exbibyte: past these
+# a value is a broken clock or a damaged file, not a slow model, and one such trial would move its model's mean and
+# interval as far as it likes.
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_BYTES = {"b": 1, "kb": 2**10, "kib": 2**10, "mb": 2**20, "mib": 2**20, "gb": 2**30, "gib": 2**30}
+MAX_SECONDS = 365 * 86400
+MAX_BYTES = 2**60
+LISTED = 5  # rows named in a file's warning; the rest counted
+
+
+def impossible(metric: str, unit: str, value: float) -> str | None:
+    """Why ``value`` cannot be a measurement of ``metric`` in ``unit``; None where it can. Times, sizes, counts and
+    rates (the metrics :func:`better` can judge) are finite and >= 0, times under a year, sizes under 1 EiB; of a
+    metric it cannot judge (the ledger's figures) only NaN is refused."""
+    if np.isnan(value):
+        return "not a number"
+    if better(metric, unit) is None:
+        return None
+    u = str(unit).strip().lower()
+    if np.isinf(value):
+        return "infinite"
+    if value < 0:
+        return "negative"
+    if value * _SECONDS.get(u, 0.0) > MAX_SECONDS:
+        return "longer than a year"
+    if value * _BYTES.get(u, 0) > MAX_BYTES:
+        return "more than 1 EiB"
+    return None
+
+
+def _read_one(path: Path) -> tuple[pd.DataFrame | None, list[tuple[str, str]]]:
+    """One benchmark CSV's rows (``value`` a float) and ``(kind, reason)`` problems: a file that cannot be one is
+    skipped; a row that cannot be a measurement (cut short, bytes that are not UTF-8, a value that is not a number
+    or is :func:`impossible`) is left out, and one warning names each such row by its line, with its value."""
+    text, problems = published.read_text(path, published.MAX_BYTES)
+    if text is None:
+        return None, problems
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""))
+        header = next(reader, [])
+        body = [(reader.line_num, r) for r in reader if r]  # (line_num: the line the row ends on)
+    except csv.Error as exc:
+        return None, [("skipped", f"not a readable CSV: {exc}"[:300])]
+    missing = [c for c in BENCH_COLUMNS if c not in header]
+    if missing:  # (with read_text's UTF-8 warning, where that is why a column's name is not found)
+        return None, [*problems, ("skipped", f"missing column(s) {missing}; expected {BENCH_COLUMNS}")]
+    problems = []  # (read_text's UTF-8 warning is said row by row below: only the rows it touches are left out)
+    at = [header.index(c) for c in BENCH_COLUMNS]
+    kept, left_out = [], []
+    for line, r in body:
+        if len(r) != len(header):
+            left_out.append(f"line {line} ({len(r)} fields, the header {len(header)})")
+            continue
+        fields = [r[i] for i in at]
+        if any("\ufffd" in f for f in fields):
+            left_out.append(f"line {line} (bytes that are not UTF-8)")
+            continue
+        try:
+            value = float(fields[4])
+        except ValueError:
+            left_out.append(f"line {line} value {fields[4]!r} (not a number)")
+            continue
+        why = impossible(fields[3], fields[5], value)
+        if why:
+            left_out.append(f"line {line} value {fields[4]!r} ({fields[3]} in {fields[5] or 'no unit'}: {why})")
+            continue
+        kept.append([*fields[:4], value, fields[5]])
+    if left_out:
+        more = f", and {len(left_out) - LISTED} more" if len(left_out) > LISTED else ""
+        problems.append(("warning", f"{len(left_out)} row(s) left out: {'; '.join(left_out[:LISTED])}{more}"))
+    return pd.DataFrame(kept, columns=BENCH_COLUMNS).astype({"value": float}), problems
+
+
 def read_bench(files) -> tuple[pd.DataFrame, list[tuple[str, str, str]]]:
-    """Concatenate benchmark CSVs; rows with a non-numeric value are dropped and reported."""
+    """Concatenate benchmark CSVs; files that cannot be one are skipped, rows that cannot be a measurement are left
+    out (:func:`_read_one`), each named in ``(path, kind, reason)`` problems. A file that is not there is bad input:
+    FileNotFoundError."""
     problems: list[tuple[str, str, str]] = []
     frames = []
     for f in files:
         f = Path(f)
         if not f.is_file():
             raise FileNotFoundError(f"benchmark file {str(f)!r} does not exist")
-        try:
-            df = pd.read_csv(f, dtype=str, keep_default_na=False)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError) as exc:
-            problems.append((str(f), "skipped", f"not a readable CSV: {exc}"[:300]))
-            continue
-        missing = [c for c in BENCH_COLUMNS if c not in df.columns]
-        if missing:
-            problems.append((str(f), "skipped", f"missing column(s) {missing}; expected {BENCH_COLUMNS}"))
-            continue
-        df = df[BENCH_COLUMNS].copy()
-        values = pd.to_numeric(df["value"], errors="coerce")
-        bad = values.isna()
-        if bad.any():
-            problems.append(
-                (
-                    str(f),
-                    "warning",
-                    f"{int(bad.sum())} row(s) with non-numeric value dropped, e.g. {df.loc[bad, 'value'].iloc[0]!r}",
-                )
-            )
-        df["value"] = values
-        df["file"] = f.name
-        frames.append(df[~bad])
+        df, found = _read_one(f)
+        problems += [(str(f), kind, reason) for kind, reason in found]
+        if df is not None:
+            frames.append(df.assign(file=f.name))
     if not frames:
         return pd.DataFrame(columns=[*BENCH_COLUMNS, "file"]), problems
     out = pd.concat(frames, ignore_index=True)

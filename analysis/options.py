@@ -172,10 +172,14 @@ def validate(args: argparse.Namespace, command: str) -> None:
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if command == "efficiency":  # `python -m analysis efficiency BENCH.csv [RUNS...]`: CSV files are benchmarks
-        args.bench += [r for r in args.runs if r.endswith(".csv") and Path(r).is_file()]
+        # (one that is not there too: named below as a missing benchmark file, not as a missing RUNS folder)
+        args.bench += [r for r in args.runs if r.endswith(".csv") and not Path(r).is_dir()]
         args.runs = [r for r in args.runs if r not in args.bench]
         if not args.bench:
             raise UsageError("the efficiency command needs at least one benchmark CSV (a CSV argument or --bench FILE)")
+    missing = [b for b in args.bench if not Path(b).is_file()]
+    if missing:
+        raise UsageError(f"no benchmark CSV file at {', '.join(missing)}")
     if command not in ("efficiency",) and not args.runs and not args.published:
         raise UsageError(f"the {command} command needs at least one RUNS folder or --published DIR")
     missing = [r for r in args.runs if not Path(r).exists()]

@@ -97,7 +97,9 @@ def task_of(path: Path) -> str | None:
     return f"{family}-{obs}-v0" if obs in ("F", "P", "V") and _FAMILY_RE.match(family) else None
 
 
-def _read_text(path: Path, max_bytes: int) -> tuple[str | None, list[tuple[str, str]]]:
+def read_text(path: Path, max_bytes: int) -> tuple[str | None, list[tuple[str, str]]]:
+    """A results file as text, never more than ``max_bytes`` read, bytes that are not UTF-8 replaced (U+FFFD) with a
+    warning; None and why where it cannot be one (also the benchmark CSVs' reader, analysis.bench)."""
     try:
         info = os.stat(path)
         if not stat.S_ISREG(info.st_mode):
@@ -158,7 +160,7 @@ def _valid_names(df: pd.DataFrame, columns) -> np.ndarray:
 def read_final_csv(path: Path, max_bytes: int = MAX_BYTES) -> tuple[pd.DataFrame | None, list[tuple[str, str]]]:
     """One final.csv as rows (instance, algo, model, trial, env_steps, eval_return), and ``(kind, reason)``
     problems: a file that cannot be one is skipped, damaged rows are dropped and counted."""
-    text, problems = _read_text(path, max_bytes)
+    text, problems = read_text(path, max_bytes)
     if text is None:
         return None, problems
     df, more = _rows(text)

@@ -1,9 +1,14 @@
 """The benchmarks run and report what they claim; their numbers are not asserted (they are not timed tests)."""
 
 import csv
+import errno
+import io
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -30,6 +35,7 @@ def test_sac_ffm_update_flop_budget():
     assert 15e9 < counter.get_total_flops() <= 19e9
 
 
+@pytest.mark.slow
 def test_memory_benchmark_command_writes_rows(tmp_path):
     out = tmp_path / "mem.csv"
     proc = subprocess.run(
@@ -165,6 +171,7 @@ def test_loop_benchmark_times_every_part_and_projects_the_budget():
     assert all(v > 0 for v in r["projected"].values())
 
 
+@pytest.mark.slow
 def test_eval_benchmark_command(tmp_path):
     out = tmp_path / "eval.csv"
     proc = subprocess.run(
@@ -184,6 +191,7 @@ def test_eval_benchmark_command(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_overlap_benchmark_command(tmp_path):
     out = tmp_path / "overlap.csv"
     proc = subprocess.run(
@@ -243,6 +251,7 @@ def test_bench_refuses_overrides_it_does_not_take():
         (["efficiency", "--trials", "0"], "argument --trials: 0 must be >= 1"),
         (["memory", "--models", "ffm"], "--models goes with `efficiency` only"),
         (["eval", "--csv", "/nonexistent-folder/x.csv"], "--csv /nonexistent-folder/x.csv: its folder does not exist"),
+        (["efficiency", "--csv", "/"], "--csv /: is a folder; give a file"),
         ([], "the following arguments are required: which"),
     ],
 )
@@ -254,6 +263,130 @@ def test_bench_refuses_bad_input_in_one_line_before_any_work(capsys, argv, needl
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert needle in err, err
+
+
+# --- a benchmark's --csv: rows added after those it holds, whole, whenever it is stopped -------------------------
+HEADER = "benchmark,shape,model,metric,value,unit\r\n"
+
+
+def _held_rows(n: int) -> bytes:
+    """A benchmark CSV of ``n`` rows, as a run of the efficiency benchmark leaves it."""
+    rows = "".join(f'efficiency,"1x[T1024,B8]_in128_h256",gru,train_s,{0.5 + k / 1000:g},s\r\n' for k in range(n))
+    return (HEADER + rows).encode()
+
+
+def _efficiency_rows(data: bytes) -> list[list[str]]:
+    rows = list(csv.reader(io.StringIO(data.decode(), newline="")))
+    assert all(len(r) == 6 and r[0] == "efficiency" and float(r[4]) > 0 for r in rows), rows
+    return rows
+
+
+def test_write_csv_adds_whole_rows_after_those_a_file_holds(tmp_path):
+    from pomdp_ffm.bench.common import Row, write_csv
+    from pomdp_ffm.run.unwritable import Unwritable
+
+    target = tmp_path / "bench.csv"
+    target.write_bytes(_held_rows(3)[:-2])  # its last line without its newline (an older writer cut short)
+    target.chmod(0o640)
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    write_csv([Row("memory", "T1", "ffm", "fwd_ms", 1.5, "ms")], str(link))
+    write_csv([Row("memory", "T1", "gru", "fwd_ms", 2.0, "ms")], str(link))
+    assert target.read_bytes() == _held_rows(3) + b"memory,T1,ffm,fwd_ms,1.5,ms\r\nmemory,T1,gru,fwd_ms,2,ms\r\n"
+    assert link.is_symlink() and target.stat().st_mode & 0o777 == 0o640
+    new = tmp_path / "new.csv"
+    write_csv([Row("scan", "T1", "loop", "fwd_bwd_ms", 3.0, "ms")], str(new))
+    assert new.read_bytes() == (HEADER + "scan,T1,loop,fwd_bwd_ms,3,ms\r\n").encode()
+    foreign = tmp_path / "notes.csv"
+    foreign.write_text("a,b\n1,2\n")
+    with pytest.raises(Unwritable, match="holds something other than benchmark rows"):
+        write_csv([Row("scan", "T1", "loop", "fwd_bwd_ms", 3.0, "ms")], str(foreign))
+    assert foreign.read_text() == "a,b\n1,2\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "link.csv", "new.csv", "notes.csv"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_efficiency_benchmark_leaves_the_rows_its_csv_held_and_whole_new_ones(tmp_path, signum):
+    # A real process, stopped (SIGTERM: Python's default, no handler; SIGKILL) once it has added a trial or two, at
+    # whatever point of a write it is in: the file holds the 399 rows it held, then whole rows of this run (a rewrite
+    # emptied the file before anything was measured; an append killed mid-write would leave half a row).
+    held = _held_rows(399)
+    out = tmp_path / "efficiency.csv"
+    out.write_bytes(held)
+    argv = ["efficiency", "--models", "mlp", "--trials", "100000", "--threads", "1", "--csv", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "pomdp_ffm.bench", *argv], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + HANG_S
+        while out.read_bytes().count(b"\n") < 400 + 5 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # (the memory row, then two rows a trial)
+        assert proc.poll() is None, "the benchmark ended before it was stopped"
+        proc.send_signal(signum)
+        assert proc.wait(HANG_S) == -signum
+    finally:
+        proc.kill()
+    data = out.read_bytes()
+    assert data.startswith(held) and data.endswith(b"\r\n")
+    new = _efficiency_rows(data[len(held) :])
+    assert len(new) >= 5 and {r[2] for r in new} == {"mlp"}
+
+
+def test_a_folder_the_csv_cannot_be_written_in_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    # As root chmod stops no write: the folder's refusal is the kernel's answer on a read-only mount, injected.
+    import tempfile
+
+    from pomdp_ffm.bench.__main__ import main
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    out = tmp_path / "efficiency.csv"
+    with pytest.raises(SystemExit) as e:
+        main(["efficiency", "--models", "mlp", "--csv", str(out)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"error: --csv {out}: cannot be written (Read-only file system)\n"
+    assert not out.exists()
+
+
+def test_a_csv_that_is_not_a_benchmarks_is_refused_and_left_as_it_was(tmp_path, capsys):
+    from pomdp_ffm.bench.__main__ import main
+
+    notes = tmp_path / "notes.csv"
+    notes.write_text("name,score\nffm,1\n")
+    with pytest.raises(SystemExit) as e:
+        main(["memory", "--csv", str(notes)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: --csv {notes}: holds something other than benchmark rows (its first line is not")
+    assert notes.read_text() == "name,score\nffm,1\n"
+
+
+def test_a_csv_that_cannot_be_written_at_a_trials_end_is_one_line_and_exit_74(tmp_path, capsys, monkeypatch):
+    # The disk fills after the start's checks: the first write (the memory row) fails. One line naming the file,
+    # the project's exit code for a file that cannot be written, the file as it was and no temporary beside it.
+    from pomdp_ffm.bench.__main__ import main
+    from pomdp_ffm.run.exits import EXIT_UNWRITABLE
+
+    out = tmp_path / "efficiency.csv"
+    out.write_bytes(_held_rows(4))
+    rename = os.replace
+
+    def full(src, dst):
+        if Path(dst).name == out.name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(SystemExit) as e:
+        main(["efficiency", "--models", "mlp", "--trials", "1", "--csv", str(out)])
+    assert e.value.code == EXIT_UNWRITABLE
+    where = Path(os.path.realpath(out))
+    err = capsys.readouterr().err  # (after the progress bar, cleared: the last line, a whole one)
+    assert err.endswith("\n") and err.splitlines()[-1] == (
+        f"error: {where} cannot be written (No space left on device); free some space, then rerun (the file holds "
+        "what it held before this write)"
+    )
+    assert out.read_bytes() == _held_rows(4) and [p.name for p in tmp_path.iterdir()] == [out.name]
 
 
 # --- the acting benchmark's CPU copy computes what the agent computes -------------------------------------------
@@ -318,6 +451,7 @@ def test_acting_benchmark_with_seeds_times_both_ways():
     assert all(r.value > 0 and r.unit == "us" for r in rows)
 
 
+@pytest.mark.slow
 def test_update_benchmark_with_seeds_times_separate_and_together():
     from pomdp_ffm.bench.update import run_seeds
 

@@ -1,4 +1,4 @@
-"""``python -m pomdp_ffm.bench {efficiency,memory,scan,update,act,loop,eval,overlap}``: benchmarks that compare
+"""``python -m pomdp_ffm.bench {efficiency,memory,scan,update,act,loop,eval,overlap,ledger}``: benchmarks that compare
 variants in one process (docs/benchmarks.md).
 
 ``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
@@ -14,7 +14,9 @@ import sys
 
 import torch
 
-from .common import print_table, write_csv
+from ..run.exits import EXIT_UNWRITABLE
+from ..run.unwritable import Unwritable
+from .common import check_csv, print_table, write_csv
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,13 +54,15 @@ def main(argv=None) -> None:
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=big, MALLOC_TRIM_THRESHOLD_=big)
         os.execve(sys.executable, [sys.executable, "-m", "pomdp_ffm.bench", *sys.argv[1:]], env)
     p = _Parser(prog="python -m pomdp_ffm.bench", description=__doc__)
-    p.add_argument("which", choices=["efficiency", "memory", "scan", "update", "act", "loop", "eval", "overlap"])
+    p.add_argument(
+        "which", choices=["efficiency", "memory", "scan", "update", "act", "loop", "eval", "overlap", "ledger"]
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--threads", type=_count, help="torch intra-op threads (default: torch's)")
     p.add_argument("--repeats", type=_count, default=20, help="interleaved timing rounds")
     p.add_argument("--shapes", nargs="+", choices=["rl", "paper"], help="memory: these shapes (default both)")
     p.add_argument("--variants", nargs="+", help="memory: time only these (e.g. ffm gru gru-loop; default all)")
-    p.add_argument("--csv", help="also write the rows to this CSV file")
+    p.add_argument("--csv", help="also add the rows to this CSV file (after those it holds; made where there is none)")
     p.add_argument("--models", nargs="+", help="efficiency: these registered memories (default: every one)")
     p.add_argument("--trials", type=_count, default=10, help="efficiency: trials per model (default 10, the paper's)")
     p.add_argument("--steps", type=_count, default=3000, help="loop: env steps to train for (default 3000)")
@@ -105,8 +109,7 @@ def main(argv=None) -> None:
 
     if args.which == "loop" and args.project is not None:
         checked(f"--project {args.project}: ", get_task, args.project)
-    if args.csv and not os.path.isdir(os.path.dirname(os.path.abspath(args.csv))):
-        p.refuse(f"--csv {args.csv}: its folder does not exist")
+    held = checked(f"--csv {args.csv}: ", check_csv, args.csv) if args.csv else 0  # before anything is measured
     device = checked(f"--device {args.device}: ", resolve_device, args.device)
     if args.which == "memory" and args.variants:
         checked("--variants: ", variants, 4, 32, device, args.variants)
@@ -127,18 +130,25 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"device={device} ({name}), torch {torch.__version__}, threads={torch.get_num_threads()}")
+    if held:
+        print(f"{args.csv} holds {held} rows: they stay, this run's rows come after them")
     try:
         rows = _run(args, overrides, device)
+        if args.csv and rows and args.which != "efficiency":  # (efficiency adds its rows as each trial ends)
+            write_csv(rows, args.csv)
+            print(f"\nadded {len(rows)} rows to {args.csv}")
     except Refused as e:  # a setting only the benchmark's trainer could check (e.g. its evaluation clock)
         p.refuse(str(e))
-    if args.csv and rows and args.which != "efficiency":  # (efficiency writes its rows as each trial ends)
-        write_csv(rows, args.csv)
-        print(f"\nwrote {args.csv}")
+    except Unwritable as e:  # what check_csv could not foresee: a disk filled, the file replaced by a folder
+        p.exit(EXIT_UNWRITABLE, f"error: {e}; {e.fix}, then rerun (the file holds what it held before this write)\n")
 
 
 def _run(args, overrides: list[str], device: torch.device) -> list:
     """The benchmark's rows, each table printed as it is done (``loop`` prints a report of its own)."""
-    from . import acting, efficiency, evaluation, loop, memory, scan, update
+    from . import acting, efficiency, evaluation, ledger, loop, memory, scan, update
+
+    if args.which == "ledger":  # figures, not timings: printed as measured, no ratios
+        return ledger.run()
 
     if args.which == "loop":
         from ..run.exits import EXIT_STOPPED

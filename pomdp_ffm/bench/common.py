@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import collections
 import csv
+import errno
+import io
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..run.rundir import replace_file
+from ..run.unwritable import Unwritable, writing
 
 Row = collections.namedtuple("Row", "benchmark shape model metric value unit")  # value: a float, the rest strings
 
@@ -142,11 +150,70 @@ def print_table(rows: list[Row], baseline: str) -> None:
             print(f"  {r.model:<{width}} {r.value:12.3f} {r.unit:<3} {ratio}")
 
 
-def write_csv(rows: list[Row], path: str, append: bool = False) -> None:
-    """The rows as a CSV with its header, or with ``append`` after those already there."""
-    with open(path, "a" if append else "w", newline="") as f:
-        w = csv.writer(f)
-        if not append:
+# A benchmark's --csv only ever adds rows: a rerun, or a second run where the first was cut short, keeps what the file
+# held (``python -m analysis`` averages rows of the same shape, model and metric; give each machine a file of its own).
+# Each write is the whole file, old rows and new, written beside it and renamed over it (``rundir.replace_file``):
+# a plain append killed mid-write (SIGKILL, a full disk) leaves half a row, a rewrite in place an empty file; a rename
+# leaves the old file or the new one. The file is small (hundreds of rows), so rewriting it per trial costs nothing.
+# One benchmark a file at a time: two adding to one file at once could each rename over the other's rows.
+HEADER = ",".join(Row._fields)
+
+
+def _held(path: str) -> bytes:
+    """The bytes of the benchmark CSV at ``path`` (b"" where there is none, or an empty file); ValueError where it
+    holds something else: the benchmark adds to its own files only."""
+    try:
+        with open(path, "rb") as f:
+            old = f.read()
+    except FileNotFoundError:
+        return b""
+    first = old.split(b"\n", 1)[0].rstrip(b"\r")
+    if old and first != HEADER.encode():
+        raise ValueError(f"holds something other than benchmark rows (its first line is not `{HEADER}`)")
+    return old
+
+
+def check_csv(path: str) -> int:
+    """Before anything is measured: the number of rows the CSV at ``path`` holds already (0 for a new file), or a
+    ValueError saying why the benchmark cannot add its rows there."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError("is a folder; give a file")
+    if not os.path.isdir(folder):
+        raise ValueError("its folder does not exist")
+    try:
+        old = _held(path)
+        if os.path.exists(path):
+            open(path, "ab").close()  # a read-only or immutable file is kept from change: refused, not replaced
+        tempfile.TemporaryFile(dir=folder).close()  # where the rows are written before they are renamed into place
+    except OSError as e:
+        raise ValueError(f"cannot be written ({e.strerror or e})") from None
+    return max(len(old.splitlines()) - 1, 0)
+
+
+def write_csv(rows: list[Row], path: str) -> None:
+    """Add the rows to the benchmark CSV at ``path``, made with its header where there is none; what it held stays.
+    Unwritable (naming the file) where it cannot be written, the file then as it was."""
+    target = Path(os.path.realpath(path))  # a symbolic link stays one: its target gets the rows
+    with writing(target):
+        try:
+            old = _held(str(target))
+        except ValueError as e:  # put there since check_csv: not ours to change
+            raise Unwritable(errno.EEXIST, str(e), str(target)) from None
+        if old and not old.endswith(b"\n"):  # a last line cut short by an older writer: a line of its own, not
+            old = old.rstrip(b"\r") + b"\r\n"  # glued to a row (the csv module ends its rows with CRLF)
+        text = io.StringIO()
+        w = csv.writer(text)
+        if not old:
             w.writerow(Row._fields)
         for r in rows:
             w.writerow([r.benchmark, r.shape, r.model, r.metric, f"{r.value:.6g}", r.unit])
+        data = old + text.getvalue().encode()
+        mode = os.stat(target).st_mode & 0o7777 if old else None
+
+        def write(tmp: Path) -> None:
+            tmp.write_bytes(data)
+            if mode is not None:
+                os.chmod(tmp, mode)  # the file keeps its permissions
+
+        replace_file(target, write)

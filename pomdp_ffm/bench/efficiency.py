@@ -133,42 +133,41 @@ def _latency_ms(model: nn.Module, xs: torch.Tensor, device) -> float:
 
 def run(names: list[str], trials: int, device: torch.device, epoch: Epoch, csv_path: str | None = None) -> list[Row]:
     """Every row of the benchmark, one per model, metric and trial (memory: one per model); each trial's rows are
-    appended to ``csv_path`` as it ends, so a run cut short keeps what it measured."""
+    added to ``csv_path`` as it ends (``common.write_csv``: after the rows it held, in whole rows whenever the run is
+    stopped), so a run cut short keeps what it measured and what the file held before."""
     models = variants(names, epoch, device)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(epoch.steps, epoch.episodes, epoch.input_size, generator=gen).to(device)
     grad = torch.randn(epoch.steps, epoch.episodes, epoch.hidden_size, generator=gen).to(device)
     xs = torch.randn(epoch.steps, epoch.input_size, generator=gen).to(device)
     rows: list[Row] = []
-    if csv_path is not None:
-        write_csv([], csv_path)  # (the header)
 
     def add(new: list[Row]) -> None:
         rows.extend(new)
         if csv_path is not None:
-            write_csv(new, csv_path, append=True)
+            write_csv(new, csv_path)
 
-    bar = tqdm(total=len(models) * (trials + 1), desc="efficiency", unit="model", leave=False)
-    for name, model in models.items():  # untimed warm-up (first-call allocations), and the memory, once
-        bar.set_postfix_str(f"{name}: memory")
-        mb = peak_bytes(lambda m=model: m(x.detach().requires_grad_())[0].backward(grad), device) / 2**20
-        add([Row("efficiency", epoch.shape, name, "peak_mem_mb", mb, METRICS["peak_mem_mb"])])
-        _latency_ms(model, xs[:2], device)
-        bar.update()
-    order = list(models)
-    for trial in range(trials):
-        random.Random(trial).shuffle(order)  # a new order each trial: drift and warmth hit every model alike
-        new = []
-        for name in order:
-            bar.set_postfix_str(f"trial {trial + 1}/{trials}: {name}")
-            model = models[name]
-            train_s = _train_seconds(model, x, grad, epoch.minibatches, device)
-            new.append(Row("efficiency", epoch.shape, name, "train_s", train_s, METRICS["train_s"]))
-            latency = _latency_ms(model, xs, device)
-            new.append(Row("efficiency", epoch.shape, name, "latency_ms", latency, METRICS["latency_ms"]))
+    # (closed, so cleared, when a write fails too: the error's line is then a line of its own)
+    with tqdm(total=len(models) * (trials + 1), desc="efficiency", unit="model", leave=False) as bar:
+        for name, model in models.items():  # untimed warm-up (first-call allocations), and the memory, once
+            bar.set_postfix_str(f"{name}: memory")
+            mb = peak_bytes(lambda m=model: m(x.detach().requires_grad_())[0].backward(grad), device) / 2**20
+            add([Row("efficiency", epoch.shape, name, "peak_mem_mb", mb, METRICS["peak_mem_mb"])])
+            _latency_ms(model, xs[:2], device)
             bar.update()
-        add(new)
-    bar.close()
+        order = list(models)
+        for trial in range(trials):
+            random.Random(trial).shuffle(order)  # a new order each trial: drift and warmth hit every model alike
+            new = []
+            for name in order:
+                bar.set_postfix_str(f"trial {trial + 1}/{trials}: {name}")
+                model = models[name]
+                train_s = _train_seconds(model, x, grad, epoch.minibatches, device)
+                new.append(Row("efficiency", epoch.shape, name, "train_s", train_s, METRICS["train_s"]))
+                latency = _latency_ms(model, xs, device)
+                new.append(Row("efficiency", epoch.shape, name, "latency_ms", latency, METRICS["latency_ms"]))
+                bar.update()
+            add(new)
     return rows
 
 

@@ -360,6 +360,7 @@ def test_cache_is_json_and_a_planted_pickle_never_runs(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- --out and the efficiency legend
 
 
+@pytest.mark.slow
 def test_out_naming_a_file_is_a_one_line_error(tmp_path):
     (tmp_path / "report.txt").write_text("keep me\n")
     res = run_cli(tmp_path, "--out", "report.txt", cwd=tmp_path)
@@ -400,6 +401,70 @@ def test_efficiency_panels_say_which_way_is_better(tmp_path, monkeypatch):
     texts = [t.get_text() for legend in fig.legends for t in [legend.get_title(), *legend.get_texts()]]
     assert not any("lower is better" in t.lower() for t in texts)
     figstyle.plt.close(fig)
+
+
+# --------------------------------------------------------------------------- benchmark CSVs that cannot be trusted
+BENCH_HEADER = "benchmark,shape,model,metric,value,unit\n"
+
+
+def test_a_benchmark_csv_with_bytes_that_are_not_utf8_loses_those_rows_only_and_is_named(tmp_path, capsys):
+    # As a run's progress.csv, the file is read with its undecodable bytes replaced; a row they touch is left out
+    # (its model would be a new one, "g?ru"), and one warning names the file and the row's line.
+    from analysis import cli
+
+    rows = "".join(f"efficiency,s1,{m},train_s,{v},s\n" for m in ("ffm", "gru") for v in (1.0, 2.0, 3.0))
+    path = tmp_path / "efficiency.csv"
+    path.write_bytes((BENCH_HEADER + rows).encode().replace(b"gru,train_s,2.0", b"g\xffru,train_s,2.0"))
+    out = tmp_path / "out"
+    argv = ["efficiency", str(path), "--out", str(out), "--resamples", "50", "--formats", "png"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"warning: {path}: 1 row(s) left out: line 6 (bytes that are not UTF-8)" in err
+    table = pd.read_csv(out / "tables" / "efficiency_paper.csv").set_index("model")
+    assert table["n_trials"].to_dict() == {"ffm": 3, "gru": 2}
+    assert table.loc["gru", "mean"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("how", ["argument", "--bench"])
+def test_a_missing_benchmark_csv_is_named_and_nothing_is_written(tmp_path, capsys, how):
+    from analysis import cli
+
+    gone, out = tmp_path / "gone.csv", tmp_path / "out"
+    given = [str(gone)] if how == "argument" else ["--bench", str(gone)]
+    assert cli.main(["efficiency", *given, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: no benchmark CSV file at {gone}\n"
+    assert not out.exists()
+
+
+def test_impossible_benchmark_values_are_left_out_with_one_warning_naming_each_row(tmp_path):
+    # A time or a size that cannot be (negative, NaN, infinite, a time over a year, memory over 1 EiB) is a broken
+    # clock or a damaged file: left out, the file, line and value named, not averaged into a model's mean. A
+    # figure of a metric no rule knows (the ledger's, no unit) may be negative.
+    lines = [
+        "efficiency,s1,ffm,train_s,-1,s",
+        "efficiency,s1,ffm,train_s,1e308,s",
+        "efficiency,s1,ffm,train_s,nan,s",
+        "efficiency,s1,ffm,latency_ms,inf,ms",
+        "efficiency,s1,ffm,peak_mem_mb,1e40,MB",
+        "efficiency,s1,ffm,train_s,oops,s",
+        "efficiency,s1,ffm,train_s,0.5,s",
+        "efficiency,s1,ffm,latency_ms,0.2,ms",
+        "efficiency,s1,ffm,peak_mem_mb,16,MB",
+        "ledger decay,s1,float32,log_error,-3.5,",
+    ]
+    path = tmp_path / "efficiency.csv"
+    path.write_text(BENCH_HEADER + "\n".join(lines) + "\n")
+    data, problems = bench.read_bench([path])
+    assert problems == [
+        (
+            str(path),
+            "warning",
+            "6 row(s) left out: line 2 value '-1' (train_s in s: negative); line 3 value '1e308' (train_s in s: longer "
+            "than a year); line 4 value 'nan' (train_s in s: not a number); line 5 value 'inf' (latency_ms in ms: "
+            "infinite); line 6 value '1e40' (peak_mem_mb in MB: more than 1 EiB), and 1 more",
+        )
+    ]
+    assert data["value"].tolist() == [0.5, 0.2, 16.0, -3.5]
 
 
 # --------------------------------------------------------------------------- what the console and labels say
