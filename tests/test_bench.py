@@ -335,6 +335,7 @@ def test_a_folder_the_csv_cannot_be_written_in_is_refused_before_anything_runs(t
     import tempfile
 
     from pomdp_ffm.bench.__main__ import main
+    from pomdp_ffm.run.exits import EXIT_UNWRITABLE
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -343,8 +344,9 @@ def test_a_folder_the_csv_cannot_be_written_in_is_refused_before_anything_runs(t
     out = tmp_path / "efficiency.csv"
     with pytest.raises(SystemExit) as e:
         main(["efficiency", "--models", "mlp", "--csv", str(out)])
-    assert e.value.code == 2
-    assert capsys.readouterr().err == f"error: --csv {out}: cannot be written (Read-only file system)\n"
+    assert e.value.code == EXIT_UNWRITABLE  # the file system's refusal, as a run directory's (launch/README.md)
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out} cannot be written (Read-only file system); ") and err.count("\n") == 1
     assert not out.exists()
 
 

@@ -106,6 +106,8 @@ def main(argv=None) -> None:
             return fn(*a, **kw)
         except (Refused, ValueError) as e:
             p.refuse(f"{prefix}{e}")
+        except Unwritable as e:  # the file system refuses the write: 74, as a run's (launch/README.md)
+            p.exit(EXIT_UNWRITABLE, f"error: {e}; {e.fix}, then rerun\n")
 
     if args.which == "loop" and args.project is not None:
         checked(f"--project {args.project}: ", get_task, args.project)

@@ -174,8 +174,9 @@ def _held(path: str) -> bytes:
 
 
 def check_csv(path: str) -> int:
-    """Before anything is measured: the number of rows the CSV at ``path`` holds already (0 for a new file), or a
-    ValueError saying why the benchmark cannot add its rows there."""
+    """Before anything is measured: the number of rows the CSV at ``path`` holds already (0 for a new file); a
+    ValueError where the path is wrong (a folder, no folder, not a benchmark's CSV), Unwritable where the file system
+    refuses the write."""
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError("is a folder; give a file")
@@ -186,8 +187,8 @@ def check_csv(path: str) -> int:
         if os.path.exists(path):
             open(path, "ab").close()  # a read-only or immutable file is kept from change: refused, not replaced
         tempfile.TemporaryFile(dir=folder).close()  # where the rows are written before they are renamed into place
-    except OSError as e:
-        raise ValueError(f"cannot be written ({e.strerror or e})") from None
+    except OSError as e:  # the file system refuses: exit 74, as a run's directory (launch/README.md)
+        raise Unwritable(e.errno, e.strerror or str(e), path) from None
     return max(len(old.splitlines()) - 1, 0)
 
 
