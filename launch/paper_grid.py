@@ -17,6 +17,7 @@ refused or failed job and ends with "N finished, M refused, K failed"; exit code
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from pomdp_ffm.jobs.plan import Refused
 from pomdp_ffm.jobs.precheck import precheck
 from pomdp_ffm.run.exits import EXIT_OK, EXIT_REFUSED
 from pomdp_ffm.run.rundir import STATUSES, Status
-from pomdp_ffm.run.signals import STOP_SIGNALS
+from pomdp_ffm.run.signals import END_WITH_ENV, STOP_SIGNALS
 
 LAUNCHERS = ("basic", "local", "slurm", "slurm_local")
 # The seed sweep becomes a seed axis: the job named by seed 0 trains seeds 0-4 and writes their sibling directories.
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = [sys.executable, "-m", "pomdp_ffm.train", "--multirun", *overrides]
     print("+", " ".join(cmd), flush=True)
-    sweep = subprocess.Popen(cmd)
+    # The sweep ends with this script, even one killed by SIGKILL: it is then sent SIGTERM and stops as below (its
+    # runs checkpointed, its workers ended), instead of training on with nobody waiting for it (launch/README.md).
+    sweep = subprocess.Popen(cmd, env={**os.environ, END_WITH_ENV: str(os.getpid())})
     # A stop signal to this script is the sweep's: passed on, it stops the sweep as it would stop it directly
     # (launch/README.md), and this script reports where the runs stand once the sweep has exited.
     old = {sig: signal.signal(sig, lambda signum, frame: sweep.send_signal(signum)) for sig in STOP_SIGNALS}

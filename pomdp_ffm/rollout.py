@@ -14,6 +14,17 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class TrainingDiverged(FloatingPointError):
+    """The run diverged (exits.EXIT_DIVERGED): a non-finite loss (``Trainer.diverged``), or a non-finite action,
+    which the rollout finds (hence here, below the trainer)."""
+
+
+class NonFiniteAction(TrainingDiverged):
+    """The policy gave a non-finite action, found before any env takes it (PyBullet's would fail a bare assert, where
+    Pendulum's and MuJoCo's step on into non-finite observations). Its trainer saves the diverged checkpoint
+    (``Trainer.diverged``)."""
+
+
 @dataclass
 class Episode:
     observs: np.ndarray  # [L, O]  o_t
@@ -121,6 +132,17 @@ class Rollout:
 
     def send(self, acted: tuple[np.ndarray, object]) -> None:
         """The actions sent: envs in worker processes step from here, the others in ``receive``."""
+        actions = acted[0]
+        # On the host already (the envs step from it): the check costs no device read. Finished envs' rows are
+        # never sent.
+        if not np.isfinite(actions).all():
+            bad = [i for i in np.flatnonzero(self.active) if not np.isfinite(actions[i]).all()]
+            if bad:
+                kind = "a training" if self.record else "an evaluation"
+                raise NonFiniteAction(
+                    f"non-finite action {actions[bad[0]].tolist()} from the policy at step {self.length[bad[0]] + 1} "
+                    f"of {kind} episode, before the env took it"
+                )
         t0 = time.perf_counter()
         self.sent, self.state = acted
         for i in np.flatnonzero(self.active):

@@ -18,17 +18,36 @@ Exit codes of a single run (pomdp_ffm/run/exits.py; a sweep's, and what each ask
     0   finished (DONE written), or skipped because it had finished
     1   failed: an error while training (traceback in ERROR.txt)
     2   refused: a bad setting, or a run directory that is in use, damaged, or holds another experiment
-    3   diverged: a non-finite loss (checkpoints/diverged.pt saved, message in ERROR.txt)
-    74  unwritable: a file of the run could not be written, or its lock file was removed under it
-    75  stopped by SIGTERM/SIGUSR1 (or the scheduler's warning) with its checkpoint saved: rerun to resume
+    3   diverged: a non-finite loss, or action (checkpoints/diverged.pt saved, message in ERROR.txt)
+    74  unwritable: a file of the run could not be written (also its directory, found before anything starts), or
+        its lock file was removed under it
+    75  stopped by SIGTERM/SIGUSR1 (or the scheduler's warning) with its checkpoint saved (nothing written where
+        the signal came before the run started, from this module's first lines on): rerun to resume
 """
 
+# The stop signals' handler goes in before the package's imports, which take seconds (EARLY_STOPS):
+# ruff: noqa: E402
 from __future__ import annotations
+
+import signal
+import sys
+
+from .run.signals import STOP_SIGNALS
+
+EARLY_STOPS: list[int] = []  # the stop signals that came before cli() chose who takes them: nothing has started
+
+
+def _hold(signum, frame) -> None:
+    EARLY_STOPS.append(signum)
+
+
+# Run as ``python -m pomdp_ffm.train``: a stop signal while the modules below are imported (torch's, seconds) is held
+# for cli(), which exits with EXIT_STOPPED, instead of ending the process by the signal. Imported (by a test, a
+# worker), the module leaves the process's handlers as they are. _DEFAULTS: the handlers from before.
+_DEFAULTS = {sig: signal.signal(sig, _hold) for sig in STOP_SIGNALS} if __name__ == "__main__" else {}
 
 import contextlib
 import logging
-import signal
-import sys
 from pathlib import Path
 
 import hydra
@@ -46,7 +65,7 @@ from .jobs.start import check_and_lock
 from .run import signals
 from .run.exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
 from .run.rundir import LockLost, RunDir, RunResult
-from .run.signals import STOP_SIGNALS, StopSignals, SweepSignals
+from .run.signals import StopSignals, SweepSignals
 from .run.unwritable import Unwritable
 from .trainer import Trainer, TrainingDiverged
 
@@ -154,13 +173,21 @@ def cli() -> None:
     a stop signal stopped (``signals.SweepSignals``) exits with EXIT_STOPPED once its jobs in hand have saved
     their checkpoints; one with a refused or failed job (``grid.SweepOutcomes``), with EXIT_FAILED."""
     argv = sys.argv[1:]
-    early: list[int] = []  # a stop while the command is checked: nothing has started, nothing starts
-    before = {sig: signal.signal(sig, lambda signum, frame: early.append(signum)) for sig in STOP_SIGNALS}
+    early = EARLY_STOPS  # a stop while the modules were imported or the command is checked: nothing starts
+    before = {**{sig: signal.signal(sig, _hold) for sig in STOP_SIGNALS}, **_DEFAULTS}
+    if early:  # (while the modules were imported: the command is not even checked)
+        _stopped_before_start(early[0])
+    # Started by launch/paper_grid.py: stopped when it ends, by SIGTERM (taken from here on, by the handler above and
+    # then by the sweep's), not left training with nobody waiting for it.
+    signals.end_with_launcher()
     try:
         composed = checked_command(argv)
     except (Refused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
+    except Unwritable as e:  # a run or sweep directory this process may not write in (as a run's file: _job)
+        print(f"error: {e}; {e.fix}, then rerun", file=sys.stderr)
+        sys.exit(EXIT_UNWRITABLE)
     multirun = composed is not None and (
         any(a in ("-m", "--multirun") for a in argv) or composed.hydra.mode == RunMode.MULTIRUN
     )
@@ -187,8 +214,7 @@ def cli() -> None:
             signal.signal(sig, handler)
     # (Checked once the handlers above replaced the one that fills it, so that no signal falls between the two.)
     if early:
-        print(f"stopped by signal {early[0]} before anything started; rerun the same command", file=sys.stderr)
-        sys.exit(EXIT_STOPPED)
+        _stopped_before_start(early[0])
     try:
         main()
     finally:
@@ -205,6 +231,11 @@ def cli() -> None:
     ended = sweep_outcome() or {}  # (its jobs named, and summed up, by grid.SweepOutcomes)
     if ended.get("stopped") or ended.get("refused") or ended.get("failed"):
         sys.exit(EXIT_STOPPED if ended.get("stopped") else EXIT_FAILED)
+
+
+def _stopped_before_start(signum: int) -> None:
+    print(f"stopped by signal {signum} before anything started; rerun the same command", file=sys.stderr)
+    sys.exit(EXIT_STOPPED)
 
 
 if __name__ == "__main__":

@@ -44,16 +44,12 @@ from .metrics import (
     summed,
 )
 from .optim import AdamForm
-from .rollout import AgentPolicy, RandomPolicy, Rollout, play_all
+from .rollout import AgentPolicy, NonFiniteAction, RandomPolicy, Rollout, TrainingDiverged, play_all
 from .run.checkpoint import CHECKPOINT_FORMAT
 from .run.rundir import RunDir
 from .run.signals import StopSignals
 
 log = logging.getLogger("pomdp_ffm")
-
-
-class TrainingDiverged(FloatingPointError):
-    pass
 
 
 class StopRequested(Exception):
@@ -139,18 +135,21 @@ class Trainer:
         self.open(resume)
         c = self.standing
         try:
-            if compile_before_acting(self):  # (train.compile; a stop that came meanwhile is taken right after)
-                self._check_stop()
-            while c.burst is not None or c.env_steps < self.budget:
-                if c.burst is None:  # (else resumed inside a burst, its unit's episodes in the buffer)
-                    self.collect()  # the initial pool's random episodes, or an iteration's; its burst's size
-                run_bursts([self], self.updater)  # no host read between its updates
-                if (evaluation := self.end_burst()) is not None:  # its row (after a deferred evaluation's)
-                    play_all(evaluation.next, evaluation.ended)
-                    self.evaluated(evaluation)  # its row; a snapshot, a checkpoint when due
-        except StopRequested:
-            return self.stopped()
-        return self.finished()
+            try:
+                if compile_before_acting(self):  # (train.compile; a stop that came meanwhile is taken right after)
+                    self._check_stop()
+                while c.burst is not None or c.env_steps < self.budget:
+                    if c.burst is None:  # (else resumed inside a burst, its unit's episodes in the buffer)
+                        self.collect()  # the initial pool's random episodes, or an iteration's; its burst's size
+                    run_bursts([self], self.updater)  # no host read between its updates
+                    if (evaluation := self.end_burst()) is not None:  # its row (after a deferred evaluation's)
+                        play_all(evaluation.next, evaluation.ended)
+                        self.evaluated(evaluation)  # its row; a snapshot, a checkpoint when due
+            except StopRequested:
+                return self.stopped()  # (its checkpoint may play the rest of a deferred evaluation)
+            return self.finished()
+        except NonFiniteAction as e:  # played anywhere above (a seed axis's seed: jobs/seeds.py, SeedAxis.failed)
+            self.diverged(e)
 
     def open(self, resume: dict | None = None) -> None:
         if resume is not None:
@@ -344,18 +343,19 @@ class Trainer:
         first_bad = burst.close()
         self.timers["update"] += time.perf_counter() - t_w
         if first_bad >= 0:
-            self._diverged(first_bad, burst.last)
+            c, last = self.standing, {k: float(v) for k, v in burst.last.items()}
+            self.diverged(
+                f"non-finite loss first at update {first_bad} (env step {c.env_steps}; the burst ran on to update "
+                f"{c.rl_steps}, whose statistics were {last})"
+            )
 
-    def _diverged(self, first_bad: int, last: dict) -> None:
-        c = self.standing
-        path = self.save_checkpoint(self.run / RunDir.DIVERGED)
-        last = {k: float(v) for k, v in last.items()}
-        msg = (
-            f"non-finite loss first at update {first_bad} (env step {c.env_steps}; the burst ran on to update "
-            f"{c.rl_steps}, whose statistics were {last}); checkpoint saved to {path}"
-        )
-        log.error(msg)
-        raise TrainingDiverged(msg)
+    def diverged(self, what: str | NonFiniteAction) -> None:
+        """A non-finite loss, or action (Rollout.send: its weights made it), is the run's end: diverged.pt saved."""
+        acting = isinstance(what, NonFiniteAction)
+        where = f" (env step {self.standing.env_steps}, update {self.standing.rl_steps})" if acting else ""
+        path = self.save_checkpoint(self.run / RunDir.DIVERGED)  # (no evaluation is deferred now: played or dropped)
+        log.error(msg := f"{what}{where}; checkpoint saved to {path}")
+        raise TrainingDiverged(msg) from (what if acting else None)
 
     def _clocks(self) -> Clocks:
         c = self.standing

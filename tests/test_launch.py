@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from hang import HANG_S
+from marks import parametrize_first_fast, slow_case
 
 from pomdp_ffm.catalog import BASELINES, CHALLENGER
 from pomdp_ffm.jobs.grid import sweep_jobs
@@ -25,6 +26,7 @@ from pomdp_ffm.jobs.precheck import precheck
 from pomdp_ffm.run.checkpoint import CheckpointError, load_checkpoint
 from pomdp_ffm.run.exits import EXIT_FAILED, EXIT_REFUSED
 from pomdp_ffm.run.rundir import RunDir
+from pomdp_ffm.run.unwritable import Unwritable
 from pomdp_ffm.seq_models import available
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +64,7 @@ def eval_steps(run: Path) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
     grid = _paper_grid()
     root = tmp_path / "grid"
@@ -82,6 +85,7 @@ def test_dry_run_counts_the_paper_grid(tmp_path, capsys):
     assert not root.exists()  # a dry run starts nothing
 
 
+@pytest.mark.slow
 def test_dry_run_reports_run_status(tmp_path, capsys):
     # Each job's status is what its start would do under the job's own config (pomdp_ffm.jobs.plan.status):
     # marker files alone, another task's finished run, or a file where the run belongs are damaged, each with its
@@ -214,7 +218,7 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
     assert all((r / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)") for r in runs)
 
 
-@pytest.mark.parametrize(
+@parametrize_first_fast(
     "override,needle",
     [
         ("policy.lrr=1e-3", "Could not override 'policy.lrr': Key 'lrr' not in 'PolicyConfig'"),
@@ -230,6 +234,29 @@ def test_composition_errors_are_one_line_and_exit_2(tmp_path, override, needle):
     assert proc.stderr.strip().count("\n") == 0 and not (tmp_path / "run").exists()
 
 
+def test_an_override_of_hydras_sweep_that_hydra_would_fail_is_one_line_naming_the_sweep_that_works(tmp_path):
+    # A sweep of a setting of Hydra's own: Hydra's three-line error and exit 1, after the check passed it.
+    root = tmp_path / "sweep"
+    proc = train(tmp_path, "experiment=smoke", "hydra.sweeper.params.seed=0,1", f"hydra.sweep.dir={root}", check=False)
+    assert proc.returncode == EXIT_REFUSED and proc.stderr.splitlines() == [
+        "error: hydra.sweeper.params.seed=0,1 sweeps a setting of Hydra's own (hydra.*), which Hydra does not do; "
+        "sweep the setting itself: -m seed=0,1"
+    ], proc.stderr[-3000:]
+    assert not root.exists()
+    # hydra.sweeper.params set where no preset gives it a value (Hydra fails to merge into its empty one): named,
+    # not OmegaConf's "Unexpected type for root: NoneType"; a preset's can still be replaced or extended.
+    sweep = ["-m", f"hydra.sweep.dir={root}"]
+    for override in ('hydra.sweeper.params={seed:"0,1"}', 'hydra.sweeper.params.seed="0,1"'):
+        with pytest.raises(Refused) as e:
+            precheck([*sweep, override])
+        assert str(e.value) == (
+            f"{override}: only an experiment preset (conf/experiment/) gives hydra.sweeper.params a value to "
+            "override, and none here does; sweep the settings themselves: -m seed=0,1"
+        )
+    assert precheck([*sweep, "experiment=smoke", 'hydra.sweeper.params={seed:"0,1"}']) is not None
+    assert not root.exists()
+
+
 def test_a_presets_sweep_is_checked_before_anything_runs(tmp_path):
     # experiment=smoke sweeps seed=0,1 in its hydra.sweeper.params: with seeds=[0,2] its seed=1 jobs cannot name
     # their seed axis (by its first seed), and they are refused before the seed=0 jobs run, not after.
@@ -240,6 +267,7 @@ def test_a_presets_sweep_is_checked_before_anything_runs(tmp_path):
     assert not root.exists()
 
 
+@pytest.mark.slow
 def test_env_workers_under_joblibs_workers_are_refused_before_the_sweep_starts(tmp_path):
     # loky's workers cannot start env workers: the sweep is refused up front (one line, exit 2, nothing written)
     # instead of its first job failing inside a worker. Where joblib runs one job at a time, in the launching
@@ -283,8 +311,8 @@ def test_the_run_directory_is_checked_up_front_where_it_can_be_resolved(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     os.chmod(tmp_path, 0o500)
     try:
-        if not os.access(tmp_path, os.W_OK):  # (root writes anyway)
-            with pytest.raises(Refused, match=r"cannot be made a directory \(no permission to write in "):
+        if not os.access(tmp_path, os.W_OK):  # (root writes anyway; tests/test_write_failures.py: immutable)
+            with pytest.raises(Unwritable, match=r"cannot be written \(no permission to write in "):
                 precheck(["env=Pendulum-V-v0", f"hydra.run.dir={tmp_path / 'x'}"])
     finally:
         os.chmod(tmp_path, 0o700)
@@ -308,7 +336,7 @@ def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
     assert not (tmp_path / "job").exists()
 
 
-@pytest.mark.parametrize(
+@parametrize_first_fast(
     "extra,needle",
     [
         (["env=Foo-V-v0"], "Could not find 'env/Foo-V-v0'"),
@@ -356,7 +384,7 @@ def _wait_for_evaluations(proc, runs, n=1, timeout=HANG_S):
     raise AssertionError(f"the runs did not start: {proc.communicate(timeout=HANG_S)[0][-3000:]}")
 
 
-@pytest.mark.parametrize("launcher", ["basic", "local"])
+@pytest.mark.parametrize("launcher", [slow_case("basic"), slow_case("local")])
 def test_a_stop_signal_to_a_sweep_stops_it(tmp_path, launcher):
     # SIGTERM to the launching process: the runs in hand (in this process, or in joblib's workers, to which it
     # is forwarded) save their checkpoints, the later jobs do not start, and the sweep exits 75, leaving no
@@ -407,6 +435,7 @@ def _train_signalled(cwd: Path, target: str, signum: int, after: bool, *override
     )
 
 
+@pytest.mark.slow
 def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
     # The signal comes while the first job builds its trainer, before the job's own handler is installed: the
     # job still stops (with its checkpoint) instead of training to its end, and the sweep stops after it.
@@ -427,7 +456,7 @@ def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
     assert "stopped by signal 10" in (runs[0] / "attempts.log").read_text()
 
 
-@pytest.mark.parametrize(
+@parametrize_first_fast(
     "target,after", [("pomdp_ffm.trainer:Trainer.__init__", False), ("pomdp_ffm.run.rundir:RunDir.acquire", True)]
 )
 def test_a_stop_signal_while_a_single_run_starts_stops_it_with_a_checkpoint(tmp_path, target, after):
@@ -471,7 +500,7 @@ def _check_smoke_grid(root: Path) -> None:
 # reference cannot be pickled: joblib's here (12 s, not slow); submitit's (20 s, slow) also in
 # test_scheduler_warning_checkpoints_requeues_and_resumes and tests/test_seeds.py's launcher test, in the
 # default suite.
-@pytest.mark.parametrize("launcher", ["local", pytest.param("slurm_local", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("launcher", [slow_case("local"), slow_case("slurm_local")])
 def test_smoke_multirun_and_rerun_skips(tmp_path, launcher):
     root = tmp_path / "sweep"
     train(tmp_path, "experiment=smoke", f"hydra.sweep.dir={root}", f"hydra/launcher={launcher}")
@@ -485,6 +514,7 @@ def test_smoke_multirun_and_rerun_skips(tmp_path, launcher):
         assert (p.parent / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
 
 
+@pytest.mark.slow
 def test_scheduler_warning_checkpoints_requeues_and_resumes(tmp_path):
     # submitit's local backend runs the cluster code path: its signal handler, the pickled job and the
     # requeue (a restart of the same job). USR2 is submitit's warning signal (SLURM's --signal=USR2@delay).
@@ -623,6 +653,7 @@ def test_scheduler_warning_defers_submitit_until_checkpoint():
         signal.signal(signal.SIGUSR2, old2)
 
 
+@pytest.mark.slow
 def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
     # The signal comes once the first job has trained (its final evaluation, checkpoint and DONE being written),
     # when nothing in the job looks at it any more: that job is done, and the sweep still stops after it.
@@ -649,6 +680,35 @@ def test_a_stop_while_the_command_is_checked_starts_nothing(tmp_path):
     assert not root.exists()
 
 
+def test_a_stop_while_the_entry_point_imports_torch_starts_nothing(tmp_path):
+    # SIGTERM as `python -m pomdp_ffm.train` first imports torch (its first seconds): held, not the end of the
+    # process by the signal (143), and the process exits 75 in one line, having written nothing.
+    run = tmp_path / "run"
+    code = (
+        "import os, runpy, signal, sys\n"
+        "class SignalAtTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "sys.meta_path.insert(0, SignalAtTorch())\n"
+        "sys.argv = ['train', *sys.argv[1:]]\n"
+        "runpy.run_module('pomdp_ffm.train', run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "env=Pendulum-V-v0", f"hydra.run.dir={run}"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert proc.returncode == 75, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stderr.splitlines() == ["stopped by signal 15 before anything started; rerun the same command"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
 def test_a_stop_before_a_joblib_sweeps_workers_exist_starts_no_job(tmp_path):
     # The launcher takes the signal before joblib has started a worker: the workers it starts afterwards are sent
     # it too (blocked until their first job, they take it there), so no job starts and the sweep exits 75.
@@ -739,7 +799,7 @@ def test_the_paper_grid_exits_as_its_sweep_did(tmp_path, monkeypatch, capsys):
     grid = _paper_grid()
 
     class EndedBySigterm:
-        def __init__(self, cmd):
+        def __init__(self, cmd, env):
             self.cmd = cmd
 
         def wait(self):
@@ -778,7 +838,7 @@ def _files(root: Path) -> dict:
     return {p: (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
-@pytest.mark.parametrize("launcher", ["basic", pytest.param("local", marks=pytest.mark.slow)])  # (local: 11 s)
+@pytest.mark.parametrize("launcher", [slow_case("basic"), slow_case("local")])  # (local: 11 s)
 def test_a_sweep_names_every_refused_job_and_sums_up(tmp_path, launcher):
     # Two of the smoke sweep's four runs are damaged (DONE alone; a checkpoint that cannot be read): each is named
     # with its reason, nothing is written into either, the other two train, and the sweep ends with its summary
@@ -882,7 +942,7 @@ UNLEXABLE = [
 ]
 
 
-@pytest.mark.parametrize("argv,why,hint", UNLEXABLE, ids=[" ".join(a) for a, _, _ in UNLEXABLE])
+@parametrize_first_fast("argv,why,hint", UNLEXABLE, ids=[" ".join(a) for a, _, _ in UNLEXABLE])
 def test_every_override_hydra_cannot_lex_is_named_with_its_character(argv, why, hint):
     with pytest.raises(Refused) as e:
         precheck(argv, check_dirs=False)
@@ -894,7 +954,7 @@ def test_every_override_hydra_cannot_lex_is_named_with_its_character(argv, why, 
         precheck([*(a for a in argv if a.startswith("-")), word], check_dirs=False)
 
 
-@pytest.mark.parametrize("file", ["Pendulum-V-v0/sac_gru/seed-1", "Pendulum-V-v0/sac_gru"])
+@parametrize_first_fast("file", ["Pendulum-V-v0/sac_gru/seed-1", "Pendulum-V-v0/sac_gru"])
 def test_a_file_where_a_jobs_run_directory_belongs_refuses_the_sweep_before_it_starts(tmp_path, file):
     # Hydra makes a job's directory before the job runs, so such a job cannot be refused alone: the command is, in
     # one line, before any job starts or anything is written. The file may stand where a folder above it belongs.
@@ -910,6 +970,7 @@ def test_a_file_where_a_jobs_run_directory_belongs_refuses_the_sweep_before_it_s
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_the_paper_grid_names_a_damaged_slot_up_front_and_the_sweep_refuses_it(tmp_path, capfd):
     # One job of the grid, whose slot holds DONE alone: the grid lists it with its reason before the launch; the
     # sweep refuses it (the others it would train: test_a_sweep_names_every_refused_job_and_sums_up), writing
@@ -1018,6 +1079,7 @@ LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a 
 
 
 @LINUX_ONLY
+@pytest.mark.slow
 def test_a_joblib_sweep_killed_by_sigkill_leaves_no_worker(tmp_path):
     # The kernel sends every worker SIGTERM when the launching process dies (PR_SET_PDEATHSIG, set as it starts):
     # the idle one (its job over) obeys it at once; the one training stops its run with a checkpoint, as a stop
@@ -1068,7 +1130,121 @@ def test_a_joblib_sweep_killed_by_sigkill_leaves_no_worker(tmp_path):
     assert "stopped by signal 15" in last and "checkpoint saved" in last
 
 
+def _start_grid(tmp_path: Path, out: Path, *args: str) -> subprocess.Popen:
+    with open(out, "w") as f:  # a file, not a pipe: an orphan sweep, if any, keeps writing to it
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "launch" / "paper_grid.py"), *args],
+            cwd=tmp_path,
+            env=_env(),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+
+
 @LINUX_ONLY
+def test_the_paper_grids_sweep_follows_the_script(tmp_path, monkeypatch):
+    # What the slow test below relies on, in a second: the script names itself to the sweep it starts; a process so
+    # named is sent SIGTERM when that one is gone, at once where it was gone before the process could ask the
+    # kernel (the race end_with_parent closes); and the name is not passed on to the process's own children.
+    from pomdp_ffm.run.signals import END_WITH_ENV
+
+    grid, started = _paper_grid(), []
+
+    class Sweep:
+        def __init__(self, cmd, env):
+            started.append(env)
+
+        def wait(self):
+            return 0
+
+    one = ["env=HopperBLT-P-v0", "seq_model=ffm", "seed=0"]
+    with monkeypatch.context() as m:  # (subprocess's own Popen back for the processes below)
+        m.setattr(grid.subprocess, "Popen", Sweep)
+        assert grid.main(["--algo", "sac", "--launcher", "basic", "--root", str(tmp_path / "grid"), *one]) == 0
+    assert [env[END_WITH_ENV] for env in started] == [str(os.getpid())]
+    code = (
+        "import os, signal\n"
+        "from pomdp_ffm.run import signals\n"
+        "got = []\n"
+        "signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))\n"
+        "signals.end_with_launcher()\n"
+        "print(got, os.environ.get(signals.END_WITH_ENV))\n"
+    )
+    # Named by its parent (this process): nothing yet. Named by a pid that is not its parent, as when the script
+    # ended before the process started and it was handed to another: SIGTERM at once.
+    for parent, got in [(os.getpid(), "[] None"), (os.getppid(), f"[{int(signal.SIGTERM)}] None")]:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**_env(), END_WITH_ENV: str(parent)},
+            capture_output=True,
+            text=True,
+            timeout=HANG_S,
+        )
+        assert proc.returncode == 0 and proc.stdout.strip() == got, proc.stderr
+
+
+@LINUX_ONLY
+@pytest.mark.parametrize("launcher", [slow_case("basic"), slow_case("local")])  # (36-52 s, 47-65 s: 2 cores at load 9)
+def test_a_paper_grid_killed_by_sigkill_leaves_no_sweep_and_a_rerun_resumes(tmp_path, launcher):
+    # The script runs the sweep as its child (python -m pomdp_ffm.train --multirun), which trained on after a
+    # SIGKILL of the script (and joblib's workers with it), its run still locked: a rerun found it "running". Now the
+    # kernel sends the sweep SIGTERM when the script dies (signals.end_with_launcher): the run in hand checkpoints,
+    # the sweep and its workers end, and the rerun resumes the run.
+    from conftest import TINY
+
+    root = tmp_path / "grid"
+    tiny = [o for o in TINY if not o.startswith("train.num_iters=")]
+    args = [
+        "--algo",
+        "sac",
+        "--launcher",
+        launcher,
+        "--root",
+        str(root),
+        "env=HopperBLT-P-v0",
+        "seq_model=ffm",
+        "seed=0",
+        "train.buffer_size=10000",
+        *tiny,
+        "train.num_iters=400",
+        *(["hydra.launcher.n_jobs=2"] if launcher == "local" else []),  # (one job: joblib starts two workers)
+    ]
+    run = RunDir(root / "HopperBLT-P-v0" / "sac_ffm" / "seed-0")
+    out = tmp_path / "out.txt"
+    proc, procs = _start_grid(tmp_path, out, *args), {}
+    try:
+        _poll(lambda: (run.path / "progress.csv").exists() and len(eval_steps(run.path)) >= 1, HANG_S, proc, out)
+        procs = _descendants(proc.pid)
+        workers = [pid for pid in procs if b"popen_loky" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) == (2 if launcher == "local" else 0), procs
+        proc.kill()
+        proc.wait(timeout=HANG_S)
+        assert _alive_after(procs, HANG_S) == [], out.read_text()[-3000:]
+    finally:
+        _kill_all(proc, procs)
+    assert run.status() == "resumable", out.read_text()[-3000:]
+    last = (run.path / "attempts.log").read_text().splitlines()[-1]
+    assert "stopped by signal 15" in last and "checkpoint saved" in last
+    rows = len(eval_steps(run.path))
+
+    # The rerun finds the run resumable, not running, and continues it; killed again, it too leaves nothing.
+    out = tmp_path / "rerun.txt"
+    proc, procs = _start_grid(tmp_path, out, *args), {}
+    try:
+        _poll(lambda: (run.path / "progress.csv").exists() and len(eval_steps(run.path)) > rows, HANG_S, proc, out)
+        assert "1 jobs: 0 done, 0 running, 0 damaged, 0 failed, 1 resumable, 0 new" in out.read_text()
+        assert (run.path / "attempts.log").read_text().splitlines()[-1].endswith(" start")
+        procs = _descendants(proc.pid)
+        proc.kill()
+        proc.wait(timeout=HANG_S)
+        assert _alive_after(procs, HANG_S) == [], out.read_text()[-3000:]
+    finally:
+        _kill_all(proc, procs)
+    assert run.status() == "resumable"
+
+
+@LINUX_ONLY
+@pytest.mark.slow
 def test_env_workers_start_without_warnings_and_end_quietly_with_a_run_killed_by_sigkill(tmp_path):
     # The workers' parent, the forkserver, ends with the run, and they with it (PR_SET_PDEATHSIG). Each starts by
     # running the entry point again as its __main__, which runpy warned about where the forkserver had imported it.

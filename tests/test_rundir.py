@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import TINY, compose_cfg
 from hang import HANG_S
+from marks import parametrize_first_fast
 
 from pomdp_ffm import agent as agent_module
 from pomdp_ffm.jobs.grid import combined_status
@@ -28,6 +29,7 @@ from pomdp_ffm.run.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_ch
 from pomdp_ffm.run.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
 from pomdp_ffm.run.rundir import RunDir, RunDirError, RunStatus, Status
 from pomdp_ffm.run.rundir import main as rundir_main
+from pomdp_ffm.run.unwritable import Unwritable
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer
 
@@ -221,7 +223,7 @@ def test_a_lock_that_cannot_be_written_is_not_kept(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rundir.os, "pwrite", full)
     a = RunDir(tmp_path / "r")
-    with pytest.raises(RunDirError, match=r"\.lock cannot be written \(No space left on device\)"):
+    with pytest.raises(Unwritable, match=r"\.lock cannot be written \(No space left on device\)"):  # (exit 74)
         a.acquire()
     monkeypatch.undo()
     assert not a.holds_lock and not (tmp_path / "r").exists()  # released, and what it made taken back
@@ -272,7 +274,7 @@ def test_the_directory_check_leaves_dot_dot_to_the_kernel(tmp_path, monkeypatch)
     (tmp_path / "runs").write_text("")
     monkeypatch.chdir(tmp_path)
     assert why_not_makeable(Path("lnk/../runs/x")) is None
-    assert "Not a directory" in why_not_makeable(Path("runs/x"))
+    assert why_not_makeable(Path("runs/x")) == (f"Not a directory: {tmp_path / 'runs' / 'x'}", False)
 
 
 def test_writes_need_the_lock(tmp_path):
@@ -317,6 +319,7 @@ def test_temporary_files_are_unique_to_the_process(tmp_path):
     assert str(os.getpid()) in tmp.name and tmp.parent == r.checkpoint.parent and tmp != r.checkpoint
 
 
+@pytest.mark.slow
 def test_two_writers_real_processes_then_a_killed_holder_is_taken_over(tmp_path):
     run_dir = tmp_path / "shared"
     slow = ("train.num_iters=400", "train.num_updates_per_iter=0.5", "resume=true")  # minutes: still running
@@ -380,7 +383,7 @@ def test_sigterm_stops_with_its_own_exit_code_and_resumes(tmp_path):
 
 
 # --- settings are checked before anything is written ----------------------------------------------------
-@pytest.mark.parametrize(
+@parametrize_first_fast(
     "override,needle",
     [
         ("policy.lr=0", "policy.lr=0"),
@@ -401,7 +404,7 @@ def test_bad_settings_exit_2_with_one_line_and_write_nothing(tmp_path, override,
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("where", ["a file", "under a file", "a name too long"])
+@parametrize_first_fast("where", ["a file", "under a file", "a name too long"])
 def test_a_run_directory_that_cannot_be_made_is_refused_in_one_line(tmp_path, where):
     # ... and leaves none of the folders it made on the way (the third case fails two levels down).
     (tmp_path / "f").write_text("")
@@ -501,7 +504,7 @@ def test_another_config_is_refused(cut_run, composed):
         run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "policy.lr=1e-3"), run_dir)
 
 
-@pytest.mark.parametrize("damage", ["delete", "shorten", "edit"])
+@parametrize_first_fast("damage", ["delete", "shorten", "edit"])
 def test_damaged_progress_is_rebuilt_from_the_checkpoint(cut_run, full_run, damage, caplog):
     run_dir, cfg = cut_run
     path = run_dir / "progress.csv"
@@ -657,7 +660,7 @@ def test_checkpoint_without_its_buffer_is_refused_in_one_line(composed, tmp_path
     assert not (run_dir / "ERROR.txt").exists() and (run_dir / "attempts.log").read_text() == attempts
 
 
-@pytest.mark.parametrize("counters", [{"env_steps": -5}, {"env_steps": 10**9}, {"rl_steps": 1.5}])
+@parametrize_first_fast("counters", [{"env_steps": -5}, {"env_steps": 10**9}, {"rl_steps": 1.5}])
 def test_a_checkpoint_with_counters_no_run_reaches_is_refused(cut_run, counters):
     run_dir, cfg = cut_run
     path = run_dir / "checkpoints" / "last.pt"
@@ -695,7 +698,7 @@ def test_a_key_added_later_is_no_difference_at_its_default(cut_run, full_run, tm
     assert RunDir(cut_run[0]).status() == "done"
 
 
-@pytest.mark.parametrize("which", ["cut", "full"])
+@parametrize_first_fast("which", ["cut", "full"])
 def test_a_config_cut_short_at_a_line_is_refused(cut_run, full_run, which):
     # Cut at a line boundary, config.yaml still parses, and its missing keys would read as an older version's at
     # their defaults; the checkpoint's copy has them, so the file is known to be damaged: refused, with the fix.
@@ -713,7 +716,7 @@ def test_a_config_cut_short_at_a_line_is_refused(cut_run, full_run, which):
     assert result.skipped if which == "full" else not result.stopped
 
 
-@pytest.mark.parametrize("done", ["", "env_steps=600\n", "env_steps=1200\n", "finished\n"])
+@parametrize_first_fast("done", ["", "env_steps=600\n", "env_steps=1200\n", "finished\n"])
 def test_a_done_file_that_is_not_the_runs_is_refused(cut_run, full_run, done):
     # DONE must say where the run finished, agree with its final checkpoint and reach its budget: a stray or
     # forged one in an unfinished run (stopped at 600 of 1200 env steps) is refused, not taken as finished.

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from hang import HANG_S
+from marks import parametrize_first_fast, slow_case
 from test_trainer import collect
 
 from pomdp_ffm.jobs.grid import combined_status, sweep_jobs
@@ -25,7 +26,7 @@ def read(run_dir: Path) -> pd.DataFrame:
     return pd.read_csv(run_dir / "progress.csv").drop(columns=TIME_COLUMNS)
 
 
-@pytest.mark.parametrize("overrides", [("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=gru")])
+@parametrize_first_fast("overrides", [("algo=sac", "seq_model=ffm"), ("algo=td3", "seq_model=gru")])
 def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
     # Exact: each seed's turns run with its own global random generators swapped in, so it draws what it draws alone.
     # On a CPU: on CUDA the seeds' updates run together and share the lead seed's generators (patches/016).
@@ -61,6 +62,7 @@ def test_a_seed_refused_under_its_lock_leaves_no_lock_in_the_seeds_before_it(com
     assert not (tmp_path / "axis" / "seed-0").exists()
 
 
+@pytest.mark.slow
 def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5")
 
@@ -140,7 +142,7 @@ def test_the_paper_grid_as_32_seed_axis_jobs(tmp_path, capsys):
     assert combined_status([done, running, RunStatus(Status.FAILED)]) == running
 
 
-@pytest.mark.parametrize("launcher", ["local", "slurm_local"])
+@pytest.mark.parametrize("launcher", [slow_case("local"), slow_case("slurm_local")])
 def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
     # The launchers pickle the entry point: the seed axis must survive that, and each seed gets its directory.
     import os
@@ -189,14 +191,16 @@ def joint_with(monkeypatch, make):
     "overrides",
     [
         ("algo=sac", "seq_model=ffm"),
-        pytest.param(("algo=td3", "seq_model=lstm"), marks=pytest.mark.slow),  # (8 s)
-        (
-            "env=HopperMJ-V-v0",
-            "algo=td3",
-            "policy.td3.policy_delay=2",
-            "seq_model=mlp",
-            "train.num_updates_per_iter=0.1",
-            "train.num_iters=1",
+        slow_case(("algo=td3", "seq_model=lstm")),  # (8 s)
+        slow_case(
+            (
+                "env=HopperMJ-V-v0",
+                "algo=td3",
+                "policy.td3.policy_delay=2",
+                "seq_model=mlp",
+                "train.num_updates_per_iter=0.1",
+                "train.num_iters=1",
+            )
         ),
     ],
     ids=["sac-ffm", "td3-lstm", "td3-mlp-falls"],
@@ -288,6 +292,7 @@ def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_pat
         t.close()
 
 
+@pytest.mark.slow
 def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(composed, tmp_path, monkeypatch):
     # Episodes of different lengths give bursts of different lengths: the seed whose burst is over goes on with
     # its next episode while the others wait mid-burst. A stop there checkpoints them mid-burst; on resume the
@@ -337,6 +342,7 @@ def _recording(made: list):
     return Recording
 
 
+@pytest.mark.slow
 def test_seeds_with_bursts_of_different_lengths_update_together(composed, tmp_path, monkeypatch):
     # HopperMJ falls: the seeds' episodes, hence bursts, have different lengths. Every seed takes one update in
     # every round, so all updates run joint, and a TD3 policy delay (2 here; the reference's is 1) never parts
@@ -365,7 +371,7 @@ def test_seeds_with_bursts_of_different_lengths_update_together(composed, tmp_pa
     assert [len(r.agents) for r in runners][:2] == [3, 2]
 
 
-@pytest.mark.parametrize("delay", [2, 3])
+@parametrize_first_fast("delay", [2, 3])
 def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkeypatch, delay):
     # A seed whose update count is one off the others' (as a checkpoint from another schedule may leave it) takes,
     # alone and at once, the delay - 1 updates that bring its count to theirs mod the delay (fewer than the
@@ -425,7 +431,9 @@ GATHERED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("overrides", GATHERED_CASES, ids=["sac-ffm-pendulum", "td3-gru-hopper"])
+@pytest.mark.parametrize(
+    "overrides", [slow_case(c) for c in GATHERED_CASES], ids=["sac-ffm-pendulum", "td3-gru-hopper"]
+)
 def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, monkeypatch, overrides):
     overrides = ("device=cpu", "train.num_iters=3", *overrides)
     for k in (0, 1, 2):
@@ -446,6 +454,7 @@ def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, mon
         )
 
 
+@pytest.mark.slow
 def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
     # The evaluation envs step in worker processes; the axis turns to the other seeds while they step.
     from pomdp_ffm.rollout import Rollout
@@ -492,7 +501,7 @@ def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, mon
         )
 
 
-@pytest.mark.parametrize("where", ["collect", pytest.param("evaluate", marks=pytest.mark.slow)])  # (16 s)
+@pytest.mark.parametrize("where", [slow_case("collect"), slow_case("evaluate")])  # (16 s)
 def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_path, monkeypatch, where):
     # A stop arrives while the other seeds are inside an episode or an evaluation: it is acted on once every
     # seed's unit of work is over, so every checkpoint is at a boundary and the resumed logs are the full ones.
@@ -609,6 +618,7 @@ def test_gathered_checkpoints_hold_each_seeds_own_host_rng(composed, tmp_path, m
         assert states["axis", k] == states["solo", k]
 
 
+@pytest.mark.slow
 def test_the_rows_and_checkpoints_after_gathered_acting_are_in_the_seeds_own_turn(composed, tmp_path, monkeypatch):
     # Only the gathered rollouts run in light turns: the evaluation's row and the checkpoints after it run in the
     # seed's full turn, so a draw from numpy's global generator there is the seed's own, as alone (the last
@@ -631,7 +641,9 @@ def test_the_rows_and_checkpoints_after_gathered_acting_are_in_the_seeds_own_tur
         assert _host_rng(tmp_path / "axis" / f"seed-{k}") == _host_rng(tmp_path / "solo" / f"seed-{k}")
 
 
-@pytest.mark.parametrize("way", ["turns", "joint and gathered", "joint, gathered, workers"])
+@pytest.mark.parametrize(
+    "way", [slow_case("turns"), slow_case("joint and gathered"), slow_case("joint, gathered, workers")]
+)
 def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, way):
     # eval.during_updates in a seed axis: the deferred evaluations advance between the joint rounds (or the
     # seed's own updates) and finish gathered with the other seeds' steps. Each seed's log is the one it writes
@@ -661,6 +673,7 @@ def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, 
         )
 
 
+@pytest.mark.slow
 def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(composed, tmp_path, monkeypatch):
     # The joint rounds advance every seed's deferred evaluation; one that fails there is its own seed's failure,
     # raised in that seed's turn, and the other seeds finish.

@@ -5,18 +5,23 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import TINY
 from hang import HANG_S
+from marks import parametrize_first_fast, slow_case
 
 from pomdp_ffm import evaluation as evaluation_module
+from pomdp_ffm import rollout as rollout_module
 from pomdp_ffm.algos import SAC
 from pomdp_ffm.catalog import BASELINES, CHALLENGER
 from pomdp_ffm.evaluation import Due
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.metrics import columns
 from pomdp_ffm.rollout import play_all
+from pomdp_ffm.run.exits import EXIT_DIVERGED
 from pomdp_ffm.train import Refused, run
 from pomdp_ffm.trainer import Trainer, TrainingDiverged
 
@@ -78,7 +83,7 @@ def test_same_seed_same_progress(composed, tmp_path):
     assert not read(tmp_path / "c").drop(columns=TIME_COLUMNS).equals(a)
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+@parametrize_first_fast("algo", ["sac", "td3"])
 def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     overrides = (f"algo={algo}", "seq_model=ffm", "train.num_iters=6")
     train(composed(*overrides), tmp_path / "full")
@@ -104,7 +109,7 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     )
 
 
-@pytest.mark.parametrize("task", ["Pendulum-V-v0", "HopperMJ-V-v0"])
+@pytest.mark.parametrize("task", ["Pendulum-V-v0", slow_case("HopperMJ-V-v0")])
 def test_envs_in_workers_train_and_resume_as_envs_here(composed, tmp_path, task):
     # The evaluation's envs in worker processes (their resets' RNG chained from the training env's, the
     # checkpoint's env state), stopped and resumed: the log of the run with every env here.
@@ -174,6 +179,50 @@ def test_non_finite_loss_stops_with_checkpoint(composed, tmp_path):
     assert (tmp_path / "nan" / "checkpoints" / "diverged.pt").exists()
     assert "non-finite loss" in (tmp_path / "nan" / "ERROR.txt").read_text()
     assert "diverged" in (tmp_path / "nan" / "attempts.log").read_text()
+
+
+def non_finite_policy(value: float):
+    """The agent's policy giving ``value`` for every action (its weights gone non-finite), as AgentPolicy.__call__:
+    the acting step on a CPU (a CUDA-graph actor's go through AgentPolicy.submit instead)."""
+    return lambda self, obs, prev_action, reward, state, active: (np.full_like(prev_action, value), state)
+
+
+def test_a_non_finite_action_is_the_runs_divergence_before_the_env_takes_it(tmp_path):
+    # A real process on HopperBLT-V, whose PyBullet env fails a bare assert on a NaN action (exit 1, a traceback):
+    # the run diverged, as with a non-finite loss: one line, exit 3, the checkpoint saved.
+    run_dir = tmp_path / "run"
+    script = (
+        "import numpy as np, runpy; from pomdp_ffm import rollout; "
+        "rollout.AgentPolicy.__call__ = lambda self, obs, prev_action, reward, state, active: "
+        "(np.full_like(prev_action, np.nan), state); "  # (non_finite_policy, before pomdp_ffm.train is imported)
+        "runpy.run_module('pomdp_ffm.train', run_name='__main__', alter_sys=True)"  # (python -m pomdp_ffm.train)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "env=HopperBLT-V-v0", *TINY, "device=cpu", f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert proc.returncode == EXIT_DIVERGED, proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if not ln.startswith("pybullet build time")]  # (its banner)
+    assert line.startswith(
+        "error: non-finite action [nan, nan, nan] from the policy at step 1 of a training episode, before the env "
+        "took it (env step "
+    ), line
+    assert line.endswith(f"; checkpoint saved to {run_dir / 'checkpoints' / 'diverged.pt'}"), line
+    assert (run_dir / "checkpoints" / "diverged.pt").exists()
+    assert "diverged (see ERROR.txt)" in (run_dir / "attempts.log").read_text()
+
+
+def test_a_non_finite_action_in_a_seed_axis_is_its_seeds_divergence(composed, tmp_path, monkeypatch):
+    # Each seed diverges on its own (its checkpoint, its attempts.log), as the run would alone; inf as NaN.
+    monkeypatch.setattr(rollout_module.AgentPolicy, "__call__", non_finite_policy(math.inf))
+    with pytest.raises(TrainingDiverged, match=r"^non-finite action \[inf\] from the policy at step 1 of a training"):
+        train(composed("env=Pendulum-V-v0", "device=cpu", "seeds=[0,1]"), tmp_path / "axis" / "seed-0")
+    for k in (0, 1):
+        seed_dir = tmp_path / "axis" / f"seed-{k}"
+        assert (seed_dir / "checkpoints" / "diverged.pt").exists()
+        assert "diverged (see ERROR.txt)" in (seed_dir / "attempts.log").read_text()
 
 
 @pytest.mark.parametrize("bad_at", [None, 1])
@@ -256,7 +305,7 @@ def test_tensorboard_logging_when_asked(composed, tmp_path):
     assert events and events[0].stat().st_size > 0
 
 
-@pytest.mark.parametrize("stop_at_update", [2, 6])  # inside the post-pool burst; inside an iteration's burst
+@parametrize_first_fast("stop_at_update", [2, 6])  # inside the post-pool burst; inside an iteration's burst
 def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, stop_at_update):
     # A scheduler's warning can come in the middle of a long burst of updates (BLT: 10k after the pool):
     # the run stops after the update in hand, and the resumed run owes exactly the remaining ones.
@@ -305,8 +354,8 @@ def test_length_1_episode_is_counted_but_not_stored(run_cfg, tmp_path, caplog):
     trainer.close()
 
 
-@pytest.mark.parametrize("task", ["Pendulum-V-v0", "HopperBLT-P-v0", "HopperMJ-V-v0"])
-@pytest.mark.parametrize("seq_model", [CHALLENGER, BASELINES[0]])
+@parametrize_first_fast("task", ["Pendulum-V-v0", "HopperBLT-P-v0", "HopperMJ-V-v0"])
+@parametrize_first_fast("seq_model", [CHALLENGER, BASELINES[0]])
 def test_evaluation_episodes_together_equal_one_after_another(run_cfg, tmp_path, task, seq_model):
     # patches/013: the batched evaluation plays the reference's episodes (same starts, same returns) and
     # leaves the training env's RNG where the one-after-another evaluation leaves it.
@@ -418,12 +467,12 @@ class CountDeferred(Trainer):
 @pytest.mark.parametrize(
     "task,algo,seq_model,way",
     [
-        ("Pendulum-V-v0", "sac", "ffm", "spread"),
-        ("Pendulum-V-v0", "td3", "gru", "spread"),
-        pytest.param("Pendulum-V-v0", "sac", "lstm", "at the burst's end", marks=pytest.mark.slow),  # (8 s)
-        ("HopperMJ-V-v0", "sac", "ffm", "spread"),
-        ("Pendulum-V-v0", "sac", "gru", "workers"),
-        ("HopperBLT-V-v0", "td3", "ffm", "workers"),
+        slow_case("Pendulum-V-v0", "sac", "ffm", "spread"),
+        slow_case("Pendulum-V-v0", "td3", "gru", "spread"),
+        slow_case("Pendulum-V-v0", "sac", "lstm", "at the burst's end"),  # (8 s)
+        slow_case("HopperMJ-V-v0", "sac", "ffm", "spread"),
+        slow_case("Pendulum-V-v0", "sac", "gru", "workers"),
+        slow_case("HopperBLT-V-v0", "td3", "ffm", "workers"),
     ],
 )
 def test_evaluation_during_updates_writes_the_same_log(composed, tmp_path, monkeypatch, task, algo, seq_model, way):
@@ -453,6 +502,7 @@ def test_evaluation_during_updates_writes_the_same_log(composed, tmp_path, monke
         assert before.shape == during.shape
 
 
+@pytest.mark.slow
 def test_stop_inside_the_burst_of_a_deferred_evaluation_resumes_to_the_same_log(composed, tmp_path, monkeypatch):
     # The checkpoint of a stop holds the rows: the deferred evaluation is played to its end and logged first.
     overrides = ("algo=sac", "seq_model=ffm", *DURING)

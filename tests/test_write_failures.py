@@ -4,6 +4,7 @@ Injected in-process (as root, chmod stops no write): the failures are the OSErro
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pathlib
@@ -134,6 +135,63 @@ def test_the_entry_point_says_an_unwritable_file_in_one_line_with_its_exit_code(
         f"error: {run_dir / 'attempts.log'} cannot be written (Is a directory); move away what is in its way{RERUN}"
     ]
     assert temporaries(run_dir) == [] and not (run_dir / "checkpoints").exists()
+
+
+@contextlib.contextmanager
+def not_writable(path: Path):
+    """``path``, a folder or file, one this process may not write: immutable (chattr +i) as root, whom permissions
+    do not stop; read-only otherwise."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o500 if path.is_dir() else 0o400)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("as root only an immutable file refuses a write, and chattr +i is not allowed here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_run_directory_that_cannot_be_written_in_is_one_line_with_its_exit_code(tmp_path):
+    # Found before anything starts (nothing written), as a file of the run that cannot be written (exit 74, not a
+    # refusal: the command is right, the folder is not writable): the run directory itself, or the folder where it
+    # is to be made.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    parent = tmp_path / "runs"
+    (parent / "run").mkdir(parents=True)
+    with not_writable(parent / "run"), not_writable(parent):
+        for run_dir, where in ((parent / "run", parent / "run"), (parent / "new", parent)):
+            proc = subprocess.run(
+                [sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-V-v0", *TINY, f"hydra.run.dir={run_dir}"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=HANG_S,
+            )
+            assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
+            assert proc.stderr.splitlines() == [
+                f"error: hydra.run.dir={run_dir} cannot be written (no permission to write in {where}); make it "
+                "writable, then rerun"
+            ]
+    assert [p.name for p in parent.iterdir()] == ["run"] and not any((parent / "run").iterdir())
+
+
+def test_a_lock_file_that_cannot_be_written_is_named_with_its_exit_code(composed, tmp_path):
+    # A lock file left by an earlier run, made immutable or read-only since: a start names it (exit 74), where it
+    # failed with PermissionError's traceback; the folder is left as it was.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").write_text("")
+    with not_writable(run_dir / ".lock"):
+        with pytest.raises(Unwritable) as e:
+            run(composed(*GRU), run_dir)
+    assert str(e.value).startswith(f"{run_dir / '.lock'} cannot be written (") and e.value.fix == "make it writable"
+    assert [p.name for p in run_dir.iterdir()] == [".lock"]
 
 
 def test_a_duplicated_key_in_a_runs_config_is_named_with_its_line(stopped):

@@ -1,9 +1,11 @@
 """The command line checked before Hydra starts anything (``precheck``): a misspelt key, an unknown task or model,
-a bad value, or a run directory that cannot be made is one line and exit code 2, with nothing written or launched."""
+a bad value, or a run directory that cannot be made is one line and exit code 2, with nothing written or launched
+(one this process may not write in: exit code 74, a file that cannot be written)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shlex
@@ -19,6 +21,7 @@ from omegaconf.errors import InterpolationResolutionError
 from .. import catalog
 from ..config import yaml_problem
 from ..envs import check_worker_start_method
+from ..run.unwritable import REFUSED_WRITES, Unwritable
 from .grid import job_configs, job_overrides, sweep_jobs
 from .plan import Refused, validate
 
@@ -53,9 +56,10 @@ def _one_line(e: Exception) -> str:
     return "; ".join([*lines[:1], *([why] if why else [])])
 
 
-def why_not_makeable(path: Path) -> str | None:
-    """Why ``path`` cannot be made a directory (or written in), found without writing anything: a file in its way,
-    no permission (a read-only file system included), a name too long. None where nothing tells so."""
+def why_not_makeable(path: Path) -> tuple[str, bool] | None:
+    """Why ``path`` cannot be made a directory (or written in), found without writing anything, and whether the file
+    system refuses the write (no permission: a read-only or immutable folder, a read-only file system; Unwritable)
+    rather than the path being wrong (a file in its way, a name too long). None where nothing tells so."""
     path = Path(path) if Path(path).is_absolute() else Path.cwd() / path  # ".." left to the kernel, as mkdir does
     found, missing = path, []
     while True:
@@ -66,14 +70,14 @@ def why_not_makeable(path: Path) -> str | None:
             missing.append(found.name)
             found = found.parent
         except OSError as e:  # ENOTDIR (a file on the way), ENAMETOOLONG, ELOOP, EACCES
-            return f"{e.strerror}: {e.filename}"
+            return f"{e.strerror}: {e.filename}", e.errno in REFUSED_WRITES
     if not stat.S_ISDIR(st.st_mode):
-        return f"{found} is not a directory"
+        return f"{found} is not a directory", False
     if not os.access(found, os.W_OK | os.X_OK):
-        return f"no permission to write in {found}"
+        return f"no permission to write in {found}", True
     limit = os.pathconf(found, "PC_NAME_MAX")
     long = [n for n in missing if len(os.fsencode(n)) > limit]
-    return f"a name is longer than {limit} bytes: {long[0][:40]}..." if long else None
+    return (f"a name is longer than {limit} bytes: {long[0][:40]}...", False) if long else None
 
 
 def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
@@ -84,12 +88,16 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
     once (``grid.job_configs``). Commands with Hydra flags other than --multirun (--cfg, --help, -cn, ...) are left
     to Hydra. Returns the config composed from the fixed overrides, with Hydra's (None where the command is left
     to Hydra). With ``check_dirs``, the run (or sweep) directory must be one that can be made, and no file may sit
-    where one of a sweep's run directories, or a folder above one, belongs."""
+    where one of a sweep's run directories, or a folder above one, belongs; one the file system will not let this
+    process write in raises Unwritable (exits.EXIT_UNWRITABLE)."""
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return None
     flag = any(a in ("-m", "--multirun") for a in argv)
+    overrides = [a for a in argv if not a.startswith("-")]
     try:
-        every, composed = job_overrides([a for a in argv if not a.startswith("-")], multirun=flag)
+        if (problem := _hydra_override_problem(overrides, flag)) is not None:
+            raise Refused(problem)
+        every, composed = job_overrides(overrides, multirun=flag)
         multirun = flag or composed.hydra.mode == RunMode.MULTIRUN
         # The multiprocessing start method a sweep's jobs run under: joblib's launcher runs them in loky's workers
         # (unless it runs one job at a time, in this process, or in threads); the others run them in processes of
@@ -113,17 +121,19 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
         raise Refused(_unlexable(e, argv) or _one_line(e) + _quoting_hint(argv)) from None
     except Exception as e:  # Hydra's and OmegaConf's composition errors
         raise Refused(_one_line(e) + _quoting_hint(argv)) from None
-    # A run or sweep directory that cannot be made (a file in its way, no permission, a read-only file system, a
-    # name too long) is refused in one line, instead of Hydra's traceback once it tries.
+    # A run or sweep directory that cannot be made (a file in its way, a name too long: refused) or written in (no
+    # permission, a read-only or immutable folder, a read-only file system: Unwritable) is one line, instead of
+    # Hydra's traceback once it tries.
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     try:
         path = Path(str(OmegaConf.select(composed, key, throw_on_resolution_failure=True)))
     except Exception:  # named by Hydra's runtime values (${hydra:...}), it cannot be resolved yet: left to Hydra
         return composed
-    if check_dirs:
-        why = why_not_makeable(path)
-        if why is not None:
-            raise Refused(f"{key}={path} cannot be made a directory ({why})")
+    if check_dirs and (not_makeable := why_not_makeable(path)) is not None:
+        why, refused_write = not_makeable
+        if refused_write:  # (as a run's file that cannot be written: make it writable, and the same command runs)
+            raise Unwritable(errno.EACCES, why, f"{key}={path}")
+        raise Refused(f"{key}={path} cannot be made a directory ({why})")
     if not (check_dirs and multirun):
         return composed
     # Hydra makes each job's directory before the job runs: a file there would end the sweep with a traceback.
@@ -135,6 +145,41 @@ def precheck(argv: list[str], check_dirs: bool = True) -> DictConfig | None:
                     where = "a job's run directory" if file == d else f"a folder of the job's run directory {d}"
                     raise Refused(f"{file} is a file where {where} belongs; move it away")
     return composed
+
+
+def _hydra_override_problem(overrides: list[str], multirun: bool) -> str | None:
+    """An override of Hydra's own settings that Hydra would take only to fail with its own error: a sweep of one
+    (Hydra sweeps none), or ``hydra.sweeper.params`` set where no preset gives it a value (Hydra cannot merge into
+    its empty one); named with the sweep that works."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    prefix = "hydra.sweeper.params."
+    for o in parsed:
+        if o.is_hydra_override() and o.is_sweep_override():
+            key, value = o.key_or_group, o.input_line.split("=", 1)[1]
+            fix = (
+                f"sweep the setting itself: -m {key[len(prefix) :]}={value}"
+                if key.startswith(prefix)
+                else "give it one value"
+            )
+            return f"{o.input_line} sweeps a setting of Hydra's own (hydra.*), which Hydra does not do; {fix}"
+    params = [o for o in parsed if o.key_or_group == prefix[:-1] or o.key_or_group.startswith(prefix)]
+    if not params:
+        return None
+    _, composed = job_overrides([o.input_line for o in parsed if o not in params], multirun=multirun)
+    if composed.hydra.sweeper.params is not None:  # (a preset's, which these replace or extend)
+        return None
+    o, value = params[0], params[0].value()
+    sweep = (
+        " ".join(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, dict)
+        else f"{o.key_or_group[len(prefix) :]}={value}"
+        if o.key_or_group.startswith(prefix) and isinstance(value, (str, int, float))
+        else "<key>=<a>,<b>"
+    )
+    return (
+        f"{o.input_line}: only an experiment preset (conf/experiment/) gives hydra.sweeper.params a value to "
+        f"override, and none here does; sweep the settings themselves: -m {sweep}"
+    )
 
 
 def _quoting_hint(argv: list[str]) -> str:

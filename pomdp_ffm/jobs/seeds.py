@@ -22,7 +22,7 @@ from ..acting_graph import ActingRunner
 from ..compiling import compile_before_acting
 from ..graph import UpdateRunner
 from ..rng import HostRNG, SeedRNG, host_rng_state, same_host_rng
-from ..rollout import Rollout, play_all
+from ..rollout import NonFiniteAction, Rollout, play_all
 from ..run.rundir import RunResult
 from ..run.signals import StopSignals
 from ..trainer import StopRequested, Trainer, run_bursts
@@ -278,6 +278,11 @@ class SeedAxis:
         """Recorded in its own directory; the host generators left as they were (a gathered phase checks them)."""
         around = host_rng_state()
         with self.turn(s):
+            if isinstance(e, NonFiniteAction):  # the seed's divergence, its checkpoint saved as Trainer.train does
+                try:
+                    s.trainer.diverged(e)
+                except Exception as diverged:  # (TrainingDiverged; or the checkpoint's write failed: Unwritable)
+                    e = diverged
             s.attempt.fail(e)
             s.trainer.close()
         np.random.set_state(around[0])

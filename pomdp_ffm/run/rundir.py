@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .checkpoint import CheckpointError, load_checkpoint, other_format
-from .unwritable import Unwritable, writing
+from .unwritable import REFUSED_WRITES, Unwritable, writing
 
 
 class Status(str, Enum):
@@ -245,6 +245,10 @@ class RunDir:
                     continue
                 except IsADirectoryError:
                     raise RunDirError(f"{path} is a folder, where the run's lock file belongs; remove it") from None
+                except OSError as e:  # (an immutable or read-only lock file)
+                    raise self._unwritable(e, path) from None
+            except OSError as e:  # (a folder that is immutable or read-only, a read-only file system, a full disk)
+                raise self._unwritable(e, path) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if _same_file(fd, path):
@@ -267,16 +271,24 @@ class RunDir:
             os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()} since={stamp}\n".encode(), 0)
         except OSError as e:  # (a full disk): nothing can be written here, and the lock is not kept
             self.release(untouched=True)
-            raise RunDirError(
-                f"{path} cannot be written ({e.strerror}); {Unwritable(e.errno, e.strerror).fix}"
-            ) from None
+            raise Unwritable(e.errno, e.strerror, str(path)) from None
         return f"took over the lock of {_describe(previous)}, which ended without releasing it" if previous else None
 
     def _make_folders(self) -> list[Path]:
         try:
             return make_folders(self.path)
         except OSError as e:
+            if e.errno in REFUSED_WRITES:
+                raise Unwritable(e.errno, e.strerror, e.filename or str(self.path)) from None
             raise RunDirError(f"{self.path} cannot be made a directory ({e.strerror}: {e.filename})") from None
+
+    def _unwritable(self, e: OSError, lock: Path) -> OSError:
+        """The lock file could not be opened to be written: Unwritable where the file system refused (the folders
+        acquire() made taken back), else the error itself."""
+        if e.errno not in REFUSED_WRITES:
+            return e
+        remove_made(self._made)
+        return Unwritable(e.errno, e.strerror, str(lock))
 
     def release(self, untouched: bool = False) -> None:
         """``untouched`` (refused under the lock): also remove the lock file and the empty folders acquire() made."""

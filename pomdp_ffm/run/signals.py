@@ -13,7 +13,8 @@ workers (``SweepSignals``), the jobs in hand checkpoint and stop, the jobs after
 and starts the others. Under submitit every job is its own process and gets its own signals.
 
 Workers end with the process that started them, even one killed by SIGKILL (``WorkerSignals``,
-``end_with_parent``), so that no orphan trains on.
+``end_with_parent``), so that no orphan trains on; so does a sweep started by launch/paper_grid.py, which is sent
+SIGTERM, its stop signal, when the script ends (``end_with_launcher``).
 """
 
 from __future__ import annotations
@@ -248,6 +249,21 @@ def end_with_parent(signum: int, parent: int | None = None) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signum)
         if os.getppid() != parent:  # it ended before the prctl: no signal will come
             os.kill(os.getpid(), signum)
+
+
+# Set by a script that starts ``python -m pomdp_ffm.train`` and waits for it (launch/paper_grid.py) to its own pid:
+# the command is stopped when the script ends (``end_with_launcher``).
+END_WITH_ENV = "POMDP_FFM_END_WITH"
+
+
+def end_with_launcher() -> None:
+    """Where END_WITH_ENV names this process's parent: the kernel sends this process SIGTERM, a stop signal, when the
+    parent ends, even by SIGKILL, so that the sweep stops as a stop signal stops it (its runs checkpointed, its
+    workers ended) instead of training on with nobody waiting for it. Called once a handler takes SIGTERM. The
+    variable is removed here: the processes this one starts are its own workers, which follow it instead."""
+    parent = os.environ.pop(END_WITH_ENV, None)
+    if parent is not None:
+        end_with_parent(signal.SIGTERM, int(parent))
 
 
 def env_worker(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, autoreset_mode, semaphore) -> None:

@@ -6,6 +6,11 @@ import contextlib
 import errno
 from pathlib import Path
 
+# The file system's refusals of a write, whatever the path (no permission, a read-only or immutable file or folder, a
+# read-only file system, a full disk): a file that cannot be written, even where a start finds it before writing
+# anything; a path that names no file that could be (a file in its way, a name too long) is a bad setting instead.
+REFUSED_WRITES = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
 
 class Unwritable(OSError):
     """A file could not be written: a full disk, no permission, a read-only file system, something in its way."""
