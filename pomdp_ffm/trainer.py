@@ -71,6 +71,10 @@ class Standing:
     pool_done: bool = False
     burst: Burst | None = None  # the burst in hand, from its unit's episodes to its row
 
+    @property
+    def burst_over(self) -> bool:
+        return self.burst is None or self.burst.over
+
 
 @dataclass
 class Outcome:
@@ -227,10 +231,6 @@ class Trainer:
         elif n is None:
             n = ratio if isinstance(ratio, int) else math.ceil(self.unit_steps * ratio)
         self.standing.burst = Burst(n if len(self.buffer) > 0 else 0, self.agent.device)
-
-    @property
-    def burst_over(self) -> bool:
-        return self.standing.burst is None or self.standing.burst.over
 
     def end_burst(self) -> Evaluation | None:
         """The burst's row, after the row of an evaluation deferred into it (the order without the deferral); then

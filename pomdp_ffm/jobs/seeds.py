@@ -199,7 +199,7 @@ class SeedAxis:
     def updates(self, seeds: list[Seed]) -> list[Seed]:
         """The bursts in joint rounds until one is over, or each whole in its seed's turn where there is no joint
         runner (on a CPU); the seeds whose bursts are over."""
-        pending = [s for s in seeds if not s.trainer.burst_over]
+        pending = [s for s in seeds if not s.trainer.standing.burst_over]
         if pending:
             trainers, key = [s.trainer for s in pending], tuple(s.k for s in pending)
             try:
@@ -219,9 +219,9 @@ class SeedAxis:
                 for s in pending:
                     with self.own_turn(s):
                         run_bursts([s.trainer], s.trainer.updater)
-            elif not any(s.trainer.burst_over for s in pending):
+            elif not any(s.trainer.standing.burst_over for s in pending):
                 self.realign(pending)
-        return [s for s in seeds if s in self.running and s.trainer.burst_over]
+        return [s for s in seeds if s in self.running and s.trainer.standing.burst_over]
 
     def end_units(self, seeds: list[Seed]) -> None:
         """The rest of these seeds' units after their bursts: rows, evaluations (gathered), checkpoints, ends."""
