@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from marks import parametrize_first_fast
+from marks import every_memory_in_turn, parametrize_first_fast
 from torch.utils._python_dispatch import TorchDispatchMode
 from updating import updated
 
@@ -72,8 +72,7 @@ def test_masked_mean_counts_valid_steps_only():
     assert masked_mean(x, torch.zeros_like(m)).item() == 0.0  # N = max(sum m, 1)
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", available())
+@pytest.mark.parametrize("model, algo", every_memory_in_turn(["sac", "td3"]))
 def test_a_padded_step_changes_no_loss(algo, model):
     agent = make_agent(algo, model)
     clean = make_batch(pad_from=7)
@@ -299,9 +298,7 @@ def test_the_host_read_guard_catches_what_it_should():
     assert float(x.sum()) == 3.0  # restored
 
 
-@pytest.mark.parametrize("grad_norms", [False, True])
-@pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("model", available())
+@pytest.mark.parametrize("model, algo, grad_norms", every_memory_in_turn(["sac", "td3"], [False, True]))
 def test_update_reads_no_device_value_on_the_host(algo, model, grad_norms):
     agent = make_agent(algo, model, td3=TD3Config(policy_delay=2))
     batch = tensor_batch(make_batch())

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 from hang import HANG_S
+from marks import slow_case
 from torch.utils.flop_counter import FlopCounterMode
 from updating import updated
 
@@ -67,6 +68,7 @@ def test_interleaved_rounds_rotate_the_starting_variant():
     assert sorted(order) == sorted("abc" * 6)
 
 
+@pytest.mark.slow
 def test_the_efficiency_benchmark_follows_the_papers_protocol_and_its_figure_is_drawn(tmp_path):
     # Every registered memory at tiny sizes: each trial times the epoch's minibatches and a run of single steps for
     # every model, GRU, LSTM and Elman also as Python cells; memory once a model. The CSV, written as trials end,
@@ -123,6 +125,7 @@ def test_peak_bytes_on_a_cpu_is_the_most_held_at_once():
     assert 4_000_000 <= peak_bytes(one_after_the_other, cpu) < 4_000_000 + 1024
 
 
+@pytest.mark.slow
 def test_the_scan_benchmark_times_every_form_at_every_shape():
     from pomdp_ffm.bench import scan
 
@@ -305,7 +308,7 @@ def test_write_csv_adds_whole_rows_after_those_a_file_holds(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "link.csv", "new.csv", "notes.csv"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, slow_case(signal.SIGKILL)])
 def test_a_stopped_efficiency_benchmark_leaves_the_rows_its_csv_held_and_whole_new_ones(tmp_path, signum):
     # A real process, stopped (SIGTERM: Python's default, no handler; SIGKILL) once it has added a trial or two, at
     # whatever point of a write it is in: the file holds the 399 rows it held, then whole rows of this run (a rewrite

@@ -341,6 +341,7 @@ def test_the_update_compiles_before_the_first_episode_and_the_run_is_the_lazily_
     )
 
 
+@pytest.mark.slow
 def test_a_stop_while_the_update_compiles_is_taken_before_the_first_episode_and_resumes_exactly(
     composed, tmp_path, monkeypatch
 ):
@@ -379,6 +380,7 @@ def test_a_stop_while_the_update_compiles_is_taken_before_the_first_episode_and_
     )
 
 
+@pytest.mark.slow
 def test_a_seed_axis_compiles_once_before_its_first_episode(composed, tmp_path, monkeypatch):
     # The seeds share one architecture, hence one set of compiled graphs: compiled once, before any seed's episode;
     # a stop that came meanwhile stops every seed there.
@@ -432,6 +434,7 @@ runpy.run_module("pomdp_ffm.train", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 @parametrize_first_fast("where", ["build", "first call"])
 def test_a_failed_compile_in_a_run_is_one_line_naming_the_switch_and_the_log(tmp_path, where):
     # Any error of the compile (a C++ build in inductor, wrapped by dynamo; an error in the first compiled call,
@@ -504,6 +507,7 @@ def test_each_run_compiles_into_a_cache_of_its_own(tmp_path, monkeypatch):
     assert "torchinductor_alice" in str(alice) and run_cache_dir(a) != alice
 
 
+@pytest.mark.slow
 def test_a_resume_that_switches_train_compile_says_so(composed, tmp_path, monkeypatch, caplog):
     # Allowed (how the run runs, not what it learns: config.MAY_DIFFER), but the compiled update moves last bits, so
     # the continued run is neither setting's run: one line in the log (and on the terminal) and in attempts.log.

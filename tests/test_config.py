@@ -415,6 +415,7 @@ def test_edge_values_are_accepted(hydra_ctx):
     make(["policy.rnn_hidden_size=100", "policy.ffm.context_size=4", "policy.ffm.memory_size=25"])
 
 
+@pytest.mark.slow
 def test_defaults_and_every_preset_validate(hydra_ctx):
     assert PRESETS == ["paper", "paper_sac", "paper_td3", "pendulum", "smoke", "zoo_check"]
     with_groups = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())  # (glob sweeps)
@@ -552,6 +553,7 @@ def test_a_duplicated_key_in_a_config_file_is_one_line_naming_the_file_and_key(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["extra"]  # nothing started
 
 
+@pytest.mark.slow
 def test_a_value_with_spaces_that_the_shell_split_gets_a_quoting_hint(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(

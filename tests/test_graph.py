@@ -413,6 +413,7 @@ def test_acting_goes_on_when_a_parameter_is_reallocated_mid_episode(model):
     assert runner.captures == 2
 
 
+@pytest.mark.slow
 @parametrize_first_fast("algo, model", [("sac", "ffm"), ("td3", "gru")])
 def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_path, monkeypatch, algo, model):
     # The trainer with its updates and its acting through the runners' logic (the Python stand-in for graphs):

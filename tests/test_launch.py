@@ -257,6 +257,7 @@ def test_an_override_of_hydras_sweep_that_hydra_would_fail_is_one_line_naming_th
     assert not root.exists()
 
 
+@pytest.mark.slow
 def test_a_presets_sweep_is_checked_before_anything_runs(tmp_path):
     # experiment=smoke sweeps seed=0,1 in its hydra.sweeper.params: with seeds=[0,2] its seed=1 jobs cannot name
     # their seed axis (by its first seed), and they are refused before the seed=0 jobs run, not after.
@@ -318,6 +319,7 @@ def test_the_run_directory_is_checked_up_front_where_it_can_be_resolved(tmp_path
         os.chmod(tmp_path, 0o700)
 
 
+@pytest.mark.slow
 def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
     # The seed axis refuses in pomdp_ffm/jobs/seeds.py, a module of the package, while `python -m pomdp_ffm.train`
     # runs train.py as __main__: the refusal is still caught as one (one line, exit 2, its folder removed).
@@ -456,6 +458,7 @@ def test_a_stop_signal_while_a_sweeps_job_is_set_up_stops_that_job(tmp_path):
     assert "stopped by signal 10" in (runs[0] / "attempts.log").read_text()
 
 
+@pytest.mark.slow
 @parametrize_first_fast(
     "target,after", [("pomdp_ffm.trainer:Trainer.__init__", False), ("pomdp_ffm.run.rundir:RunDir.acquire", True)]
 )
@@ -666,6 +669,7 @@ def test_a_stop_after_a_jobs_last_look_still_stops_the_sweep(tmp_path):
     assert runs == [root / "Pendulum-V-v0" / "sac_ffm" / "seed-0"] and RunDir(runs[0]).status() == "done"
 
 
+@pytest.mark.slow
 def test_a_stop_while_the_command_is_checked_starts_nothing(tmp_path):
     root = tmp_path / "sweep"
     proc = _train_signalled(
@@ -793,6 +797,7 @@ def test_a_paused_and_continued_launcher_is_not_stopped():
     assert proc.stdout.split("\n")[:2] == ["after pauses None", f"after a stop {int(signal.SIGUSR1)}"]
 
 
+@pytest.mark.slow
 def test_the_paper_grid_exits_as_its_sweep_did(tmp_path, monkeypatch, capsys):
     # A sweep ended by a signal (one that came before it could stop its runs) reports the shell's 128 + N, not
     # Python's sys.exit of a negative number (241 for SIGTERM).
@@ -902,6 +907,7 @@ def test_a_file_pomdp_ffm_did_not_write_is_named_as_such(tmp_path, case):
     assert str(e.value) == f"{path} cannot be read as a tensors-only checkpoint ({why})"
 
 
+@pytest.mark.slow
 def test_a_resume_from_a_checkpoint_pomdp_ffm_did_not_write_is_refused_in_one_line(tmp_path):
     data, why = NOT_CHECKPOINTS["garbage"]
     ckpt = tmp_path / "run" / "checkpoints" / "last.pt"
@@ -920,6 +926,7 @@ def test_a_resume_from_a_checkpoint_pomdp_ffm_did_not_write_is_refused_in_one_li
     ] and ckpt.read_bytes() == data  # nothing written
 
 
+@pytest.mark.slow
 def test_an_override_hydra_cannot_lex_gets_a_quoting_hint(tmp_path):
     # Hydra's lexer takes a non-ASCII letter only in quotes; it said "LexerNoViableAltException" and nothing more.
     proc = train(tmp_path, "hydra.run.dir=runs/ünïcødé", check=False)
@@ -954,6 +961,7 @@ def test_every_override_hydra_cannot_lex_is_named_with_its_character(argv, why, 
         precheck([*(a for a in argv if a.startswith("-")), word], check_dirs=False)
 
 
+@pytest.mark.slow
 @parametrize_first_fast("file", ["Pendulum-V-v0/sac_gru/seed-1", "Pendulum-V-v0/sac_gru"])
 def test_a_file_where_a_jobs_run_directory_belongs_refuses_the_sweep_before_it_starts(tmp_path, file):
     # Hydra makes a job's directory before the job runs, so such a job cannot be refused alone: the command is, in
@@ -1283,6 +1291,7 @@ def test_env_workers_start_without_warnings_and_end_quietly_with_a_run_killed_by
     assert "RuntimeWarning" not in text, text[-3000:]
 
 
+@pytest.mark.slow
 def test_a_second_stop_signal_does_not_undo_the_first(tmp_path):
     # Two SIGTERMs 0.2 s apart: the second comes while the run saves its checkpoint or exits (when Python has put
     # the default handlers back), and changes nothing: exit 75 with the checkpoint saved, not death by the signal.

@@ -272,6 +272,7 @@ BROKEN = (
 )
 
 
+@pytest.mark.slow
 def test_commands_that_do_not_use_a_broken_plug_in_work(tmp_path):
     site = install_toy(tmp_path / "site", "\n".join(BROKEN))
     run_dir = tmp_path / "run"

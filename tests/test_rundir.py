@@ -124,6 +124,7 @@ def test_writes_stop_when_the_lock_file_was_removed(tmp_path):
     b.release()
 
 
+@pytest.mark.slow
 def test_a_lock_file_removed_under_a_running_job_ends_it_in_one_line(tmp_path):
     # The job rightly stops writing at its next checkpoint; recording that failure (ERROR.txt, attempts.log) would be
     # refused the same way, as another process may own the directory now: one line naming the directory and the
@@ -472,6 +473,7 @@ def test_resume_reproduces_the_uninterrupted_run(cut_run, full_run):
     assert RunDir(run_dir).status() == "done"
 
 
+@pytest.mark.slow
 def test_deleted_config_is_refused_with_the_fix(cut_run, full_run, capsys):
     run_dir, cfg = cut_run
     (run_dir / "config.yaml").unlink()
@@ -504,6 +506,7 @@ def test_another_config_is_refused(cut_run, composed):
         run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "policy.lr=1e-3"), run_dir)
 
 
+@pytest.mark.slow
 @parametrize_first_fast("damage", ["delete", "shorten", "edit"])
 def test_damaged_progress_is_rebuilt_from_the_checkpoint(cut_run, full_run, damage, caplog):
     run_dir, cfg = cut_run
@@ -526,6 +529,7 @@ def test_damaged_progress_is_rebuilt_from_the_checkpoint(cut_run, full_run, dama
         assert len(aside) == 1 and aside[0].name in warned  # nothing discarded without a word
 
 
+@pytest.mark.slow
 def test_rows_after_the_checkpoint_are_dropped_with_a_warning(composed, tmp_path, caplog):
     # Checkpoints every 2 iterations; the stop comes one iteration after the last one.
     overrides = ("algo=td3", "seq_model=mlp", "train.num_iters=5", "checkpoint.interval=2")
@@ -569,6 +573,7 @@ def test_run_killed_before_its_first_checkpoint(composed, tmp_path, caplog):
     assert RunDir(run_dir).status() == "done"
 
 
+@pytest.mark.slow
 def test_finished_run_is_skipped_and_a_refusal_leaves_no_error_file(composed, full_run):
     attempts = (full_run / "attempts.log").read_text()
     with pytest.raises(Refused, match="was finished with a different config"):
@@ -683,6 +688,7 @@ def test_garbage_checkpoint_gets_a_reason_not_torch_advice(cut_run):
     assert str(path) in msg and "weights_only" not in msg and "Re-running" not in msg and "\n" not in msg
 
 
+@pytest.mark.slow
 def test_a_key_added_later_is_no_difference_at_its_default(cut_run, full_run, tmp_path):
     # A run directory from before a key existed ran as the key's default says: it resumes and is skipped. (Such a
     # run's config.yaml and its checkpoint's copy both lack the key: they were written from one config.)
@@ -698,6 +704,7 @@ def test_a_key_added_later_is_no_difference_at_its_default(cut_run, full_run, tm
     assert RunDir(cut_run[0]).status() == "done"
 
 
+@pytest.mark.slow
 @parametrize_first_fast("which", ["cut", "full"])
 def test_a_config_cut_short_at_a_line_is_refused(cut_run, full_run, which):
     # Cut at a line boundary, config.yaml still parses, and its missing keys would read as an older version's at

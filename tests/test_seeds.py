@@ -187,6 +187,7 @@ def joint_with(monkeypatch, make):
     return made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [

@@ -41,6 +41,7 @@ def test_max_steps_below_every_first_evaluation_is_one_line_and_writes_nothing(t
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_failure_half_way_leaves_the_previous_report(tree, tmp_path, monkeypatch):
     out = tmp_path / "report"
     assert cli.main([str(tree), "--out", str(out), "--resamples", "50"]) == 0

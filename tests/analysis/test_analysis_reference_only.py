@@ -71,6 +71,7 @@ def _rows(frame, models, column="model"):
     return frame[frame[column].isin(models)].reset_index(drop=True)
 
 
+@pytest.mark.slow
 @parametrize_first_fast("pool", [False, True])
 def test_agent_variants_change_nothing_for_the_model_groups(tmp_path, pool):
     options = ["--pool-sources"] if pool else []

@@ -84,6 +84,7 @@ def _warning_count(text):
     return int(counts[0])
 
 
+@pytest.mark.slow
 def test_one_warning_count_in_console_report_and_issues(cli_all):
     res, out, issues, report = cli_all
     n = int((issues["kind"] == "warning").sum())
@@ -308,6 +309,7 @@ def test_payload_is_real(tmp_path):
     assert target.exists()
 
 
+@pytest.mark.slow
 def test_cli_refuses_crafted_checkpoints_without_running_them(cli_all, trust_tree, tmp_path):
     root, runs, targets = trust_tree
     _, out_all, issues_all, _ = cli_all
