@@ -958,7 +958,12 @@ def test_every_override_hydra_cannot_lex_is_named_with_its_character(argv, why, 
     assert str(e.value) == expected + (f"; quote it for the shell and Hydra: {hint}" if hint else "")
     if hint:  # the shell gives the hinted override as one word, which Hydra reads
         (word,) = shlex.split(hint)
-        precheck([*(a for a in argv if a.startswith("-")), word], check_dirs=False)
+        hinted = [*(a for a in argv if a.startswith("-")), word]
+        if "-m" not in argv:
+            precheck(hinted, check_dirs=False)
+        else:  # read as the sweep it is, of a setting of Hydra's own, which is then refused as such
+            with pytest.raises(Refused, match=r"sweeps a setting of Hydra's own \(hydra\.\*\)"):
+                precheck(hinted, check_dirs=False)
 
 
 @pytest.mark.slow

@@ -117,19 +117,20 @@ def test_a_file_where_the_checkpoints_folder_belongs_is_named(composed, tmp_path
     assert temporaries(run_dir) == [] and last_attempt(run_dir) == "failed (see ERROR.txt)"
 
 
+def command(module: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m module args`` in a process of its own, this checkout's package first on its path."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=HANG_S
+    )
+
+
 def test_the_entry_point_says_an_unwritable_file_in_one_line_with_its_exit_code(tmp_path):
     # A real process: attempts.log is a folder (as an immutable one would refuse its append), so the start fails
     # to record itself.
     run_dir = tmp_path / "run"
     (run_dir / "attempts.log").mkdir(parents=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-V-v0", *TINY, *GRU, f"hydra.run.dir={run_dir}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-    )
+    proc = command("pomdp_ffm.train", "env=Pendulum-V-v0", *TINY, *GRU, f"hydra.run.dir={run_dir}")
     assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
     assert proc.stderr.splitlines() == [
         f"error: {run_dir / 'attempts.log'} cannot be written (Is a directory); move away what is in its way{RERUN}"
@@ -161,18 +162,11 @@ def test_a_run_directory_that_cannot_be_written_in_is_one_line_with_its_exit_cod
     # Found before anything starts (nothing written), as a file of the run that cannot be written (exit 74, not a
     # refusal: the command is right, the folder is not writable): the run directory itself, or the folder where it
     # is to be made.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     parent = tmp_path / "runs"
     (parent / "run").mkdir(parents=True)
     with not_writable(parent / "run"), not_writable(parent):
         for run_dir, where in ((parent / "run", parent / "run"), (parent / "new", parent)):
-            proc = subprocess.run(
-                [sys.executable, "-m", "pomdp_ffm.train", "env=Pendulum-V-v0", *TINY, f"hydra.run.dir={run_dir}"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=HANG_S,
-            )
+            proc = command("pomdp_ffm.train", "env=Pendulum-V-v0", *TINY, f"hydra.run.dir={run_dir}")
             assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
             assert proc.stderr.splitlines() == [
                 f"error: hydra.run.dir={run_dir} cannot be written (no permission to write in {where}); make it "
@@ -273,15 +267,7 @@ def test_restore_config_says_an_unwritable_file_or_a_refusal_in_one_line_with_it
     torch.save({"format": CHECKPOINT_FORMAT, "config": {"seed": 0}}, run.checkpoint)
     run.config.mkdir()  # (as an immutable config.yaml would refuse its replacement)
     # A real process: the exit code and stderr are what `python -m pomdp_ffm.run.rundir` gives, no traceback.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pomdp_ffm.run.rundir", "restore-config", str(run.path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        check=False,
-    )
+    proc = command("pomdp_ffm.run.rundir", "restore-config", str(run.path))
     assert proc.returncode == EXIT_UNWRITABLE, proc.stderr[-2000:]
     assert proc.stderr.splitlines() == [
         (f"error: {run.config} cannot be written (Is a directory); move away what is in its way, then rerun")
