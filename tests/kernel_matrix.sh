@@ -18,7 +18,7 @@ failed=0
 for row in "${ROWS[@]}"; do
   name="${row%%|*}"
   settings="${row#*|}"
-  echo "== $name: ${settings:-(the machine's own paths)}"
+  echo "== $name: ${settings:-(as the CPU chooses)}"
   env $settings "$PY" -c 'import torch; print("ATen", torch.backends.cpu.get_cpu_capability(), "threads", torch.get_num_threads())'
   start=$SECONDS
   env $settings "$PY" -m pytest -q -m "not slow" -n 2 --dist worksteal -p no:cacheprovider 2>&1 | tail -n 15
