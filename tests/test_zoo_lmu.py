@@ -125,8 +125,10 @@ def test_acting_steps_equal_the_window():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(T, B, I, generator=g)
     state = (torch.randn(B, H, generator=g).tanh(), torch.randn(B, H, generator=g))
-    # measured: bitwise equal (the same fused step either way)
-    s = assert_steps_equal_window(ours, x, state, rtol=1e-6, atol=1e-7)
+    # The same step either way, but a window's matmuls may block their sums otherwise than a step's on another
+    # kernel path: each of the T steps rounds by about an ulp of the state's scale, at most T of them add up
+    # (measured: bitwise equal natively and under SSE4.1; 2.6e-6 of the largest entry under AVX2).
+    s = assert_steps_equal_window(ours, x, state, of_largest=T * 2.0**-23)
     assert s[0].shape == (B, H) and s[1].shape == (B, H)
 
 
