@@ -44,7 +44,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .base import SeqModel, State
-from .fart import EPS, accumulate, check_options, feed_forward
+from .summed_memory import EPS, accumulate, check_options, feed_forward
 from .time_embedding import sine_embedding
 
 
