@@ -252,10 +252,14 @@ def test_bench_refuses_overrides_it_does_not_take():
         (["loop", "--jobs", "3"], "unrecognized arguments: --jobs 3"),
         (["efficiency", "--models", "ffm", "rnn"], "--models rnn: not registered; the memories are mlp, posmlp"),
         (["efficiency", "--trials", "0"], "argument --trials: 0 must be >= 1"),
-        (["memory", "--models", "ffm"], "--models goes with `efficiency` only"),
+        (
+            ["memory", "--models", "ffm"],
+            "unrecognized arguments: --models ffm (`python -m pomdp_ffm.bench memory --help`",
+        ),
+        (["act", "--compile"], "unrecognized arguments: --compile"),
         (["eval", "--csv", "/nonexistent-folder/x.csv"], "--csv /nonexistent-folder/x.csv: its folder does not exist"),
         (["efficiency", "--csv", "/"], "--csv /: is a folder; give a file"),
-        ([], "the following arguments are required: which"),
+        ([], "the following arguments are required: BENCHMARK"),
     ],
 )
 def test_bench_refuses_bad_input_in_one_line_before_any_work(capsys, argv, needle):

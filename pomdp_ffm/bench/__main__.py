@@ -1,5 +1,6 @@
 """``python -m pomdp_ffm.bench {efficiency,memory,scan,update,act,loop,eval,overlap,ledger}``: benchmarks that compare
-variants in one process (docs/benchmarks.md).
+variants in one process (docs/benchmarks.md), each a subcommand with its own options (``python -m pomdp_ffm.bench
+memory --help``).
 
 ``loop`` takes Hydra overrides after its options: ``python -m pomdp_ffm.bench loop env=HopperBLT-V-v0 algo=sac
 seq_model=ffm --steps 3000``; so do ``eval`` (``python -m pomdp_ffm.bench eval env=Pendulum-V-v0``) and
@@ -45,6 +46,61 @@ _count = _number(int, lambda v: v >= 1, ">= 1")
 _ms = _number(float, lambda v: 0 < v < float("inf"), "a finite number of milliseconds > 0")
 
 
+def _parser() -> _Parser:
+    """A subcommand a benchmark, each with its own options (``python -m pomdp_ffm.bench BENCHMARK --help``);
+    ``commands``: the subcommands' parsers by name."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    common.add_argument("--threads", type=_count, help="torch intra-op threads (default: torch's)")
+    common.add_argument(
+        "--csv", help="also add the rows to this CSV file (after those it holds; made where there is none)"
+    )
+    timed = argparse.ArgumentParser(add_help=False)
+    timed.add_argument("--repeats", type=_count, default=20, help="interleaved timing rounds")
+    seeds = argparse.ArgumentParser(add_help=False)
+    seeds.add_argument(
+        "--seeds", type=_count, nargs="+", help="also the seed axis for these seed counts (e.g. 1 5 10 20)"
+    )
+    p = _Parser(prog="python -m pomdp_ffm.bench", description=__doc__)
+    sub = p.add_subparsers(dest="which", required=True, metavar="BENCHMARK", parser_class=_Parser)
+    p.commands = {}
+
+    def command(name: str, what: str, *parents: argparse.ArgumentParser) -> _Parser:
+        p.commands[name] = sub.add_parser(name, help=what, description=what, parents=[common, *parents])
+        return p.commands[name]
+
+    c = command("efficiency", "the FFM paper's efficiency protocol for every registered memory")
+    c.add_argument("--models", nargs="+", help="these registered memories (default: every one)")
+    c.add_argument("--trials", type=_count, default=10, help="trials per model (default 10, the paper's)")
+    c = command("memory", "forward and backward of each memory model variant at the RL and the paper's shapes", timed)
+    c.add_argument("--shapes", nargs="+", choices=["rl", "paper"], help="these shapes (default both)")
+    c.add_argument("--variants", nargs="+", help="time only these (e.g. ffm gru gru-loop; default all)")
+    command("scan", "FFM's aggregator forms at every shape", timed)
+    c = command("update", "one SAC/TD3 update at the BLT shape", timed, seeds)
+    c.add_argument(
+        "--compile",
+        action="store_true",
+        help="eager against torch.compile (train.compile), SAC/TD3 x FFM/GRU, compile times, kernels",
+    )
+    command("act", "one acting step: the agent's, and its CPU copy's", timed, seeds)
+    c = command("loop", "a short training run, its time split by phase (takes key=value overrides)")
+    c.add_argument("--steps", type=_count, default=3000, help="env steps to train for (default 3000)")
+    c.add_argument(
+        "--project",
+        metavar="TASK",
+        help="also project the full budget of TASK (e.g. HopperBLT-V-v0) from this run's acting, update and "
+        "evaluation costs, with --env-step-ms as its env step cost",
+    )
+    c.add_argument(
+        "--env-step-ms", type=_ms, help="with --project: TASK's env step cost in ms, measured where its env runs"
+    )
+    command("eval", "evaluation episodes together against one after another (takes key=value overrides)", timed)
+    c = command("overlap", "a deferred evaluation beside a burst of updates (takes key=value overrides)", timed)
+    c.add_argument("--updates", type=_count, default=200, help="updates in the burst (default 200)")
+    command("ledger", "the ledger's figures (patches/) measured on this machine: printed, not timed")
+    return p
+
+
 def main(argv=None) -> None:
     if argv is None and sys.platform.startswith("linux") and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         # glibc hands tensors above its (dynamic, <= 32 MB) mmap threshold back to the OS on free, so every
@@ -53,48 +109,19 @@ def main(argv=None) -> None:
         big = str(4 << 30)
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=big, MALLOC_TRIM_THRESHOLD_=big)
         os.execve(sys.executable, [sys.executable, "-m", "pomdp_ffm.bench", *sys.argv[1:]], env)
-    p = _Parser(prog="python -m pomdp_ffm.bench", description=__doc__)
-    p.add_argument(
-        "which", choices=["efficiency", "memory", "scan", "update", "act", "loop", "eval", "overlap", "ledger"]
-    )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=_count, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--repeats", type=_count, default=20, help="interleaved timing rounds")
-    p.add_argument("--shapes", nargs="+", choices=["rl", "paper"], help="memory: these shapes (default both)")
-    p.add_argument("--variants", nargs="+", help="memory: time only these (e.g. ffm gru gru-loop; default all)")
-    p.add_argument("--csv", help="also add the rows to this CSV file (after those it holds; made where there is none)")
-    p.add_argument("--models", nargs="+", help="efficiency: these registered memories (default: every one)")
-    p.add_argument("--trials", type=_count, default=10, help="efficiency: trials per model (default 10, the paper's)")
-    p.add_argument("--steps", type=_count, default=3000, help="loop: env steps to train for (default 3000)")
-    p.add_argument("--updates", type=_count, default=200, help="overlap: updates in the burst (default 200)")
-    p.add_argument(
-        "--seeds", type=_count, nargs="+", help="update, act: also the seed axis for these seed counts (e.g. 1 5 10 20)"
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="update: eager against torch.compile (train.compile), SAC/TD3 x FFM/GRU, compile times, kernels",
-    )
-    p.add_argument(
-        "--project",
-        metavar="TASK",
-        help="loop: also project the full budget of TASK (e.g. HopperBLT-V-v0) from this run's acting, "
-        "update and evaluation costs, with --env-step-ms as its env step cost",
-    )
-    p.add_argument(
-        "--env-step-ms", type=_ms, help="loop, with --project: TASK's env step cost in ms, measured where its env runs"
-    )
+    p = _parser()
     args, overrides = p.parse_known_args(argv)
-    bad = [o for o in overrides if "=" not in o]
-    if args.compile and args.which != "update":
-        p.error("--compile goes with `update` only")
-    if bad or (overrides and args.which not in ("loop", "eval", "overlap")):
-        p.error(
-            f"unrecognized arguments: {' '.join(bad or overrides)} (only `loop`, `eval` and `overlap` take "
-            "key=value overrides)"
+    command = p.commands[args.which]
+    flags = [o for o in overrides if o.startswith("-") or "=" not in o]
+    if flags:
+        command.error(f"unrecognized arguments: {' '.join(flags)}")
+    if overrides and args.which not in ("loop", "eval", "overlap"):
+        command.error(
+            f"unrecognized arguments: {' '.join(overrides)} (only `loop`, `eval` and `overlap` take key=value "
+            "overrides)"
         )
     if args.which == "loop" and (args.project is None) != (args.env_step_ms is None):
-        p.error("--project and --env-step-ms go together")
+        command.error("--project and --env-step-ms go together")
     from ..config import resolve_device
     from ..envs import get_task  # (here: after the re-exec, as every import of the training stack)
     from ..jobs.plan import Refused
@@ -115,16 +142,12 @@ def main(argv=None) -> None:
     device = checked(f"--device {args.device}: ", resolve_device, args.device)
     if args.which == "memory" and args.variants:
         checked("--variants: ", variants, 4, 32, device, args.variants)
-    if args.models:
+    if args.which == "efficiency" and args.models:
         from ..seq_models import available
 
         unknown = [m for m in args.models if m not in available()]
-        if unknown or args.which != "efficiency":
-            p.refuse(
-                f"--models {' '.join(unknown)}: not registered; the memories are {', '.join(available())}"
-                if unknown
-                else "--models goes with `efficiency` only"
-            )
+        if unknown:
+            p.refuse(f"--models {' '.join(unknown)}: not registered; the memories are {', '.join(available())}")
     if overrides:  # the settings a benchmark trains with, checked as `python -m pomdp_ffm.train` checks them
         checked("", precheck, overrides, check_dirs=False)  # a benchmark trains in a folder of its own
     if args.threads:
@@ -197,7 +220,7 @@ def _run(args, overrides: list[str], device: torch.device) -> list:
         rows = evaluation.run_overlap(overrides, args.updates, args.repeats, device, args.threads)
         baseline = "after"
     print_table(rows, baseline=baseline)
-    if args.seeds and args.which in ("act", "update"):  # each with its seed axis
+    if args.which in ("act", "update") and args.seeds:  # each with its seed axis
         module = acting if args.which == "act" else update
         seeds = module.run_seeds(args.seeds, args.repeats, device)
         print_table(seeds, baseline="separate")
