@@ -54,6 +54,10 @@ class HistoryEncoder(nn.Module):
     def initial_state(self, batch_size: int, device=None):
         return self.memory.initial_state(batch_size, device)
 
+    def window_start(self, s: Aligned):
+        """The state a training window starts from (SeqModel.window_state: zero, at the window's first step)."""
+        return self.memory.window_state(s.first_step)
+
 
 class Actor(nn.Module):
     """History branch + observation shortcut -> policy head (docs/reference.md#actor)."""
@@ -68,6 +72,10 @@ class Actor(nn.Module):
         h, state = self.encoder(prev_actions, rewards, observs, state)
         return self.head(torch.cat([h, self.shortcut(observs)], dim=-1)), state
 
+    def over(self, s: Aligned):
+        """The output over a training window and the memory's last state, from where the window starts."""
+        return self(*s.history, self.encoder.window_start(s))
+
 
 class Critic(nn.Module):
     """One memory, one [obs, action] shortcut, twin Q heads (docs/reference.md#critic)."""
@@ -79,7 +87,7 @@ class Critic(nn.Module):
         self.qf1, self.qf2 = (Mlp(cfg.rnn_hidden_size + self.encoder.input_size, cfg.dqn_layers, 1) for _ in range(2))
 
     def history(self, s: Aligned) -> torch.Tensor:
-        return self.encoder(*s.history)[0]
+        return self.encoder(*s.history, self.encoder.window_start(s))[0]
 
     def q(self, h, observs, actions) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.cat([h, self.shortcut(torch.cat([observs, actions], dim=-1))], dim=-1)

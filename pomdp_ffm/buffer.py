@@ -5,7 +5,8 @@ length L gets ``n = max(1, L - T + 1)`` legal starts (every window that fits ins
 its first step when L <= T), each weighted ``(beta + n) / n`` so the episode's total is
 ``beta + n``. With ``beta = 0`` windows are uniform over legal starts in the whole buffer.
 Windows that run past their episode are padded with whatever is stored next and removed only
-through the mask, exactly like the reference.
+through the mask, exactly like the reference. Each window also carries its first step's index in its episode
+(``first_step``), where a time-embedded memory starts it (patches/023).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 
 
 class Batch(NamedTuple):
-    """The batch's one vocabulary, from the collected episode (``rollout.Episode`` has the same fields but
-    ``masks``) through the buffer to the update (``update.Aligned``). Time-major float32 arrays ``[T, B, dim]``
-    (or tensors); ``rewards``, ``terminals`` and ``masks`` have dim 1."""
+    """The batch's one vocabulary, from the collected episode (``rollout.Episode`` has the same per-step fields,
+    ``TRANSITIONS``) through the buffer to the update (``update.Aligned``). Time-major float32 arrays ``[T, B, dim]``
+    (or tensors); ``rewards``, ``terminals`` and ``masks`` have dim 1; ``first_step`` is int64 ``[B]``."""
 
     observs: Any  # o_t
     actions: Any  # a_t
@@ -26,9 +27,11 @@ class Batch(NamedTuple):
     terminals: Any  # 1 where the env ended the episode itself (a time-out bootstraps)
     next_observs: Any  # o_{t+1}
     masks: Any  # 1 on the steps of the window's own episode, 0 on the padding after it
+    first_step: Any  # the index in its episode of the window's first step (what a time-embedded memory reads)
 
 
-TRANSITIONS = Batch._fields[:-1]  # what an episode stores, per step
+# What an episode stores, per step; a window's masks and first step are the buffer's.
+TRANSITIONS = tuple(f for f in Batch._fields if f not in ("masks", "first_step"))
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -78,6 +81,9 @@ class SeqReplayBuffer:
             for k in TRANSITIONS
         }
         self._weights = np.zeros((self.capacity,), dtype=np.float32)
+        # Each slot's step index in its episode: kept per slot, so a window starting in an episode whose first
+        # slots a newer one has overwritten still knows its time.
+        self._steps = np.zeros((self.capacity,), dtype=np.int64)
         self._top = 0
         self._size = 0
         # Cumulative weights for O(log N) inverse-CDF sampling; recomputed only after a write.
@@ -129,6 +135,7 @@ class SeqReplayBuffer:
         n = max(1, length - self.sampled_seq_len + 1)
         w = np.zeros(length, dtype=np.float32)
         w[:n] = (self.sample_weight_baseline + n) / n
+        steps = np.arange(length, dtype=np.int64)
         # Slice writes (split in two at the wrap) instead of fancy indexing keep this cheap.
         first = min(length, self.capacity - self._top)
         for src, dst in (
@@ -138,6 +145,7 @@ class SeqReplayBuffer:
             for k, x in rows.items():
                 self._data[k][dst] = x[src]  # terminals cast to uint8 by the assignment
             self._weights[dst] = w[src]
+            self._steps[dst] = steps[src]
         self._top = (self._top + length) % self.capacity
         self._size = min(self.capacity, self._size + length)
         self._cdf = None
@@ -176,7 +184,7 @@ class SeqReplayBuffer:
         # of HopperBLT-V's arrays: 123 against 288 us), which is host time a GPU's update waits on per seed.
         out = {k: np.take(v, idx, axis=0) for k, v in self._data.items()}
         out["terminals"] = out["terminals"].astype(np.float32)
-        return Batch(**out, masks=mask[:, :, None].astype(np.float32))
+        return Batch(**out, masks=mask[:, :, None].astype(np.float32), first_step=self._steps[starts])
 
     def blank_batch(self, batch_size: int) -> Batch:
         """A batch of ``sample``'s layout (shapes and dtypes) drawing nothing: zeros, every step masked in. What a
@@ -184,7 +192,7 @@ class SeqReplayBuffer:
         shape = (self.sampled_seq_len, _positive_int("batch_size", batch_size))
         out = {k: np.zeros((*shape, v.shape[1]), v.dtype) for k, v in self._data.items()}
         out["terminals"] = out["terminals"].astype(np.float32)
-        return Batch(**out, masks=np.ones((*shape, 1), np.float32))
+        return Batch(**out, masks=np.ones((*shape, 1), np.float32), first_step=np.zeros(shape[1], np.int64))
 
     def state_dict(self) -> dict[str, Any]:
         # Slots fill from 0 and only wrap once full, so the filled part is always [0, size).
@@ -195,6 +203,7 @@ class SeqReplayBuffer:
             "size": s,
             **{k: v[:s].copy() for k, v in self._data.items()},
             "weights": self._weights[:s].copy(),
+            "steps": self._steps[:s].copy(),
             "rng_state": self._rng.bit_generator.state,
         }
 
@@ -212,7 +221,7 @@ class SeqReplayBuffer:
             raise ValueError(f"state dict has invalid size={size} / top={top} for capacity {self.capacity}")
         if size < self.capacity and top != size:
             raise ValueError(f"state dict has top={top} but a buffer that never wrapped has top == size ({size})")
-        arrays = {**self._data, "weights": self._weights}
+        arrays = {**self._data, "weights": self._weights, "steps": self._steps}
         for key, dst in arrays.items():
             src = np.asarray(state[key])
             if src.shape != (size,) + dst.shape[1:]:

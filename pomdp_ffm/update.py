@@ -10,6 +10,7 @@ T+1 extension of a stored window (docs/reference.md#batch-alignment), ``Aligned`
     rewards   = [0,   r_0,  ..., r_{T-1}]       [T+1, B, 1]
     terminals = [0,   d_0,  ..., d_{T-1}]       [T+1, B, 1]
     masks     =      [m_0,  ..., m_{T-1}]       [T,   B, 1]
+    first_step = k, o_0's index in its episode  [B]           (int64; where a time-embedded memory starts)
 
 Nothing here reads a device value on the host (no .item(), no data-dependent branch): on a GPU an update only
 queues kernels, so that it can be captured once in a CUDA graph and replayed (pomdp_ffm/graph.py).
@@ -40,6 +41,7 @@ class Aligned(NamedTuple):
     rewards: torch.Tensor
     terminals: torch.Tensor
     masks: torch.Tensor
+    first_step: torch.Tensor
 
     @classmethod
     def from_batch(cls, batch: Batch, device) -> Aligned:
@@ -53,6 +55,7 @@ class Aligned(NamedTuple):
             rewards=zero_first(t(batch.rewards)),
             terminals=zero_first(t(batch.terminals)),
             masks=t(batch.masks),
+            first_step=t(batch.first_step),
         )
 
     def head(self, n: int) -> Aligned:
@@ -102,7 +105,7 @@ def critic_loss(agent, s: Aligned, policy_out) -> tuple[torch.Tensor, torch.Tens
     T = s.masks.shape[0]
     with torch.no_grad():
         if policy_out is None:
-            policy_out = agent.actor_target(*s.history)[0]
+            policy_out = agent.actor_target.over(s)[0]
         next_actions, entropy_bonus = agent.algo.next_actions(policy_out)  # [T+1, B, A], [T+1, B, 1]
         q1_next, q2_next = agent.critic_target(s, next_actions)
         v_next = torch.min(q1_next, q2_next) + entropy_bonus
@@ -118,7 +121,7 @@ def actor_loss(agent, s: Aligned, policy_out) -> tuple[torch.Tensor, torch.Tenso
     T = s.masks.shape[0]
     s = s.head(T)
     if policy_out is None:
-        policy_out = agent.actor(*s.history)[0]
+        policy_out = agent.actor.over(s)[0]
     actions, log_prob = agent.algo.policy_actions(policy_out, T)
     # The critic's memory sees only stored data, never the actor's actions: no graph through it.
     with torch.no_grad():
@@ -129,7 +132,7 @@ def actor_loss(agent, s: Aligned, policy_out) -> tuple[torch.Tensor, torch.Tenso
 
 def actor_pass(agent, s: Aligned):
     """The actor's output over all T+1 steps (SAC's shared pass)."""
-    return agent.actor(*s.history)[0]
+    return agent.actor.over(s)[0]
 
 
 class Losses(NamedTuple):

@@ -39,6 +39,7 @@ def make_batch(seed=0, pad_from=None):
         terminals=term,
         next_observs=f(T, B, O),
         masks=mask,
+        first_step=rng.integers(0, 1000, B),  # windows from anywhere in their episodes
     )
 
 
@@ -84,7 +85,7 @@ def test_a_padded_step_changes_no_loss(algo, model):
     def losses(batch):
         torch.manual_seed(123)  # the same policy/target noise for both
         s = Aligned.from_batch(batch, "cpu")
-        out = agent.actor(*s.history)[0] if agent.algo.shares_actor_pass else None
+        out = agent.actor.over(s)[0] if agent.algo.shares_actor_pass else None
         q1, q2 = critic_loss(agent, s, out)
         pi, _ = actor_loss(agent, s, out)
         return torch.stack([q1, q2, pi])
@@ -189,7 +190,7 @@ def test_one_update_changes_parameters_and_moves_targets(algo, model):
 def test_actor_step_leaves_critic_gradients_alone():
     agent = make_agent("sac", "gru")
     s = Aligned.from_batch(make_batch(), "cpu")
-    out = agent.actor(*s.history)[0]
+    out = agent.actor.over(s)[0]
     step_critic(agent, *critic_loss(agent, s, out), grad_norms=False)
     critic_grads = [p.grad.clone() for p in agent.critic.parameters()]
     critic_params = [p.detach().clone() for p in agent.critic.parameters()]

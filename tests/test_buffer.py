@@ -73,9 +73,11 @@ def test_batch_is_time_major_float32_and_matches_stored_transitions():
         arr = getattr(batch, name)
         assert arr.shape == (6, 32, dim), name
         assert arr.dtype == np.float32 and arr.flags.c_contiguous, name  # one copy each into a staging buffer
+    assert batch.first_step.shape == (32,) and batch.first_step.dtype == np.int64
     lengths = [9, 4, 15, 2, 30]
     for b in range(32):
         ep, s = window_of(batch, b)
+        assert batch.first_step[b] == s  # the window's first step in its episode
         valid = int(batch.masks[:, b, 0].sum())
         for t in range(valid):
             step = s + t
@@ -164,6 +166,7 @@ def test_wrap_around_with_partial_overwrite():
     for b in range(3000):
         ep, s = window_of(batch, b)
         seen.add((ep, s))
+        assert batch.first_step[b] == s  # episode 0's too, whose first three steps are overwritten
         valid = int(batch.masks[:, b, 0].sum())
         if (ep, s) == (0, 3):
             assert valid == 0  # its first slot is the write head

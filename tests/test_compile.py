@@ -74,7 +74,7 @@ def test_each_compiled_part_is_one_graph(algo):
     # fullgraph=True makes a graph break an error; explain() also counts graphs and breaks, independently of it.
     agent = make_agent(algo, "ffm")
     s = Aligned.from_batch(make_batch(), "cpu")
-    policy_out = agent.actor(*s.history)[0] if agent.algo.shares_actor_pass else None
+    policy_out = agent.actor.over(s)[0] if agent.algo.shares_actor_pass else None
     for fn, args in (
         (EAGER.actor_pass, (agent, s)),
         (EAGER.critic_loss, (agent, s, policy_out)),

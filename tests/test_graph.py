@@ -468,7 +468,7 @@ def test_staging_copies_each_batch_exactly_through_the_ring():
         staging.fill(batch)
         assert [s.data_ptr() for s in staging.static] == statics  # the same tensors every time
         for s, x in zip(staging.static, batch):
-            assert s.dtype == torch.float32 and tuple(s.shape) == x.shape
+            assert s.dtype == torch.from_numpy(x).dtype and tuple(s.shape) == x.shape
             assert torch.equal(s, torch.from_numpy(x))
     assert staging.next == 1  # five fills through a ring of two
     # tensors (on the host or the device) are accepted; a different layout is refused
@@ -524,7 +524,8 @@ def test_staging_keeps_mixed_dtypes():
                 (5, np.float32),
                 (1, np.bool_),
             )
-        )
+        ),
+        np.arange(6, dtype=np.int64),
     )
     staging = Staging(batch, torch.device("cpu"))
     staging.fill(batch)

@@ -51,6 +51,7 @@ O, A, T, B = 3, 2, 4, 3
 GAMMA = 0.8
 ALPHA0 = 0.5  # the SAC temperature the tests start from (log_alpha = log 0.5; not 1, so alpha's role shows)
 RTOL, ATOL = 1e-9, 1e-12
+FIRST_STEP = np.array([0, 7, 40])  # the windows' first steps in their episodes (a time-embedded memory reads them)
 MODELS = available()
 
 
@@ -69,7 +70,9 @@ def make_batch(seed=0) -> Batch:
     term[3, 1] = 1.0  # a done on a padded step: ignored
     for x, v in ((obs, 9.0), (act, 0.9), (rew, -50.0), (obs2, -9.0)):
         x[mask[..., 0] == 0] = v  # garbage in the padded steps
-    return Batch(observs=obs, actions=act, rewards=rew, terminals=term, next_observs=obs2, masks=mask)
+    return Batch(
+        observs=obs, actions=act, rewards=rew, terminals=term, next_observs=obs2, masks=mask, first_step=FIRST_STEP
+    )
 
 
 def make_agent(algo, model, seed=0, sac=None, td3=None) -> RecurrentAgent:
@@ -116,9 +119,21 @@ class NoiseRecorder:
 
 # ------------------------------------------------------------------------------------------------------
 # the independent computation
-def run_memory(encoder, inputs):
-    """Histories h_0..h_T of one batch element, one step at a time with the state carried by hand."""
-    hs, state = [], None
+def fresh_memory(fresh, acted):
+    """``acted`` with its memory part replaced by a fresh state's: only its step count (its integer tensors) kept."""
+    if torch.is_tensor(fresh):
+        return fresh if fresh.is_floating_point() or fresh.is_complex() else acted
+    return type(fresh)(fresh_memory(f, a) for f, a in zip(fresh, acted, strict=True))
+
+
+def run_memory(encoder, inputs, first_step):
+    """Histories h_0..h_T of one batch element, one step at a time with the state carried by hand, from the state
+    acting reaches at the window's first step in its episode with the memory reset there (the step count kept)."""
+    hs, state, zero = [], None, torch.zeros(1, 1, 1, dtype=torch.float64)
+    for _ in range(first_step):
+        _, state = encoder(zero.expand(1, 1, A), zero, zero.expand(1, 1, O), state)
+    steps = [t for t in encoder.memory.state_tensors(state) if not (t.is_floating_point() or t.is_complex())]
+    state = fresh_memory(encoder.initial_state(1), state) if steps else None  # without a step count: a fresh state
     for prev_a, prev_r, o in inputs:
         y, state = encoder(prev_a.view(1, 1, -1), prev_r.view(1, 1, -1), o.view(1, 1, -1), state)
         hs.append(y.view(-1))
@@ -165,11 +180,12 @@ def reference(agent, batch, next_noise, pi_noise=None, actor_critic=None, alpha=
         # history inputs at t = 0..T: (previous action, previous reward, observation), zeros before t = 0
         inputs = [(torch.zeros(A, dtype=torch.float64), torch.zeros(1, dtype=torch.float64), obs[0, b])]
         inputs += [(act[t, b], rew[t, b], obs2[t, b]) for t in range(T)]
-        h_critic = run_memory(agent.critic.encoder, inputs)
-        h_target = run_memory(agent.critic_target.encoder, inputs)
-        h_actor = run_memory(agent.actor.encoder, inputs)
-        h_next_actor = run_memory(next_actor.encoder, inputs)
-        h_actor_critic = run_memory(actor_critic.encoder, inputs)
+        k = int(batch.first_step[b])
+        h_critic = run_memory(agent.critic.encoder, inputs, k)
+        h_target = run_memory(agent.critic_target.encoder, inputs, k)
+        h_actor = run_memory(agent.actor.encoder, inputs, k)
+        h_next_actor = run_memory(next_actor.encoder, inputs, k)
+        h_actor_critic = run_memory(actor_critic.encoder, inputs, k)
         for t in range(T):
             if mask[t, b, 0].item() == 0.0:
                 continue
@@ -222,7 +238,7 @@ def agent_losses(agent, batch, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(torch, "randn_like", rec)
         s = Aligned.from_batch(batch, "cpu")
-        out = agent.actor(*s.history)[0] if agent.algo.shares_actor_pass else None
+        out = agent.actor.over(s)[0] if agent.algo.shares_actor_pass else None
         qf1, qf2 = critic_loss(agent, s, out)
         pi, log_prob = actor_loss(agent, s, out)
     return qf1, qf2, pi, log_prob, rec

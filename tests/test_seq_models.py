@@ -87,6 +87,39 @@ def test_step_by_step_equals_whole_sequence(name):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_a_window_starts_where_acting_reaches_with_the_memory_reset(name):
+    """A training window's starting state (window_state) is the state acting reaches at the window's first step in
+    its episode with the memory part fresh: a state's integer tensors (a step count) as acted, its other tensors a
+    fresh state's; a memory without a step count starts from None, a fresh state, as before windows knew their
+    step. A window from that state gives what acting gives from it, step by step."""
+    torch.manual_seed(2)
+    model = build(name, input_size=6, hidden_size=64).double()
+    first = torch.tensor([0, 5, 37, 300])
+    with torch.no_grad():
+        states = [model(torch.randn(int(k), 1, 6, dtype=torch.float64), None)[1] if k else None for k in first]
+    fresh = model.state_tensors(model.initial_state(4))
+    counts = [i for i, t in enumerate(fresh) if not (t.is_floating_point() or t.is_complex())]
+    start = model.window_state(first)
+    if not counts:
+        assert start is None
+        return
+    got = model.state_tensors(start)
+    assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in fresh]
+    for i, (g, f) in enumerate(zip(got, fresh)):
+        if i in counts:  # the step count acting reached
+            assert g.tolist() == [0 if s is None else model.state_tensors(s)[i].item() for s in states]
+        else:
+            assert torch.equal(g, f)
+    x = torch.randn(9, 4, 6, dtype=torch.float64)
+    y_window, _ = model(x, start)
+    state, ys = start, []
+    for t in range(9):
+        y, state = model(x[t : t + 1], state)
+        ys.append(y)
+    torch.testing.assert_close(torch.cat(ys), y_window, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("name", [n for n in available() if issubclass(get(n), TorchRNN)])
 def test_rnn_reference_init(name):
     model = build(name, input_size=64, hidden_size=128)

@@ -47,7 +47,13 @@ def window_batch(T: int, B: int, seed: int = 0, obs: int = 5, act: int = 2) -> B
     terminals = np.zeros((T, B, 1), np.float32)
     terminals[3, min(2, B - 1)] = 1.0
     return Batch(
-        f(T, B, obs), np.tanh(f(T, B, act)), f(T, B, 1), terminals, f(T, B, obs), np.ones((T, B, 1), np.float32)
+        f(T, B, obs),
+        np.tanh(f(T, B, act)),
+        f(T, B, 1),
+        terminals,
+        f(T, B, obs),
+        np.ones((T, B, 1), np.float32),
+        np.zeros(B, np.int64),
     )
 
 
@@ -85,11 +91,11 @@ def reference_critic_loss(agent: RecurrentAgent, s: Aligned, eps: torch.Tensor):
     sac = isinstance(agent.algo, SAC)
     with torch.no_grad():
         if sac:  # the actor's first run
-            new_actions, new_log_probs = TanhGaussianHead.squash(*agent.actor(*s.history)[0], eps)
+            new_actions, new_log_probs = TanhGaussianHead.squash(*agent.actor.over(s)[0], eps)
         else:
             c = agent.algo.cfg
             noise = (eps * c.target_noise).clamp(-c.target_noise_clip, c.target_noise_clip)
-            new_actions = (agent.actor_target(*s.history)[0] + noise).clamp(-1, 1)
+            new_actions = (agent.actor_target.over(s)[0] + noise).clamp(-1, 1)
         next_q1, next_q2 = agent.critic_target(s, new_actions)
         min_next_q = torch.min(next_q1, next_q2)
         if sac:
@@ -103,7 +109,7 @@ def reference_critic_loss(agent: RecurrentAgent, s: Aligned, eps: torch.Tensor):
 
 def reference_actor_loss(agent: RecurrentAgent, s: Aligned, eps: torch.Tensor | None):
     """The policy loss as the reference computes it; ``eps``: SAC's second draw, over the T+1 steps."""
-    out = agent.actor(*s.history)[0]  # over all T+1 steps
+    out = agent.actor.over(s)[0]  # over all T+1 steps
     new_actions, log_probs = TanhGaussianHead.squash(*out, eps) if eps is not None else (out, None)
     q1, q2 = agent.critic(s, new_actions)  # the critic's memory over T+1 steps, in the graph
     policy_loss = -torch.min(q1, q2)

@@ -64,6 +64,7 @@ def random_batch(rng: np.random.Generator) -> Batch:
         terminals=np.zeros((SEQ, BATCH, 1), np.float32),
         next_observs=f(SEQ, BATCH, OBS),
         masks=np.ones((SEQ, BATCH, 1), np.float32),
+        first_step=np.zeros(BATCH, np.int64),
     )
 
 

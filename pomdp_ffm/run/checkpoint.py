@@ -9,7 +9,8 @@ import warnings
 import zipfile
 from pathlib import Path
 
-CHECKPOINT_FORMAT = 3  # the layout of checkpoints/last.pt that this version writes and resumes
+CHECKPOINT_FORMAT = 4  # the layout of checkpoints/last.pt that this version writes and resumes (4: the buffer keeps
+# each slot's step in its episode)
 
 
 class CheckpointError(RuntimeError):

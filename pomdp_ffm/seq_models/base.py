@@ -28,6 +28,13 @@ class SeqModel(nn.Module):
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         raise NotImplementedError
 
+    def window_state(self, first_step: torch.Tensor) -> State:
+        """The state a training window starts from, given the index in its episode of each window's first step
+        (int64 [B]): the memory part zero, as the reference starts every window; a memory whose output reads the
+        step's index (the time-embedded ones) counts on from ``first_step``, as acting through the episode would.
+        None (a fresh state) for a memory without a step count."""
+        return None
+
     def activation_floats(self) -> int:
         """Floats an update saves per batch row and step for this memory's backward (its gates, state and output):
         the memory estimate's share (RecurrentAgent.update_memory)."""

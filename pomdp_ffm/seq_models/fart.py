@@ -93,6 +93,13 @@ class FART(SeqModel):
             torch.zeros(batch_size, dtype=torch.long, device=device),
         )
 
+    def window_state(self, first_step: torch.Tensor) -> State:
+        return (
+            None
+            if self.embedding is None
+            else (*self.initial_state(len(first_step), first_step.device)[:2], first_step)
+        )
+
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         self._check_input(x)
         T, B, _ = x.shape

@@ -12,8 +12,9 @@ experiments) instead of the transformer's 10000:
 
     PE(t)[2i] = sin(t N^(-2i/d)),  PE(t)[2i+1] = cos(t N^(-2i/d)),  i = 0 .. ceil(d/2) - 1.
 
-State: the step count, an int64 tensor [B] (the index of the next input), so that acting one step at a time and a
-window starting mid-episode continue the time index (POPGym's ``t_starts``). hidden_size is POPGym's hidden_size,
+State: the step count, an int64 tensor [B] (the index of the next input), so that acting one step at a time
+continues the time index, and a training window starting mid-episode starts at its first step's index
+(``window_state``; POPGym's ``t_starts``; patches/023). hidden_size is POPGym's hidden_size,
 the width of both layers.
 
 The time embedding is the shared ``SineTimeEmbedding`` of time_embedding.py (Stack, TCN, FART and FWP use it
@@ -50,6 +51,9 @@ class PosMLP(SeqModel):
 
     def initial_state(self, batch_size: int, device=None) -> State:
         return torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    def window_state(self, first_step: torch.Tensor) -> State:
+        return first_step
 
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         self._check_input(x)

@@ -58,6 +58,11 @@ class Stack(SeqModel):
         window = torch.zeros(shape, dtype=self.compress.weight.dtype, device=device)  # float64 for a float64 model
         return window, torch.zeros(batch_size, dtype=torch.long, device=device)
 
+    def window_state(self, first_step: torch.Tensor) -> State:
+        return (
+            None if self.embedding is None else (self.initial_state(len(first_step), first_step.device)[0], first_step)
+        )
+
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         self._check_input(x)
         T, B, _ = x.shape

@@ -6,7 +6,8 @@ every feature), the one implementation the models whose POPGym defaults turn it 
     e_t = (1 - s) x_t + s PE(t)     scale_embedding on: s = clamp(strength, 0, 1), a learned scalar, strength_0 = 0.5
     e_t = x_t + PE(t)               scale_embedding off
 
-with t the step's index in its episode and PE the sinusoidal position code of Vaswani et al. (2017) over the
+with t the step's index in its episode (acting counts it in the state; a training window starts at its first step's
+index, ``SeqModel.window_state``, as POPGym's ``t_starts``: patches/023) and PE the sinusoidal position code of Vaswani et al. (2017) over the
 input's d features, its frequency base being the horizon N (POPGym's ``max_seq_len``, 1024 in its experiments)
 instead of the transformer's 10000:
 
