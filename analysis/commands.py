@@ -153,13 +153,18 @@ def cmd_efficiency(ctx: Context) -> None:
         return
     paper = bench[bench["benchmark"] == EFFICIENCY]
     if not paper.empty:  # the FFM paper's figure, its fourth panel the runs' best returns where runs were given
-        summary = summarize_efficiency(paper, **ctx.boot(), order=order_models(paper["model"]))
-        ctx.emit(write_table(summary, ctx.tables("efficiency_paper"), title="The FFM paper's efficiency protocol"))
         returns = None
         if ctx.table is not None and not ctx.table.empty:
-            returns = stats.summarize(ctx.scores().assign(task="", algo=""), **ctx.boot())[
-                ["model", "mean", "ci_low", "ci_high"]
-            ]
+            scores = ctx.scores()
+            pairs = sorted({f"{t} {a}" for t, a in zip(scores["task"], scores["algo"])})
+            if len(pairs) > 1:  # (one panel of returns: averaging tasks or algorithms would mean nothing)
+                raise UsageError(
+                    f"the efficiency figure's return panel shows one task and algorithm; the runs given hold "
+                    f"{len(pairs)}: {', '.join(pairs)}; give the folder of one (or no runs, for no return panel)"
+                )
+            returns = stats.summarize(scores, **ctx.boot())[["model", "mean", "ci_low", "ci_high"]]
+        summary = summarize_efficiency(paper, **ctx.boot(), order=order_models(paper["model"]))
+        ctx.emit(write_table(summary, ctx.tables("efficiency_paper"), title="The FFM paper's efficiency protocol"))
         ctx.emit(modelfigures.plot_paper_efficiency(summary, returns, ctx.figs("efficiency_paper"), ctx.formats))
     bench = bench[bench["benchmark"] != EFFICIENCY]
     if bench.empty:

@@ -19,6 +19,9 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from . import constants as C  # noqa: E402
 
+# The mark of a group with a single run or trial, which has no interval (drawn as none, never as a zero-width one).
+SINGLE_RUN = "n=1"
+
 PAPER_WIDTH = 7.0
 DEFAULT_FORMATS = ("png", "pdf")
 _RC = {

@@ -23,6 +23,7 @@ from .aggregate import AGGREGATE_METRICS
 from .figstyle import (
     DEFAULT_FORMATS,
     PAPER_WIDTH,
+    SINGLE_RUN,
     model_handles,
     order_models,
     order_tasks,
@@ -30,9 +31,6 @@ from .figstyle import (
     source_style,
     task_label,
 )
-
-# The mark of a group with a single run, which has no interval (drawn as none, never as a zero-width one).
-SINGLE_RUN = "n=1"
 
 
 def _steps_formatter(max_steps: float):

@@ -20,7 +20,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from . import constants as C
 from . import figstyle  # figstyle.save through the module: a test swaps the one save of every figure
 from .bench import EFFICIENCY_METRICS, METRIC_TITLES, better
-from .figstyle import DEFAULT_FORMATS, PAPER_WIDTH, model_handles, order_models, paper_style
+from .figstyle import DEFAULT_FORMATS, PAPER_WIDTH, SINGLE_RUN, model_handles, order_models, paper_style
 
 
 def _natural_key(text: str):
@@ -138,12 +138,32 @@ def plot_efficiency(bench: pd.DataFrame, base, formats=DEFAULT_FORMATS) -> list[
         return figstyle.save(fig, base, formats)
 
 
+def _ratio_label(row) -> str:
+    """A bar's ratio to FFM with its CI (n=1 where a single trial gives none)."""
+    if row.name == "ffm":
+        return "FFM"
+    if np.isfinite(row["to_ffm_low"]) and np.isfinite(row["to_ffm_high"]):
+        return f"{row['to_ffm']:.2f}x [{row['to_ffm_low']:.2f}, {row['to_ffm_high']:.2f}]"
+    return f"{row['to_ffm']:.2f}x, {SINGLE_RUN}" if row["n_trials"] == 1 else f"{row['to_ffm']:.2f}x"
+
+
+def _ratio_labels(ax, got: pd.DataFrame, ys: list[int]) -> None:
+    """Each bar's ratio to FFM written past the end of its error bar (the axis widened to hold it)."""
+    ends = np.fmax(got["median"].to_numpy(), np.nan_to_num(got["ci_high"].to_numpy()))
+    for y, end, (_, row) in zip(ys, ends, got.iterrows()):
+        ax.annotate(_ratio_label(row), (end, y), xytext=(2, 0), textcoords="offset points", va="center", fontsize=4)
+    ax.margins(x=0.45)
+
+
 def plot_paper_efficiency(
     summary: pd.DataFrame, returns: pd.DataFrame | None, base, formats=DEFAULT_FORMATS
 ) -> list[Path]:
     """The FFM paper's efficiency figure: per shape (a row of panels), train time on a log axis, inference latency
-    and memory, a horizontal bar per model (registry order, top down; a Python-cell variant hatched) with its
-    bootstrapped CI; and, where ``returns`` is given (model, mean, ci_low, ci_high), each model's best return."""
+    and memory, a horizontal bar per model (registry order, top down; a Python-cell variant hatched): the median of
+    its trials with its bootstrapped CI, and beside it its ratio to FFM's median with that ratio's CI (``summary``:
+    :func:`analysis.bench.summarize_efficiency`); a single trial (peak memory is measured once) has no error bar
+    and says n=1. Where ``returns`` is given (model, mean, ci_low, ci_high: one task and algorithm), each model's
+    best return."""
     if summary.empty:
         raise ValueError("no efficiency rows to plot")
     shapes = list(dict.fromkeys(summary["shape"]))
@@ -160,27 +180,36 @@ def plot_paper_efficiency(
                 ax = axes[i, j]
                 if metric == "return":
                     d, title, unit = returns.set_index("model"), "Best return (learning check)", ""
+                    center = "mean"
                 else:
                     d = summary[(summary["shape"] == shape) & (summary["metric"] == metric)].set_index("model")
                     title, unit = METRIC_TITLES[metric], d["unit"].iloc[0] if len(d) else ""
+                    center = "median"
                 ys = [k for k, m in enumerate(models) if m in d.index]
                 got = d.loc[[models[k] for k in ys]]
-                err = np.array([got["mean"] - got["ci_low"], got["ci_high"] - got["mean"]])
+                err = np.array([got[center] - got["ci_low"], got["ci_high"] - got[center]])
                 bars = ax.barh(
-                    ys,
-                    got["mean"],
-                    xerr=np.nan_to_num(err),
-                    color=[C.model_color(m) for m in got.index],
-                    edgecolor="black",
-                    linewidth=0.4,
-                    error_kw={"elinewidth": 0.6, "capsize": 1.5},
+                    ys, got[center], color=[C.model_color(m) for m in got.index], edgecolor="black", linewidth=0.4
                 )
+                has_ci = np.isfinite(err).all(axis=0)  # (no interval, no bar: a zero-width one would claim one)
+                if has_ci.any():
+                    ax.errorbar(
+                        got[center][has_ci],
+                        np.asarray(ys)[has_ci],
+                        xerr=err[:, has_ci],
+                        fmt="none",
+                        ecolor="black",
+                        elinewidth=0.6,
+                        capsize=1.5,
+                    )
                 for bar, m in zip(bars, got.index):
                     if m.split(C.VARIANT_SEP)[1:] == ["cells"]:  # the paper's Python-cell GRU, LSTM, Elman
                         bar.set_hatch("////")
+                if metric != "return":
+                    _ratio_labels(ax, got, ys)
                 if metric == "train_s":  # (the paper's log axis, its ticks plainly written)
                     ax.set_xscale("log")
-                    wide = got["mean"].max() > 100 * got["mean"].min()  # (then one tick a decade: no crowding)
+                    wide = got[center].max() > 100 * got[center].min()  # (then one tick a decade: no crowding)
                     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1,) if wide else (1, 2, 5)))
                     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
                     ax.xaxis.set_minor_formatter(NullFormatter())

@@ -11,6 +11,7 @@ import torch
 from analysis_synth import steps_grid, write_our_run, write_reference_run
 from hang import HANG_S
 from marks import parametrize_first_fast
+from matplotlib.container import ErrorbarContainer
 
 import analysis
 from analysis import aggregate, bench, curves, decay, figures, load, modelfigures, stats
@@ -438,7 +439,53 @@ def test_the_efficiency_figure_has_the_papers_panels_and_the_runs_best_returns(t
     titles = [ax.get_title().split("\n")[-1] for ax in axes]
     assert titles == ["Train time", "Inference latency", "Peak memory (fwd + bwd)", "Best return (learning check)"]
     assert axes[0].get_xscale() == "log" and axes[1].get_xscale() == "linear"
-    # trial means in the registry's order (FFM last), the Python-cell variant hatched beside its memory
+    # trial medians in the registry's order (FFM last), the Python-cell variant hatched beside its memory
     assert [b.get_width() for b in axes[0].patches] == pytest.approx([4.2, 6.3, 2.1])
+    # beside each bar its ratio to FFM's median with that ratio's interval; one trial (memory): n=1, no interval
+    labels = [t.get_text() for t in axes[0].texts]
+    assert labels[2] == "FFM" and labels[0].startswith("2.00x [") and labels[1].startswith("3.00x [")
+    assert [t.get_text() for t in axes[2].texts] == ["2.00x, n=1", "3.00x, n=1", "FFM"]
+    error_bars = lambda ax: [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(error_bars(axes[0])) == 1 and not error_bars(axes[2])  # (never a zero-width bar for one trial)
     assert [b.get_hatch() for b in axes[0].patches] == [None, "////", None]
     assert [b.get_width() for b in axes[3].patches] == pytest.approx([-450.0, -250.0])  # (no run of GRU cells)
+
+
+def test_the_return_panel_of_several_tasks_or_algorithms_is_refused_before_anything_is_written(tmp_path, capsys):
+    from analysis import cli
+
+    csv_path = tmp_path / "efficiency.csv"
+    csv_path.write_text("benchmark,shape,model,metric,value,unit\nefficiency,s1,ffm,train_s,1.0,s\n")
+    root = tmp_path / "runs"
+    for algo in ("sac", "td3"):
+        write_our_run(root, "Pendulum-V-v0", algo, "ffm", 0, steps_grid(4, 2_000, 1_000), [-900, -300, -700, -800])
+    out = tmp_path / "out"
+    assert cli.main(["efficiency", str(csv_path), str(root), "--out", str(out), "--resamples", "50"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "error: the efficiency figure's return panel shows one task and algorithm; the runs given hold 2: "
+        "Pendulum-V-v0 sac, Pendulum-V-v0 td3; give the folder of one (or no runs, for no return panel)"
+    )
+    assert not (out / "figures").exists() and not (out / "tables").exists()
+
+
+def test_one_stray_trial_moves_a_ratio_to_ffm_by_less_than_a_tenth():
+    # Ten trials each (S4D's case: one trial 6-8x the others); the ratio to FFM and its interval, by medians.
+    from analysis.bench import summarize_efficiency
+
+    rng = np.random.default_rng(0)
+    ffm, s4d = 0.18 * (1 + 0.1 * rng.random(10)), 0.55 * (1 + 0.2 * rng.random(10))
+    stray = s4d.copy()
+    stray[3] = 3.93
+    rows = lambda other: pd.DataFrame(
+        [("efficiency", "s", m, "train_s", v, "s") for m, vs in (("ffm", ffm), ("s4d", other)) for v in vs],
+        columns=["benchmark", "shape", "model", "metric", "value", "unit"],
+    )
+    clean, moved = (
+        summarize_efficiency(rows(x), 0.95, 2000, 0, ["s4d", "ffm"]).set_index("model").loc["s4d"] for x in (s4d, stray)
+    )
+    assert abs(moved["to_ffm"] / clean["to_ffm"] - 1) < 0.1  # the mean's ratio moves by 55% here
+    assert abs(np.mean(stray) / np.mean(s4d) - 1) > 0.1  # (the stray trial is one a mean would follow)
+    for r in (clean, moved):
+        assert r["to_ffm_low"] <= r["to_ffm"] <= r["to_ffm_high"] and r["ci_method"] == "percentile"
+        assert r["to_ffm"] == pytest.approx(np.median(stray if r is moved else s4d) / np.median(ffm), rel=1e-12)

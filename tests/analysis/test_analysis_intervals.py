@@ -355,10 +355,10 @@ def test_a_single_run_bar_is_marked_and_has_no_error_bar(drawn):
     (x0, low), (x1, high) = bars[0]
     assert len(bars) == 1 and x0 == x1 == pytest.approx(0.2)
     assert (low, high) == pytest.approx((ffm["ci_low"], ffm["ci_high"])) and low < high
-    marks = [t for t in ax.texts if t.get_text() == figures.SINGLE_RUN]
+    marks = [t for t in ax.texts if t.get_text() == figstyle.SINGLE_RUN]
     assert len(marks) == 1 and marks[0].xy == pytest.approx((-0.2, 150.0))  # GRU's bar, at its top
     legend = [t.get_text() for t in drawn[0].legends[0].get_texts()]
-    assert f"{figures.SINGLE_RUN}: one run, no CI" in legend
+    assert f"{figstyle.SINGLE_RUN}: one run, no CI" in legend
 
 
 def test_without_single_runs_nothing_is_marked(drawn):
@@ -367,7 +367,7 @@ def test_without_single_runs_nothing_is_marked(drawn):
     )
     figures.plot_task_bars(stats.summarize(scores, n_resamples=100), scores, "unused", "Best eval return")
     assert not drawn[0].axes[0].texts
-    assert not any(figures.SINGLE_RUN in t.get_text() for t in drawn[0].legends[0].get_texts())
+    assert not any(figstyle.SINGLE_RUN in t.get_text() for t in drawn[0].legends[0].get_texts())
 
 
 def test_an_aggregate_of_single_runs_is_marked_not_drawn_as_a_zero_width_interval(drawn):
@@ -385,4 +385,4 @@ def test_an_aggregate_of_single_runs_is_marked_not_drawn_as_a_zero_width_interva
     for ax in drawn[0].axes:
         bars = _error_bars(ax)
         assert len(bars) == 1 and bars[0][1][0] > bars[0][0][0]  # FFM's only, of some width
-        assert [t.get_text() for t in ax.texts] == [f"{figures.SINGLE_RUN} per task"]
+        assert [t.get_text() for t in ax.texts] == [f"{figstyle.SINGLE_RUN} per task"]
