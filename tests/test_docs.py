@@ -187,3 +187,20 @@ def test_every_path_a_guide_names_exists(guide):
         if not any((r / p).exists() for r in (ROOT, ROOT / "pomdp_ffm"))
     ]
     assert not missing, f"{guide} names paths that do not exist: {missing}"
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s#]*\.md)?#([\w-]+)\)")
+
+
+def test_every_heading_link_in_the_guides_points_at_a_heading():
+    """A link to a heading (``[...](#anchor)`` in the same file, ``[...](other.md#anchor)`` across files) in the
+    README, the docs, the launch guide and the ledger finds that heading: the contents of docs/benchmarks.md too."""
+    guides = [ROOT / "README.md", ROOT / "launch" / "README.md", *(ROOT / "docs").glob("*.md")]
+    guides += sorted((ROOT / "patches").glob("*.md"))
+    broken = []
+    for path in guides:
+        for target, anchor in MARKDOWN_LINK.findall(path.read_text(encoding="utf-8")):
+            file = (path.parent / target).resolve() if target else path
+            if not file.is_file() or anchor not in anchors(file.read_text(encoding="utf-8")):
+                broken.append(f"{path.relative_to(ROOT)}: {target}#{anchor}")
+    assert not broken, "links to missing headings:\n" + "\n".join(broken)
