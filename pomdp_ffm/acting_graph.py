@@ -1,5 +1,5 @@
 """The acting step as the replay of a captured CUDA graph (``train.cuda_graph``, patches/015-cuda-graph-update.md),
-on pomdp_ffm/graph.py's capture machinery."""
+on pomdp_ffm/cuda_graph.py's capture machinery."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .agent import RecurrentAgent
-from .graph import WARMUP_UPDATES, CudaGraphs, guarded_capture
+from .cuda_graph import WARMUP_UPDATES, CudaGraphs, guarded_capture
 from .seq_models import drop_caches
 
 

@@ -124,7 +124,7 @@ class RecurrentAgent(nn.Module):
         """Whether the next update moves the actor, targets and temperature (every d-th with a TD3 delay d)."""
         return (self.num_updates + 1) % self.algo.policy_delay == 0
 
-    def count_update(self) -> None:  # by graph.UpdateRunner, after an update or a graph replay of it
+    def count_update(self) -> None:  # by cuda_graph.UpdateRunner, after an update or a graph replay of it
         self.num_updates += 1
 
     def update_memory(self) -> tuple[int, int]:

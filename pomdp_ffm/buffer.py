@@ -188,7 +188,7 @@ class SeqReplayBuffer:
 
     def blank_batch(self, batch_size: int) -> Batch:
         """A batch of ``sample``'s layout (shapes and dtypes) drawing nothing: zeros, every step masked in. What a
-        compiled update is compiled on before the run acts (graph.UpdateRunner.warm_up)."""
+        compiled update is compiled on before the run acts (cuda_graph.UpdateRunner.warm_up)."""
         shape = (self.sampled_seq_len, _positive_int("batch_size", batch_size))
         out = {k: np.zeros((*shape, v.shape[1]), v.dtype) for k, v in self._data.items()}
         out["terminals"] = out["terminals"].astype(np.float32)

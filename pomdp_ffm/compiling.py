@@ -1,4 +1,4 @@
-"""``train.compile`` around the compiled update (update.compiled_losses, graph.UpdateRunner; patches/020): its
+"""``train.compile`` around the compiled update (update.compiled_losses, cuda_graph.UpdateRunner; patches/020): its
 policy (where it pays, where it is known to fail), its errors as one line naming the switch, each run's own inductor
 cache, the compile before the run acts, and the line a resume that switches it says."""
 
@@ -145,15 +145,15 @@ def use_run_cache(run: str | Path) -> Path:
 
 
 def compile_before_acting(trainer) -> bool:
-    """``train.compile``: the trainer's update compiled now (graph.UpdateRunner.warm_up on a blank batch of the run's
-    layout), before its first episode, into the run's own cache, so that no update waits for a compile, nor does a stop
-    signal: True, for the caller to take one that came while it compiled (nothing interrupts inductor). A
+    """``train.compile``: the trainer's update compiled now (cuda_graph.UpdateRunner.warm_up on a blank batch of the
+    run's layout), before its first episode, into the run's own cache, so that no update waits for a compile, nor does a
+    stop signal: True, for the caller to take one that came while it compiled (nothing interrupts inductor). A
     CompileError where it fails; False where the update is not compiled (or the updater is a test's double), or where
     no update remains (a resumed run at its budget, which only finishes)."""
     updater, c = trainer.updater, trainer.standing
     if not getattr(updater, "compiled", False) or (c.burst is None and c.env_steps >= trainer.budget):
         return False
-    folder = use_run_cache(trainer.run.path)
+    folder = use_run_cache(trainer.rundir.path)
     log.info("train.compile: compiling the update before the first episode (inductor's cache: %s)", folder)
     t0 = time.perf_counter()
     updater.warm_up(trainer.buffer.blank_batch(trainer.cfg.train.batch_size))

@@ -18,8 +18,8 @@ class AdamForm(NamedTuple):
 
     @classmethod
     def for_update(cls, compiled: bool, cuda_graph: bool, device: torch.device | str) -> AdamForm:
-        """The form an update runner with these switches steps (graph.UpdateRunner checks it): fused where compiled,
-        capturable where its updates replay a CUDA graph."""
+        """The form an update runner with these switches steps (cuda_graph.UpdateRunner checks it): fused where
+        compiled, capturable where its updates replay a CUDA graph."""
         return cls(fused=bool(compiled), capturable=bool(cuda_graph) and torch.device(device).type == "cuda")
 
     def adam(self, params, lr: float) -> torch.optim.Adam:

@@ -64,7 +64,7 @@ from .jobs.seeds import run_seeds
 from .jobs.start import check_and_lock
 from .run import signals
 from .run.exits import EXIT_DIVERGED, EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRITABLE
-from .run.rundir import LockLost, RunDir, RunResult
+from .run.rundir import JobResult, LockLost, RunDir
 from .run.signals import StopSignals, SweepSignals
 from .run.unwritable import Unwritable
 from .trainer import Trainer, TrainingDiverged
@@ -73,9 +73,9 @@ register_configs()
 log = logging.getLogger("pomdp_ffm")
 
 
-def run(
+def train_job(
     cfg: DictConfig, run_dir: str | Path, trainer_cls: type[Trainer] = Trainer, stop: StopSignals | None = None
-) -> RunResult:
+) -> JobResult:
     """Validate, lock, verify and train one run directory (or, with ``seeds``, one per seed: pomdp_ffm/jobs/seeds.py),
     answering the stop signals ``stop`` (None: its own). Raises Refused (nothing written), TrainingDiverged, or the
     error that stopped training (recorded in ERROR.txt where it can be written). ``trainer_cls`` lets tests put an
@@ -123,7 +123,7 @@ def main(cfg: DictConfig) -> dict:
         return _job(cfg, hc)
 
 
-def _job(cfg: DictConfig, hc) -> RunResult:
+def _job(cfg: DictConfig, hc) -> JobResult:
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     stopped = signals.sweep_stopped()
@@ -131,10 +131,10 @@ def _job(cfg: DictConfig, hc) -> RunResult:
         # A stop signal stopped the sweep (during a job of this process or between two): this job does not start.
         _remove_empty_dirs(run_dir, stop_at=Path(hc.sweep.dir))
         log.info("not started: the sweep was stopped by signal %d", stopped)
-        return RunResult(stopped=True, started=False, signal=stopped)
+        return JobResult(stopped=True, started=False, signal=stopped)
     stop = StopSignals()
     try:
-        result = run(cfg, run_dir, stop=stop)
+        result = train_job(cfg, run_dir, stop=stop)
     # (A failure is in attempts.log and ERROR.txt where it fits; a lost lock, in neither: the run wrote its last.)
     except (Refused, TrainingDiverged, Unwritable, LockLost) as e:
         refused = isinstance(e, Refused)
@@ -142,7 +142,7 @@ def _job(cfg: DictConfig, hc) -> RunResult:
         if refused:
             _remove_empty_dirs(run_dir, stop_at=Path.cwd() if not multirun else Path(hc.sweep.dir))
         if multirun:  # named at the sweep's end (grid.SweepOutcomes), as the sweep goes on
-            return RunResult(refused=str(e)) if refused else RunResult(failed=str(e))
+            return JobResult(refused=str(e)) if refused else JobResult(failed=str(e))
         fix = f"; {e.fix}, then rerun (resume=true continues from the last checkpoint)" if unwritable else ""
         print(f"error: {e}{fix}", file=sys.stderr)
         if refused:
@@ -155,7 +155,7 @@ def _job(cfg: DictConfig, hc) -> RunResult:
         if not multirun:
             raise
         log.error("%s failed", run_dir, exc_info=not (run_dir / RunDir.ERROR).exists())  # (else ERROR.txt has it)
-        return RunResult(failed=f"{type(e).__name__}: {e}")
+        return JobResult(failed=f"{type(e).__name__}: {e}")
     if result.stopped:
         stop.hand_over()  # inside submitit: requeue now that the checkpoint is on disk (exits)
         if not multirun:

@@ -1,8 +1,8 @@
 """The reference's training loop (its policies/learner.py; docs/reference.md#training-loop), owning env, buffer,
 agent and progress.csv. ``Trainer.train`` is the loop: units of work, each the initial pool's random episodes or an
-iteration's, then the burst of updates they call for (``run_bursts``), its row, and the evaluation when due (its
+iteration's, then the burst of updates they call for (``update_bursts``), its row, and the evaluation when due (its
 row, a snapshot, a checkpoint). A seed axis (jobs/seeds.py) drives several trainers through the same unit-sized calls,
-and ``run_bursts`` runs their bursts together where one runner updates them all."""
+and ``update_bursts`` runs their bursts together where one runner updates them all."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from .buffer import SeqReplayBuffer
 from .burst import Burst
 from .compiling import compile_before_acting, compiles
 from .config import RunConfig, check_eval_clock, env_step_budget, resolve_device
+from .cuda_graph import UpdateRunner
 from .envs import get_task, make_env
 from .evaluation import Clocks, Due, EvalResult, Evaluation, Evaluator
-from .graph import UpdateRunner
 from .logger import MetricsWriter
 from .metrics import (
     ENV_STEPS,
@@ -96,7 +96,7 @@ class Trainer:
         """Writes nothing. ``composed``: the config its checkpoints store; ``timers``: seconds and counts
         (``n_<part>``) by part."""
         self.cfg = cfg
-        self.run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+        self.rundir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.stop = stop if stop is not None else StopSignals()
         self.config_copy = composed
         self.timers = timers if timers is not None else Counter()
@@ -145,7 +145,7 @@ class Trainer:
                 while c.burst is not None or c.env_steps < self.budget:
                     if c.burst is None:  # (else resumed inside a burst, its unit's episodes in the buffer)
                         self.collect()  # the initial pool's random episodes, or an iteration's; its burst's size
-                    run_bursts([self], self.updater)  # no host read between its updates
+                    update_bursts([self], self.updater)  # no host read between its updates
                     if (evaluation := self.end_burst()) is not None:  # its row (after a deferred evaluation's)
                         play_all(evaluation.next, evaluation.ended)
                         self.evaluated(evaluation)  # its row; a snapshot, a checkpoint when due
@@ -159,9 +159,9 @@ class Trainer:
         if resume is not None:
             self._restore(resume)
         self.metrics = MetricsWriter(
-            self.run.progress,
+            self.rundir.progress,
             self.columns,
-            self.run / RunDir.TENSORBOARD if self.cfg.eval.log_tensorboard else None,
+            self.rundir / RunDir.TENSORBOARD if self.cfg.eval.log_tensorboard else None,
             checkpoint=None if resume is None else resume["progress"],
         )
         self._t0 = time.time() - self.standing.elapsed
@@ -324,7 +324,7 @@ class Trainer:
             "rng": rng,
             "buffer": buffer,
         }
-        return self.run.save(state, path or self.run.checkpoint)
+        return self.rundir.save(state, path or self.rundir.checkpoint)
 
     # --- the parts above share ------------------------------------------------------------------------------------
     def _check_stop(self) -> None:
@@ -353,7 +353,7 @@ class Trainer:
         """A non-finite loss, or action (Rollout.send: its weights made it), is the run's end: diverged.pt saved."""
         acting = isinstance(what, NonFiniteAction)
         where = f" (env step {self.standing.env_steps}, update {self.standing.rl_steps})" if acting else ""
-        path = self.save_checkpoint(self.run / RunDir.DIVERGED)  # (no evaluation is deferred now: played or dropped)
+        path = self.save_checkpoint(self.rundir / RunDir.DIVERGED)  # (no evaluation is deferred now: played or dropped)
         log.error(msg := f"{what}{where}; checkpoint saved to {path}")
         raise TrainingDiverged(msg) from (what if acting else None)
 
@@ -403,8 +403,8 @@ class Trainer:
 
     def _snapshot(self, perf: float) -> None:
         """The reference's weights-only snapshot, save/agent_<iters>_perf<return>.pt."""
-        self.run.save(
-            {"agent": self.agent.state_dict()}, self.run.snapshot(self.standing.env_steps // self.iter_len, perf)
+        self.rundir.save(
+            {"agent": self.agent.state_dict()}, self.rundir.snapshot(self.standing.env_steps // self.iter_len, perf)
         )
 
     def _restore(self, state: dict) -> None:
@@ -416,10 +416,10 @@ class Trainer:
         self.config_copy = state["config"]
         rngs.set_from_checkpoint(state["rng"])
         self.env.set_rng_state(state["rng"]["env"])  # at an episode boundary: the env's next reset matches
-        log.info("resumed from %s at %d env steps", self.run.checkpoint, self.standing.env_steps)
+        log.info("resumed from %s at %d env steps", self.rundir.checkpoint, self.standing.env_steps)
 
 
-def run_bursts(trainers: list[Trainer], runner: UpdateRunner, limit: int | None = None) -> None:
+def update_bursts(trainers: list[Trainer], runner: UpdateRunner, limit: int | None = None) -> None:
     """The trainers' bursts in hand, in rounds of one update each through ``runner`` (a trainer's own, or a seed
     axis's joint one), until one burst is over, after ``limit`` rounds, or where a TD3 policy delay parts the
     trainers (a checkpoint from another schedule: the seed axis realigns them). Gradient norms at a burst's last

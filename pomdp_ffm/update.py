@@ -13,7 +13,7 @@ T+1 extension of a stored window (docs/reference.md#batch-alignment), ``Aligned`
     first_step = k, o_0's index in its episode  [B]           (int64; where a time-embedded memory starts)
 
 Nothing here reads a device value on the host (no .item(), no data-dependent branch): on a GPU an update only
-queues kernels, so that it can be captured once in a CUDA graph and replayed (pomdp_ffm/graph.py).
+queues kernels, so that it can be captured once in a CUDA graph and replayed (pomdp_ffm/cuda_graph.py).
 
 ``compiled=True`` (``train.compile``) runs the same functions through ``torch.compile``: the actor pass and the two
 losses (forward and backward) become inductor's fused kernels; the targets and the temperature stay as they are,

@@ -18,7 +18,7 @@ from test_agent import make_agent, make_batch
 
 from pomdp_ffm.catalog import COMPARED
 from pomdp_ffm.compiling import CompileError
-from pomdp_ffm.graph import UpdateRunner
+from pomdp_ffm.cuda_graph import UpdateRunner
 from pomdp_ffm.optim import AdamForm
 from pomdp_ffm.seq_models.recurrence import AGGREGATE
 from pomdp_ffm.update import EAGER, Aligned, compiled_losses
@@ -309,7 +309,7 @@ def episodes_listed(calls: list, base=None):
 def test_the_update_compiles_before_the_first_episode_and_the_run_is_the_lazily_compiled_one(
     composed, tmp_path, monkeypatch, algo
 ):
-    # The warm-up (graph.UpdateRunner.warm_up) runs every compiled function once, on a throwaway copy of the agent,
+    # The warm-up (cuda_graph.UpdateRunner.warm_up) runs every compiled function once, on a throwaway copy of the agent,
     # before the run's first episode; it takes no step of the run's agent and draws nothing from its generators
     # (SAC's actor pass and TD3's target noise draw from torch's), so the run is the one whose first update compiled.
     from test_trainer import read, train
@@ -384,7 +384,7 @@ def test_a_stop_while_the_update_compiles_is_taken_before_the_first_episode_and_
 def test_a_seed_axis_compiles_once_before_its_first_episode(composed, tmp_path, monkeypatch):
     # The seeds share one architecture, hence one set of compiled graphs: compiled once, before any seed's episode;
     # a stop that came meanwhile stops every seed there.
-    from pomdp_ffm.train import run
+    from pomdp_ffm.train import train_job
 
     calls = []
     eager_as_compiled(monkeypatch, calls, tmp_path)
@@ -395,11 +395,11 @@ def test_a_seed_axis_compiles_once_before_its_first_episode(composed, tmp_path, 
             warm_up = self.updater.warm_up
             self.updater.warm_up = lambda batch: self.stop.request(10) or warm_up(batch)
 
-    out = run(composed(*RUN, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopWhileCompiling)
+    out = train_job(composed(*RUN, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopWhileCompiling)
     assert calls == [("compiled", 0)] * 2  # one warm-up (TD3: critic and actor losses), no episode
     assert out.stopped and all(r.stopped and r.standing.env_steps == 0 for r in out.seeds.values())
     calls.clear()
-    out = run(composed(*RUN, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0", episodes_listed(calls))
+    out = train_job(composed(*RUN, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0", episodes_listed(calls))
     assert not out.stopped and calls[: calls.index(("episode", 0))] == [("compiled", 0)] * 2
 
 

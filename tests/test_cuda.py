@@ -2,7 +2,7 @@
 updates on CUDA, and a run with device=cuda trains, checkpoints and resumes on a CPU. Skipped without CUDA;
 the aggregator and step-by-step checks also run on CUDA, as device parameters in tests/test_seq_models.py.
 
-The second half is the update as CUDA-graph replays (pomdp_ffm/graph.py, patches/015-cuda-graph-update.md): the
+The second half is the update as CUDA-graph replays (pomdp_ffm/cuda_graph.py, patches/015-cuda-graph-update.md): the
 same numbers as the eager update, no synchronisation in a replay, a resume, a run end to end, the capture error."""
 
 import copy
@@ -130,7 +130,7 @@ def test_cuda_run_trains_and_resumes_on_cpu(composed, tmp_path):
 
 # --- the update as CUDA-graph replays ------------------------------------------------------------------------
 from pomdp_ffm.config import TD3Config  # noqa: E402
-from pomdp_ffm.graph import UpdateRunner  # noqa: E402
+from pomdp_ffm.cuda_graph import UpdateRunner  # noqa: E402
 from pomdp_ffm.optim import AdamForm  # noqa: E402
 from pomdp_ffm.trainer import Trainer  # noqa: E402
 
@@ -558,7 +558,7 @@ def test_seed_axis_replays_never_synchronise():
 def test_acting_replays_equal_the_agents_acting(algo, model):
     # Episodes of batch 1 (stochastic, as collected) and batch 3 (deterministic, as evaluated together), with
     # updates between them: the same actions as the agent's eager acting with the same RNG.
-    from test_graph import acting_episodes
+    from test_cuda_graph import acting_episodes
 
     from pomdp_ffm.acting_graph import ActingRunner
 
@@ -735,7 +735,7 @@ import sys
 sys.path.insert(0, "tests")
 import pytest, torch
 from pomdp_ffm import graph
-from pomdp_ffm.graph import CaptureError, UpdateRunner
+from pomdp_ffm.cuda_graph import CaptureError, UpdateRunner
 from pomdp_ffm.optim import AdamForm
 from test_agent import make_agent, make_batch
 

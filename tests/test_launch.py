@@ -92,7 +92,7 @@ def test_dry_run_reports_run_status(tmp_path, capsys):
     # reason.
     from conftest import TINY, compose_cfg
 
-    from pomdp_ffm.train import run
+    from pomdp_ffm.train import train_job
 
     root = tmp_path / "grid"
     slot = {
@@ -114,7 +114,7 @@ def test_dry_run_reports_run_status(tmp_path, capsys):
     (slot["empty last.pt"] / "checkpoints" / "last.pt").write_bytes(b"")
     slot["failed"].mkdir()
     (slot["failed"] / "ERROR.txt").write_text("Traceback ...")
-    run(compose_cfg([*TINY, "algo=sac", "seq_model=gru"]), slot["a Pendulum run"])
+    train_job(compose_cfg([*TINY, "algo=sac", "seq_model=gru"]), slot["a Pendulum run"])
     slot["a file"].write_text("")
     held = RunDir(slot["locked"])
     held.acquire()

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from pomdp_ffm import update
-from pomdp_ffm.train import run
+from pomdp_ffm.train import train_job
 from pomdp_ffm.trainer import Trainer
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pomdp_ffm"
@@ -67,9 +67,9 @@ def test_from_the_loop_to_the_first_loss_in_four_calls(composed, tmp_path, monke
         return critic_loss(*a, **kw)
 
     monkeypatch.setattr(update, "EAGER", update.EAGER._replace(critic_loss=recorded))
-    run(composed("train.num_iters=1"), tmp_path / "run")
+    train_job(composed("train.num_iters=1"), tmp_path / "run")
     # the frames between train and critic_loss, which is one more call
-    assert stacks == [["run_bursts", "update_all", "update"]], stacks
+    assert stacks == [["update_bursts", "update_all", "update"]], stacks
 
 
 def test_the_trainer_shows_a_reader_fewer_than_15_methods():

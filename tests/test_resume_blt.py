@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
-from pomdp_ffm.train import run
+from pomdp_ffm.train import train_job
 from pomdp_ffm.trainer import Trainer
 
 # HopperBLT-V's random pool (about 40 episodes, 1k steps), a 50-update burst after it, then short episodes of a
@@ -85,7 +85,7 @@ def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupt
     # Two runs' worth of HopperBLT steps and updates, and six starts: about 20 s on 2 cores.
     overrides = (*BASE, *setting)
     full, cut = tmp_path / "full", tmp_path / "cut"
-    run(composed(*overrides), full)
+    train_job(composed(*overrides), full)
     want = read(full)
     in_pool_burst = ("update", lambda t: not t.standing.pool_done and t.standing.rl_steps == 10)
     # an iteration's burst of several updates, after its first
@@ -102,7 +102,7 @@ def test_a_pybullet_run_stopped_and_resumed_at_each_point_writes_the_uninterrupt
     stopping = stopping_trainer(plan)
     for attempt in range(6):
         try:
-            out = run(composed(*overrides, *(("resume=true",) if attempt else ())), cut, stopping)
+            out = train_job(composed(*overrides, *(("resume=true",) if attempt else ())), cut, stopping)
         except KeyboardInterrupt:
             out = None
         got = read(cut)

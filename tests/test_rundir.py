@@ -30,7 +30,7 @@ from pomdp_ffm.run.exits import EXIT_OK, EXIT_REFUSED, EXIT_STOPPED, EXIT_UNWRIT
 from pomdp_ffm.run.rundir import RunDir, RunDirError, RunStatus, Status
 from pomdp_ffm.run.rundir import main as rundir_main
 from pomdp_ffm.run.unwritable import Unwritable
-from pomdp_ffm.train import Refused, run
+from pomdp_ffm.train import Refused, train_job
 from pomdp_ffm.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,14 +82,14 @@ def cut_run(composed, tmp_path):
     """A run stopped by a signal at 600 env steps (checkpoint saved), and the config that resumes it."""
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5")
     run_dir = tmp_path / "cut"
-    assert run(composed(*overrides), run_dir, trainer_cls=StopAt600).stopped
+    assert train_job(composed(*overrides), run_dir, trainer_cls=StopAt600).stopped
     return run_dir, composed(*overrides, "resume=true")
 
 
 @pytest.fixture
 def full_run(composed, tmp_path):
     run_dir = tmp_path / "full"
-    run(composed("algo=sac", "seq_model=gru", "train.num_iters=5"), run_dir)
+    train_job(composed("algo=sac", "seq_model=gru", "train.num_iters=5"), run_dir)
     return run_dir
 
 
@@ -430,14 +430,14 @@ def test_a_run_that_does_not_fit_in_memory_is_refused_naming_its_sizes(composed,
         match=r"^the run does not fit in memory as configured \(train.buffer_size=\d+, "
         r"policy.rnn_hidden_size=\d+, .*\): Unable to allocate 3.64 TiB",
     ):
-        run(composed(), tmp_path / "r", trainer_cls=Huge)
+        train_job(composed(), tmp_path / "r", trainer_cls=Huge)
 
     class Broken(Trainer):
         def __init__(self, *a, **kw):
             raise RuntimeError("a bug, not memory")
 
     with pytest.raises(RuntimeError, match="a bug, not memory"):  # anything else is not a refusal
-        run(composed(), tmp_path / "r", trainer_cls=Broken)
+        train_job(composed(), tmp_path / "r", trainer_cls=Broken)
     assert not (tmp_path / "r").exists()
 
 
@@ -450,7 +450,7 @@ def test_weights_that_do_not_fit_the_host_are_refused_before_any_is_allocated(co
         match=r"^policy.rnn_hidden_size=\d+, policy.dqn_layers=\[.*\] and policy.policy_layers=\[.*\] need "
         r"[\d.e-]+ GiB of weights, more than the 9.54e-07 GiB of host memory available; smaller networks are needed$",
     ):
-        run(composed(), tmp_path / "r")
+        train_job(composed(), tmp_path / "r")
     assert not (tmp_path / "r").exists()
 
 
@@ -468,7 +468,7 @@ def test_a_budget_whose_evaluations_all_fall_in_the_initial_pool_is_refused(tmp_
 def test_resume_reproduces_the_uninterrupted_run(cut_run, full_run):
     run_dir, cfg = cut_run
     assert RunDir(run_dir).status() == "resumable"
-    assert not run(cfg, run_dir).stopped
+    assert not train_job(cfg, run_dir).stopped
     pd.testing.assert_frame_equal(read(run_dir), read(full_run), check_exact=True)
     assert RunDir(run_dir).status() == "done"
 
@@ -478,10 +478,10 @@ def test_deleted_config_is_refused_with_the_fix(cut_run, full_run, capsys):
     run_dir, cfg = cut_run
     (run_dir / "config.yaml").unlink()
     with pytest.raises(Refused, match=r"config.yaml is missing.*restore-config"):
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     assert not (run_dir / "config.yaml").exists() and not (run_dir / "ERROR.txt").exists()
     assert rundir_main(["restore-config", str(run_dir)]) == 0
-    run(cfg, run_dir)
+    train_job(cfg, run_dir)
     pd.testing.assert_frame_equal(read(run_dir), read(full_run), check_exact=True)
 
 
@@ -497,13 +497,13 @@ def test_edited_config_is_refused(cut_run):
         r"them was damaged, edited or replaced. If config.yaml was, restore it with "
         r"`python -m pomdp_ffm.run.rundir restore-config .*`; if the checkpoint was",
     ):
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
 
 
 def test_another_config_is_refused(cut_run, composed):
     run_dir, _ = cut_run
     with pytest.raises(Refused, match=r"policy.lr: 0.0003 -> 0.001"):
-        run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "policy.lr=1e-3"), run_dir)
+        train_job(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "policy.lr=1e-3"), run_dir)
 
 
 @pytest.mark.slow
@@ -519,7 +519,7 @@ def test_damaged_progress_is_rebuilt_from_the_checkpoint(cut_run, full_run, dama
     else:
         path.write_text("".join(lines[:2] + [lines[2].replace(",", ",9", 1)] + lines[3:]))
     with caplog.at_level("WARNING", logger="pomdp_ffm"):
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     pd.testing.assert_frame_equal(read(run_dir), read(full_run), check_exact=True)
     warned = " ".join(r.getMessage() for r in caplog.records)
     if damage == "delete":
@@ -533,7 +533,7 @@ def test_damaged_progress_is_rebuilt_from_the_checkpoint(cut_run, full_run, dama
 def test_rows_after_the_checkpoint_are_dropped_with_a_warning(composed, tmp_path, caplog):
     # Checkpoints every 2 iterations; the stop comes one iteration after the last one.
     overrides = ("algo=td3", "seq_model=mlp", "train.num_iters=5", "checkpoint.interval=2")
-    run(composed(*overrides), tmp_path / "full")
+    train_job(composed(*overrides), tmp_path / "full")
 
     class Kill(Trainer):
         def _log_evaluation(self, *results):
@@ -543,9 +543,9 @@ def test_rows_after_the_checkpoint_are_dropped_with_a_warning(composed, tmp_path
             return ret
 
     with pytest.raises(KeyboardInterrupt):
-        run(composed(*overrides), tmp_path / "cut", trainer_cls=Kill)
+        train_job(composed(*overrides), tmp_path / "cut", trainer_cls=Kill)
     with caplog.at_level("WARNING", logger="pomdp_ffm"):
-        run(composed(*overrides, "resume=true"), tmp_path / "cut")
+        train_job(composed(*overrides, "resume=true"), tmp_path / "cut")
     assert any("logged after the checkpoint" in r.getMessage() for r in caplog.records)
     pd.testing.assert_frame_equal(read(tmp_path / "cut"), read(tmp_path / "full"), check_exact=True)
 
@@ -560,14 +560,14 @@ def test_run_killed_before_its_first_checkpoint(composed, tmp_path, caplog):
 
     run_dir = tmp_path / "early"
     with pytest.raises(KeyboardInterrupt):
-        run(composed(*overrides), run_dir, trainer_cls=Kill)
+        train_job(composed(*overrides), run_dir, trainer_cls=Kill)
     assert RunDir(run_dir).status() == "new" and eval_steps(run_dir)
     # Under another config: refused, the directory holds another experiment's (unfinished) rows.
     with pytest.raises(Refused, match="policy.lr"):
-        run(composed(*overrides, "resume=true", "policy.lr=1e-3"), run_dir)
+        train_job(composed(*overrides, "resume=true", "policy.lr=1e-3"), run_dir)
     # Under the same config: started again, the old rows kept beside it and the user told.
     with caplog.at_level("WARNING", logger="pomdp_ffm"):
-        run(composed(*overrides, "resume=true"), run_dir)
+        train_job(composed(*overrides, "resume=true"), run_dir)
     aside = list(run_dir.glob("progress.csv.no-checkpoint-*"))
     assert len(aside) == 1 and any(aside[0].name in r.getMessage() for r in caplog.records)
     assert RunDir(run_dir).status() == "done"
@@ -577,7 +577,7 @@ def test_run_killed_before_its_first_checkpoint(composed, tmp_path, caplog):
 def test_finished_run_is_skipped_and_a_refusal_leaves_no_error_file(composed, full_run):
     attempts = (full_run / "attempts.log").read_text()
     with pytest.raises(Refused, match="was finished with a different config"):
-        run(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "seed=1"), full_run)
+        train_job(composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true", "seed=1"), full_run)
     assert not (full_run / "ERROR.txt").exists() and (full_run / "attempts.log").read_text() == attempts
     built = []
 
@@ -587,7 +587,7 @@ def test_finished_run_is_skipped_and_a_refusal_leaves_no_error_file(composed, fu
             super().__init__(*a, **kw)
 
     cfg = composed("algo=sac", "seq_model=gru", "train.num_iters=5", "resume=true")
-    assert run(cfg, full_run, trainer_cls=Counted).skipped
+    assert train_job(cfg, full_run, trainer_cls=Counted).skipped
     assert built == []  # a finished run builds no trainer: no env, no buffer, no agent
     assert (full_run / "attempts.log").read_text().splitlines()[-1].endswith("skipped (finished)")
 
@@ -599,10 +599,10 @@ def test_failed_run_writes_error_in_its_own_directory(composed, tmp_path):
 
     run_dir = tmp_path / "boom"
     with pytest.raises(RuntimeError, match="boom"):
-        run(composed(), run_dir, trainer_cls=Boom)
+        train_job(composed(), run_dir, trainer_cls=Boom)
     assert "RuntimeError: boom" in (run_dir / "ERROR.txt").read_text()
     assert RunDir(run_dir).status() == "failed"
-    assert run(composed("resume=true"), run_dir).stopped is False  # the rerun starts again and finishes
+    assert train_job(composed("resume=true"), run_dir).stopped is False  # the rerun starts again and finishes
     assert not (run_dir / "ERROR.txt").exists() and RunDir(run_dir).status() == "done"
 
 
@@ -621,7 +621,7 @@ def test_truncated_checkpoint_is_one_line_naming_the_file(cut_run):
     path = run_dir / "checkpoints" / "last.pt"
     path.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(Refused) as e:
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     msg = str(e.value)
     assert str(path) in msg and "Delete it to start this run again" in msg and "\n" not in msg
 
@@ -642,10 +642,10 @@ def test_crafted_checkpoint_never_runs_its_payload(cut_run, tmp_path):
     with pytest.raises(CheckpointError):
         load_checkpoint(run_dir / "checkpoints" / "last.pt")
     with pytest.raises(Refused, match="cannot be read as a tensors-only checkpoint"):
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     torch.save({"x": _Payload(marker)}, run_dir / "checkpoints" / "last.pt")  # the zip format too
     with pytest.raises(Refused, match="cannot be read as a tensors-only checkpoint"):
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     assert not marker.exists()
 
 
@@ -658,10 +658,10 @@ def test_status_command(cut_run, full_run, capsys):
 def test_checkpoint_without_its_buffer_is_refused_in_one_line(composed, tmp_path):
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5", "checkpoint.save_buffer=false")
     run_dir = tmp_path / "nobuf"
-    assert run(composed(*overrides), run_dir, trainer_cls=StopAt600).stopped
+    assert train_job(composed(*overrides), run_dir, trainer_cls=StopAt600).stopped
     attempts = (run_dir / "attempts.log").read_text()
     with pytest.raises(Refused, match=r"saved without its replay buffer \(checkpoint.save_buffer=false\)"):
-        run(composed(*overrides, "resume=true"), run_dir)
+        train_job(composed(*overrides, "resume=true"), run_dir)
     assert not (run_dir / "ERROR.txt").exists() and (run_dir / "attempts.log").read_text() == attempts
 
 
@@ -674,7 +674,7 @@ def test_a_checkpoint_with_counters_no_run_reaches_is_refused(cut_run, counters)
     torch.save(state, path)
     attempts = (run_dir / "attempts.log").read_text()
     with pytest.raises(Refused, match=r"last.pt holds counters no run reaches \((env_steps|rl_steps)="):
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     assert (run_dir / "attempts.log").read_text() == attempts
 
 
@@ -683,7 +683,7 @@ def test_garbage_checkpoint_gets_a_reason_not_torch_advice(cut_run):
     path = run_dir / "checkpoints" / "last.pt"
     path.write_bytes(os.urandom(4000))
     with pytest.raises(Refused) as e:
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     msg = str(e.value)
     assert str(path) in msg and "weights_only" not in msg and "Re-running" not in msg and "\n" not in msg
 
@@ -699,8 +699,8 @@ def test_a_key_added_later_is_no_difference_at_its_default(cut_run, full_run, tm
         state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
         del state["config"]["eval"]["episodes_together"]
         torch.save(state, run_dir / "checkpoints" / "last.pt")
-    assert run(cut_run[1], full_run).skipped
-    run(cut_run[1], cut_run[0])
+    assert train_job(cut_run[1], full_run).skipped
+    train_job(cut_run[1], cut_run[0])
     assert RunDir(cut_run[0]).status() == "done"
 
 
@@ -717,9 +717,9 @@ def test_a_config_cut_short_at_a_line_is_refused(cut_run, full_run, which):
         match=r"config.yaml differs from the copy in .*last.pt \(it lacks \d+ key\(s\) that "
         r"the copy has \(.*restore-config",
     ):
-        run(cut_run[1], run_dir)
+        train_job(cut_run[1], run_dir)
     assert rundir_main(["restore-config", str(run_dir)]) == 0
-    result = run(cut_run[1], run_dir)
+    result = train_job(cut_run[1], run_dir)
     assert result.skipped if which == "full" else not result.stopped
 
 
@@ -735,11 +735,11 @@ def test_a_done_file_that_is_not_the_runs_is_refused(cut_run, full_run, done):
         r"steps, short of its budget of 1200|says the run finished at 1200 env steps, "
         r"but .*last.pt is at 600).*; delete DONE to resume",
     ):
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     (run_dir / "DONE").unlink()
-    run(cfg, run_dir)
+    train_job(cfg, run_dir)
     assert (run_dir / "DONE").read_text() == "env_steps=1200\n" and read(run_dir).equals(read(full_run))
-    assert run(cfg, run_dir).skipped
+    assert train_job(cfg, run_dir).skipped
 
 
 def test_turning_off_the_buffer_at_resume_is_refused(cut_run):
@@ -753,7 +753,7 @@ def test_turning_off_the_buffer_at_resume_is_refused(cut_run):
         match=r"checkpoint.save_buffer=false would replace .*last.pt, which holds the "
         r"replay buffer this run resumes from",
     ):
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     assert (run_dir / "checkpoints" / "last.pt").read_bytes() == before
 
 
@@ -764,7 +764,7 @@ def test_a_resume_removes_the_temporary_files_of_a_killed_save(cut_run, full_run
     orphans = [run_dir / "checkpoints" / ".last.pt.somehost.12345.tmp", run_dir / ".progress.csv.12345.tmp"]
     for p in orphans:
         p.write_bytes(b"x" * 100)
-    run(cfg, run_dir)
+    train_job(cfg, run_dir)
     assert not any(p.exists() for p in orphans) and read(run_dir).equals(read(full_run))
     assert (
         "removed 2 half-written file(s) of an attempt that was killed while saving: "
@@ -796,7 +796,7 @@ def test_a_failing_close_still_releases_the_lock(composed, tmp_path, monkeypatch
 
     monkeypatch.setattr(trainer_mod.Trainer, "close", broken_close)
     with pytest.raises(BrokenPipeError):
-        run(composed(), tmp_path / "r")
+        train_job(composed(), tmp_path / "r")
     assert RunDir(tmp_path / "r").holder() is None
 
 
@@ -808,7 +808,7 @@ GRU = ("algo=sac", "seq_model=gru")
 def finished(tmp_path_factory):
     """One tiny finished run; each status case is a copy of it, damaged."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    run(compose_cfg([*TINY, *GRU]), run_dir)
+    train_job(compose_cfg([*TINY, *GRU]), run_dir)
     return run_dir
 
 
@@ -892,11 +892,11 @@ def test_status_is_what_a_start_would_do(finished, tmp_path, case, expected):
     assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before  # read only
     if got.startswith("damaged: "):
         with pytest.raises(Refused) as e:
-            run(cfg, run_dir)
+            train_job(cfg, run_dir)
         assert str(e.value) == got[len("damaged: ") :]
         assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
     else:
-        assert run(cfg, run_dir).skipped == (got == "done")
+        assert train_job(cfg, run_dir).skipped == (got == "done")
     assert not (tmp_path / "payload-ran").exists()
 
 

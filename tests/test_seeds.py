@@ -16,7 +16,7 @@ from pomdp_ffm.jobs.grid import combined_status, sweep_jobs
 from pomdp_ffm.jobs.plan import seed_dirs
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.run.rundir import RunDir, RunStatus, Status
-from pomdp_ffm.train import Refused, run
+from pomdp_ffm.train import Refused, train_job
 from pomdp_ffm.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,10 +31,10 @@ def test_a_seed_in_the_axis_is_the_seed_alone(composed, tmp_path, overrides):
     # Exact: each seed's turns run with its own global random generators swapped in, so it draws what it draws alone.
     # On a CPU: on CUDA the seeds' updates run together and share the lead seed's generators (patches/016).
     overrides = (*overrides, "device=cpu")
-    out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0")
+    out = train_job(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0")
     assert set(out.seeds) == {0, 1} and not out.stopped
     for k in (0, 1):
-        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+        train_job(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
         axis, solo = tmp_path / "axis" / f"seed-{k}", tmp_path / "solo" / f"seed-{k}"
         pd.testing.assert_frame_equal(read(axis), read(solo), check_exact=True)
         assert f"seed: {k}\n" in (axis / "config.yaml").read_text()
@@ -57,7 +57,7 @@ def test_a_seed_refused_under_its_lock_leaves_no_lock_in_the_seeds_before_it(com
                 other.acquire()
 
     with pytest.raises(Refused, match=r"seed-1 is in use by pid "):
-        run(composed("device=cpu", "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=Raced)
+        train_job(composed("device=cpu", "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=Raced)
     other.release()
     assert not (tmp_path / "axis" / "seed-0").exists()
 
@@ -73,18 +73,18 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
                 self.stop.request(signal.SIGTERM)
             return evaluation
 
-    out = run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopOnSeed1)
+    out = train_job(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=StopOnSeed1)
     assert out.stopped and all(r.stopped for r in out.seeds.values())
     assert all(RunDir(tmp_path / "axis" / f"seed-{k}").status() == "resumable" for k in (0, 1))
-    run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0")
+    train_job(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "axis" / "seed-0")
     for k in (0, 1):
-        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+        train_job(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
         pd.testing.assert_frame_equal(
             read(tmp_path / "axis" / f"seed-{k}"), read(tmp_path / "solo" / f"seed-{k}"), check_exact=True
         )
     # A seed run alone can continue or skip a directory the axis wrote, and the axis one a seed wrote alone.
-    assert run(composed(*overrides, "seed=1", "resume=true"), tmp_path / "axis" / "seed-1").skipped
-    out = run(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "solo" / "seed-0")
+    assert train_job(composed(*overrides, "seed=1", "resume=true"), tmp_path / "axis" / "seed-1").skipped
+    out = train_job(composed(*overrides, "seeds=[0,1]", "resume=true"), tmp_path / "solo" / "seed-0")
     assert all(r.skipped for r in out.seeds.values())
 
 
@@ -96,7 +96,7 @@ def test_a_failing_seed_is_recorded_and_the_others_finish(composed, tmp_path):
             return super()._log_evaluation(*results)
 
     with pytest.raises(RuntimeError, match="seed 1 broke"):
-        run(composed("seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=FailSeed1)
+        train_job(composed("seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=FailSeed1)
     assert RunDir(tmp_path / "axis" / "seed-0").status() == "done"
     assert "seed 1 broke" in (tmp_path / "axis" / "seed-1" / "ERROR.txt").read_text()
     assert not (tmp_path / "axis" / "seed-0" / "ERROR.txt").exists()
@@ -107,7 +107,7 @@ def test_a_locked_seed_refuses_the_job_and_nothing_is_written(composed, tmp_path
     held.acquire()
     try:
         with pytest.raises(Refused, match=r"seed-1 is in use by pid"):
-            run(composed("seeds=[0,1]"), tmp_path / "axis" / "seed-0")
+            train_job(composed("seeds=[0,1]"), tmp_path / "axis" / "seed-0")
         assert not (tmp_path / "axis" / "seed-0").exists()
     finally:
         held.release()
@@ -115,11 +115,11 @@ def test_a_locked_seed_refuses_the_job_and_nothing_is_written(composed, tmp_path
 
 def test_seed_settings_are_checked(composed, tmp_path):
     with pytest.raises(Refused, match=r"seeds=\[3, 4\] needs seed=3"):
-        run(composed("seeds=[3,4]"), tmp_path / "seed-0")
+        train_job(composed("seeds=[3,4]"), tmp_path / "seed-0")
     with pytest.raises(Refused, match=r"seeds=.*distinct seeds"):
-        run(composed("seeds=[0,0]"), tmp_path / "seed-0")
+        train_job(composed("seeds=[0,0]"), tmp_path / "seed-0")
     with pytest.raises(Refused, match=r"needs a run directory with a path component seed-0"):
-        run(composed("seeds=[0,1]"), tmp_path / "somewhere")
+        train_job(composed("seeds=[0,1]"), tmp_path / "somewhere")
     assert seed_dirs(Path("runs/T/a_m/seed-0/2026"), 0, [0, 2]) == [
         Path("runs/T/a_m/seed-0/2026"),
         Path("runs/T/a_m/seed-2/2026"),
@@ -211,13 +211,13 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
     # graphs) and once eagerly (each seed's update in turn within the joint round): the same logs, the same
     # number of updates as the seed alone, and a stop and resume in between changes nothing, not a bit (a resumed
     # process acts and updates on weights laid out as before).
-    from test_graph import PythonGraphs
+    from test_cuda_graph import PythonGraphs
 
-    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.cuda_graph import UpdateRunner
 
     overrides = ("train.num_iters=4", "device=cpu", *overrides)
     eager = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
-    run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "eager" / "seed-0")
+    train_job(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "eager" / "seed-0")
     assert eager and all(not r.graphed for r in eager)
     graphs = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], backend=PythonGraphs(), warmup=2))
 
@@ -228,16 +228,16 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
                 self.stop.request(signal.SIGTERM)
             return evaluation
 
-    out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "graphs" / "seed-0", trainer_cls=StopOnSeed2)
+    out = train_job(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "graphs" / "seed-0", trainer_cls=StopOnSeed2)
     assert out.stopped
-    run(composed(*overrides, "seeds=[0,1,2]", "resume=true"), tmp_path / "graphs" / "seed-0")
+    train_job(composed(*overrides, "seeds=[0,1,2]", "resume=true"), tmp_path / "graphs" / "seed-0")
     assert sum(r.replays for r in graphs) > 0
     for k in (0, 1, 2):
         a, b = read(tmp_path / "graphs" / f"seed-{k}"), read(tmp_path / "eager" / f"seed-{k}")
         pd.testing.assert_frame_equal(a, b, check_exact=True)
         assert (tmp_path / "graphs" / f"seed-{k}" / "DONE").exists()
     if not any(o.startswith("env=") for o in overrides):  # Pendulum's episodes all have one length
-        run(composed(*overrides, "seed=1"), tmp_path / "solo" / "seed-1")
+        train_job(composed(*overrides, "seed=1"), tmp_path / "solo" / "seed-1")
         solo = read(tmp_path / "solo" / "seed-1")
         assert (
             solo["z/rl_steps"].dropna().tolist() == read(tmp_path / "eager" / "seed-1")["z/rl_steps"].dropna().tolist()
@@ -257,21 +257,21 @@ def _trainers_with_data(run_cfg, tmp_path, overrides=(), n=3):
 def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, lengths):
     # One update per seed a round, until the shortest burst is over; gradient norms (a burst's last update) only
     # in the statistics of the seeds at their last update, though computed for all in that round.
-    from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.trainer import run_bursts
+    from pomdp_ffm.cuda_graph import UpdateRunner
+    from pomdp_ffm.trainer import update_bursts
 
     trainers = _trainers_with_data(run_cfg, tmp_path)
     for t, n in zip(trainers, lengths):
         t.start_burst(n)
     bursts = [t.standing.burst for t in trainers]
     rounds = min(lengths)
-    run_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
+    update_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
     assert [b.done for b in bursts] == [rounds] * 3
     assert all(t.agent.num_updates == rounds == t.timers["n_joint_updates"] for t in trainers)
     assert [("q_grad_norm" in b.last) for b in bursts] == [n == rounds for n in lengths]
     assert all(set(b.counts) == set(bursts[0].counts) for b in bursts)  # no gradient norm summed
     for t, b in zip(trainers, bursts):
-        run_bursts([t], t.updater)
+        update_bursts([t], t.updater)
         assert b.done == b.n and t.standing.rl_steps == b.n
         t.close()
 
@@ -280,14 +280,14 @@ def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, length
 def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_path, delay, counts, joint_rounds):
     # After bursts of other lengths the seeds' update counts differ: they agree on the actor step for some rounds
     # (counts 0 and 1 with a delay of 3: one round), then part; the joint rounds stop there, without an error.
-    from pomdp_ffm.graph import UpdateRunner
-    from pomdp_ffm.trainer import run_bursts
+    from pomdp_ffm.cuda_graph import UpdateRunner
+    from pomdp_ffm.trainer import update_bursts
 
     trainers = _trainers_with_data(run_cfg, tmp_path, ("algo=td3", f"policy.td3.policy_delay={delay}"), n=2)
     for t, c in zip(trainers, counts):
         t.agent.num_updates = c
         t.start_burst(6)
-    run_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
+    update_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
     assert [t.standing.burst.done for t in trainers] == [joint_rounds] * 2
     for t in trainers:
         t.close()
@@ -298,7 +298,7 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
     # Episodes of different lengths give bursts of different lengths: the seed whose burst is over goes on with
     # its next episode while the others wait mid-burst. A stop there checkpoints them mid-burst; on resume the
     # rounds go on as they would have, and every log is the uninterrupted one's.
-    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.cuda_graph import UpdateRunner
     from pomdp_ffm.run.checkpoint import load_checkpoint
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
@@ -311,7 +311,7 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
         "device=cpu",
         "seeds=[0,1,2]",
     )
-    run(composed(*overrides), tmp_path / "full" / "seed-0")
+    train_job(composed(*overrides), tmp_path / "full" / "seed-0")
 
     class StopAtSeed1sSecondEpisode(Trainer):
         episodes = 0
@@ -324,10 +324,10 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
                     self.stop.request(signal.SIGTERM)
             return rollout
 
-    assert run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopAtSeed1sSecondEpisode).stopped
+    assert train_job(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopAtSeed1sSecondEpisode).stopped
     bursts = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["burst"] for k in range(3)]
     assert any(b is not None and 0 < b["done"] < b["n"] for b in bursts), bursts  # some seed stopped mid-burst
-    run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
+    train_job(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
     for k in range(3):
         pd.testing.assert_frame_equal(
             read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"), check_exact=True
@@ -348,7 +348,7 @@ def test_seeds_with_bursts_of_different_lengths_update_together(composed, tmp_pa
     # HopperMJ falls: the seeds' episodes, hence bursts, have different lengths. Every seed takes one update in
     # every round, so all updates run joint, and a TD3 policy delay (2 here; the reference's is 1) never parts
     # the seeds (their update counts stay equal); the seeds also finish one after another, the last still joint.
-    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.cuda_graph import UpdateRunner
 
     runners = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     made = []
@@ -362,7 +362,7 @@ def test_seeds_with_bursts_of_different_lengths_update_together(composed, tmp_pa
         "device=cpu",
         "seeds=[0,1,2]",
     )
-    run(composed(*overrides), tmp_path / "axis" / "seed-0", trainer_cls=_recording(made))
+    train_job(composed(*overrides), tmp_path / "axis" / "seed-0", trainer_cls=_recording(made))
     assert len({t.standing.rollouts for t in made}) > 1  # the seeds' episodes differ
     n = [t.timers["n_updates"] for t in made]
     alone = [k - t.timers["n_joint_updates"] for k, t in zip(n, made)]
@@ -377,9 +377,9 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
     # A seed whose update count is one off the others' (as a checkpoint from another schedule may leave it) takes,
     # alone and at once, the delay - 1 updates that bring its count to theirs mod the delay (fewer than the
     # others would take to meet it); from then on every update of every seed is joint.
-    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.cuda_graph import UpdateRunner
     from pomdp_ffm.jobs import seeds as seeds_mod
-    from pomdp_ffm.trainer import run_bursts
+    from pomdp_ffm.trainer import update_bursts
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     made, solo = [], []
@@ -393,11 +393,11 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
     def recorded(trainers, runner, limit=None):
         if limit is not None:
             solo.append((trainers[0].cfg.seed, limit))
-        return run_bursts(trainers, runner, limit)
+        return update_bursts(trainers, runner, limit)
 
-    monkeypatch.setattr(seeds_mod, "run_bursts", recorded)
+    monkeypatch.setattr(seeds_mod, "update_bursts", recorded)
 
-    out = run(
+    out = train_job(
         composed(
             "algo=td3",
             f"policy.td3.policy_delay={delay}",
@@ -438,7 +438,7 @@ GATHERED_CASES = [
 def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, monkeypatch, overrides):
     overrides = ("device=cpu", "train.num_iters=3", *overrides)
     for k in (0, 1, 2):
-        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+        train_job(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
     gathered(monkeypatch)
     calls = []
     from pomdp_ffm.rollout import AgentPolicy, Rollout
@@ -447,7 +447,7 @@ def test_gathered_acting_leaves_each_seed_the_seed_alone(composed, tmp_path, mon
     monkeypatch.setattr(
         Rollout, "submit", lambda self: calls.append(isinstance(self.policy, AgentPolicy)) or submit(self)
     )
-    out = run(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "axis" / "seed-0")
+    out = train_job(composed(*overrides, "seeds=[0,1,2]"), tmp_path / "axis" / "seed-0")
     assert not out.stopped and calls and all(calls)  # only the agent's steps are gathered, not the pool's
     for k in (0, 1, 2):
         pd.testing.assert_frame_equal(
@@ -462,7 +462,7 @@ def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
 
     overrides = ("algo=sac", "seq_model=gru", "env.num_eval_tasks=3", "device=cpu")
     for k in (0, 1):
-        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+        train_job(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
     gathered(monkeypatch)
     answered, receive = [], Rollout.receive
     monkeypatch.setattr(
@@ -470,7 +470,7 @@ def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
         "receive",
         lambda self: answered.append(any(getattr(env, "runs_elsewhere", False) for env in self.envs)) or receive(self),
     )
-    run(composed(*overrides, "seeds=[0,1]", "eval.workers=true"), tmp_path / "axis" / "seed-0")
+    train_job(composed(*overrides, "seeds=[0,1]", "eval.workers=true"), tmp_path / "axis" / "seed-0")
     assert any(answered)
     for k in (0, 1):
         pd.testing.assert_frame_equal(
@@ -481,20 +481,20 @@ def test_gathered_acting_with_envs_in_workers(composed, tmp_path, monkeypatch):
 def test_gathered_acting_through_the_acting_graphs_logic(composed, tmp_path, monkeypatch):
     # Each seed acts through an ActingRunner on the Python stand-in for graphs, so the axis submits to the
     # runners' graphs and waits: by default the steps are gathered (every seed acts through a runner).
-    from test_graph import PythonGraphs
+    from test_cuda_graph import PythonGraphs
 
     from pomdp_ffm import trainer as trainer_mod
     from pomdp_ffm.acting_graph import ActingRunner
 
     overrides = ("algo=sac", "seq_model=gru", "env.num_eval_tasks=3", "device=cpu")
-    run(composed(*overrides, "seeds=[0,1]"), tmp_path / "turns" / "seed-0")
+    train_job(composed(*overrides, "seeds=[0,1]"), tmp_path / "turns" / "seed-0")
     runners = []
     monkeypatch.setattr(
         trainer_mod,
         "make_actor",
         lambda agent, cuda_graph: runners.append(ActingRunner(agent, backend=PythonGraphs(), warmup=2)) or runners[-1],
     )
-    run(composed(*overrides, "seeds=[0,1]"), tmp_path / "graphs" / "seed-0")
+    train_job(composed(*overrides, "seeds=[0,1]"), tmp_path / "graphs" / "seed-0")
     assert len(runners) == 2 and all(r.replays > 0 and r.captures == 2 for r in runners)
     for k in (0, 1):
         pd.testing.assert_frame_equal(
@@ -515,7 +515,7 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
         "seeds=[0,1,2]",
     )
     gathered(monkeypatch)
-    run(composed(*overrides), tmp_path / "full" / "seed-0")
+    train_job(composed(*overrides), tmp_path / "full" / "seed-0")
 
     class StopMidway(Trainer):
         def next_episode(self):
@@ -530,7 +530,7 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
                 self.stop.request(signal.SIGTERM)  # as the seeds' evaluations begin
             return evaluation
 
-    out = run(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopMidway)
+    out = train_job(composed(*overrides), tmp_path / "cut" / "seed-0", trainer_cls=StopMidway)
     assert out.stopped and all(r.stopped for r in out.seeds.values())
     # Every seed played its episode, or its evaluation, to the end: the stop is taken at the next burst or unit.
     from pomdp_ffm.run.checkpoint import load_checkpoint
@@ -538,7 +538,7 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
     at = [load_checkpoint(RunDir(tmp_path / "cut" / f"seed-{k}").checkpoint)["counters"]["env_steps"] for k in range(3)]
     steps = [pd.read_csv(tmp_path / "cut" / f"seed-{k}" / "progress.csv")["z/env_steps"].max() for k in range(3)]
     assert at == ([800] * 3 if where == "collect" else [600] * 3) and steps == [600] * 3
-    run(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
+    train_job(composed(*overrides, "resume=true"), tmp_path / "cut" / "seed-0")
     for k in range(3):
         pd.testing.assert_frame_equal(
             read(tmp_path / "cut" / f"seed-{k}"), read(tmp_path / "full" / f"seed-{k}"), check_exact=True
@@ -555,7 +555,7 @@ def test_a_failing_seed_with_gathered_acting(composed, tmp_path, monkeypatch):
                 raise RuntimeError("seed 1 broke mid-round")
 
     with pytest.raises(RuntimeError, match="seed 1 broke mid-round"):
-        run(composed("seeds=[0,1,2]", "device=cpu"), tmp_path / "axis" / "seed-0", trainer_cls=FailSeed1)
+        train_job(composed("seeds=[0,1,2]", "device=cpu"), tmp_path / "axis" / "seed-0", trainer_cls=FailSeed1)
     assert RunDir(tmp_path / "axis" / "seed-0").status() == "done"
     assert RunDir(tmp_path / "axis" / "seed-2").status() == "done"
     assert "seed 1 broke mid-round" in (tmp_path / "axis" / "seed-1" / "ERROR.txt").read_text()
@@ -578,7 +578,7 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
                 np.random.random()
 
     with pytest.raises(SharedRNGDrawn, match="global random generator"):
-        run(composed("seeds=[0,1]", "device=cpu"), tmp_path / "axis" / "seed-0", trainer_cls=DrawsGlobally)
+        train_job(composed("seeds=[0,1]", "device=cpu"), tmp_path / "axis" / "seed-0", trainer_cls=DrawsGlobally)
     for k in (0, 1):
         assert "SharedRNGDrawn" in (tmp_path / "axis" / f"seed-{k}" / "ERROR.txt").read_text()
 
@@ -610,9 +610,9 @@ def test_gathered_checkpoints_hold_each_seeds_own_host_rng(composed, tmp_path, m
 
     overrides = ("algo=sac", "seq_model=gru", "device=cpu")
     for k in (0, 1):
-        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}", trainer_cls=DrawingUpdates)
+        train_job(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}", trainer_cls=DrawingUpdates)
     gathered(monkeypatch)
-    run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=DrawingUpdates)
+    train_job(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=DrawingUpdates)
     states = {(w, k): _host_rng(tmp_path / w / f"seed-{k}") for w in ("solo", "axis") for k in (0, 1)}
     assert states["solo", 0] != states["solo", 1]
     for k in (0, 1):
@@ -634,9 +634,9 @@ def test_the_rows_and_checkpoints_after_gathered_acting_are_in_the_seeds_own_tur
 
     overrides = ("algo=sac", "seq_model=gru", "device=cpu")
     for k in (0, 1):
-        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}", trainer_cls=DrawsAtTheLastRow)
+        train_job(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}", trainer_cls=DrawsAtTheLastRow)
     gathered(monkeypatch)
-    run(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=DrawsAtTheLastRow)
+    train_job(composed(*overrides, "seeds=[0,1]"), tmp_path / "axis" / "seed-0", trainer_cls=DrawsAtTheLastRow)
     for k in (0, 1):
         assert RunDir(tmp_path / "axis" / f"seed-{k}").status() == "done"
         assert _host_rng(tmp_path / "axis" / f"seed-{k}") == _host_rng(tmp_path / "solo" / f"seed-{k}")
@@ -652,19 +652,21 @@ def test_evaluations_during_updates_in_an_axis(composed, tmp_path, monkeypatch, 
     # streams, patches/016).
     from test_trainer import DURING, Spread
 
-    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.cuda_graph import UpdateRunner
 
     overrides = ("algo=sac", "seq_model=ffm", "device=cpu", *DURING)
     extra = ["eval.workers=true"] if "workers" in way else []
     if way == "turns":
         for k in (0, 1, 2):
-            run(composed(*overrides, f"seed={k}"), tmp_path / "before" / f"seed-{k}")
+            train_job(composed(*overrides, f"seed={k}"), tmp_path / "before" / f"seed-{k}")
     else:
         joint = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
         gathered(monkeypatch)
-        run(composed(*overrides, "seeds=[0,1,2]", *extra), tmp_path / "before" / "seed-0")
+        train_job(composed(*overrides, "seeds=[0,1,2]", *extra), tmp_path / "before" / "seed-0")
     spread = Spread(monkeypatch)
-    out = run(composed(*overrides, "seeds=[0,1,2]", "eval.during_updates=true", *extra), tmp_path / "axis" / "seed-0")
+    out = train_job(
+        composed(*overrides, "seeds=[0,1,2]", "eval.during_updates=true", *extra), tmp_path / "axis" / "seed-0"
+    )
     assert not out.stopped and spread.between > 0
     if way != "turns":
         assert len(joint) == 2 and all(r is not None for r in joint)
@@ -680,7 +682,7 @@ def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(comp
     # raised in that seed's turn, and the other seeds finish.
     from test_trainer import DURING, Spread, after_defer
 
-    from pomdp_ffm.graph import UpdateRunner
+    from pomdp_ffm.cuda_graph import UpdateRunner
     from pomdp_ffm.run.rundir import RunDir
 
     class FailingCopy(Trainer):
@@ -706,7 +708,7 @@ def test_a_failing_deferred_evaluation_in_a_joint_round_fails_only_its_seed(comp
     gathered(monkeypatch)
     spread = Spread(monkeypatch)
     with pytest.raises(RuntimeError, match="seed 1's evaluation failed"):
-        run(
+        train_job(
             composed("algo=sac", "seq_model=ffm", "device=cpu", *DURING, "seeds=[0,1,2]", "eval.during_updates=true"),
             tmp_path / "axis" / "seed-0",
             trainer_cls=FailingCopy,

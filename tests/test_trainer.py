@@ -22,13 +22,13 @@ from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.metrics import columns
 from pomdp_ffm.rollout import play_all
 from pomdp_ffm.run.exits import EXIT_DIVERGED
-from pomdp_ffm.train import Refused, run
+from pomdp_ffm.train import Refused, train_job
 from pomdp_ffm.trainer import Trainer, TrainingDiverged
 
 
 def train(cfg, run_dir, trainer_cls=Trainer):
     """The entry point's own path (validate, lock, verify, train) on a composed config."""
-    return run(cfg, run_dir, trainer_cls=trainer_cls)
+    return train_job(cfg, run_dir, trainer_cls=trainer_cls)
 
 
 def collect(trainer):

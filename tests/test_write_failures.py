@@ -23,7 +23,7 @@ from pomdp_ffm import agent as agent_module
 from pomdp_ffm.jobs.plan import Refused
 from pomdp_ffm.run.exits import EXIT_UNWRITABLE
 from pomdp_ffm.run.unwritable import Unwritable
-from pomdp_ffm.train import run
+from pomdp_ffm.train import train_job
 from pomdp_ffm.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ class StopAfterFirstCheckpoint(Trainer):
 def stopped(composed, tmp_path):
     """A run stopped with its checkpoint (600 env steps), and the config that resumes it."""
     run_dir = tmp_path / "run"
-    assert run(composed(*GRU, "train.num_iters=5"), run_dir, trainer_cls=StopAfterFirstCheckpoint).stopped
+    assert train_job(composed(*GRU, "train.num_iters=5"), run_dir, trainer_cls=StopAfterFirstCheckpoint).stopped
     return run_dir, composed(*GRU, "train.num_iters=5", "resume=true")
 
 
@@ -66,14 +66,14 @@ def test_a_read_only_progress_file_at_resume_is_named_and_the_failure_recorded(s
 
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(Unwritable) as e:
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     assert str(e.value) == f"{run_dir / 'progress.csv'} cannot be written (Operation not permitted)"
     assert e.value.fix == "make it writable"
     assert (run_dir / "progress.csv").read_bytes() == before and temporaries(run_dir) == []
     assert last_attempt(run_dir) == "failed (see ERROR.txt)"
     assert "Unwritable" in (run_dir / "ERROR.txt").read_text()
     monkeypatch.undo()
-    assert run(cfg, run_dir).stopped is False and (run_dir / "DONE").exists()  # writable again: it resumes
+    assert train_job(cfg, run_dir).stopped is False and (run_dir / "DONE").exists()  # writable again: it resumes
 
 
 def test_a_full_disk_leaves_no_temporary_file_and_records_the_failure_in_attempts_log(composed, tmp_path, monkeypatch):
@@ -98,7 +98,7 @@ def test_a_full_disk_leaves_no_temporary_file_and_records_the_failure_in_attempt
     monkeypatch.setattr(pathlib.Path, "write_text", full)
     run_dir = tmp_path / "run"
     with pytest.raises(Unwritable) as e:
-        run(composed(*GRU), run_dir)
+        train_job(composed(*GRU), run_dir)
     line = f"{run_dir / 'checkpoints' / 'last.pt'} cannot be written (No space left on device)"
     assert str(e.value) == line and e.value.fix == "free some space"
     assert temporaries(run_dir) == [] and not (run_dir / "ERROR.txt").exists()
@@ -111,7 +111,7 @@ def test_a_file_where_the_checkpoints_folder_belongs_is_named(composed, tmp_path
     run_dir.mkdir()
     (run_dir / "checkpoints").write_text("not a folder")
     with pytest.raises(Unwritable) as e:
-        run(composed(*GRU), run_dir)
+        train_job(composed(*GRU), run_dir)
     assert str(e.value) == f"{run_dir / 'checkpoints'} cannot be written (File exists)"
     assert e.value.fix == "move away what is in its way"
     assert temporaries(run_dir) == [] and last_attempt(run_dir) == "failed (see ERROR.txt)"
@@ -183,7 +183,7 @@ def test_a_lock_file_that_cannot_be_written_is_named_with_its_exit_code(composed
     (run_dir / ".lock").write_text("")
     with not_writable(run_dir / ".lock"):
         with pytest.raises(Unwritable) as e:
-            run(composed(*GRU), run_dir)
+            train_job(composed(*GRU), run_dir)
     assert str(e.value).startswith(f"{run_dir / '.lock'} cannot be written (") and e.value.fix == "make it writable"
     assert [p.name for p in run_dir.iterdir()] == [".lock"]
 
@@ -193,7 +193,7 @@ def test_a_duplicated_key_in_a_runs_config_is_named_with_its_line(stopped):
     text = (run_dir / "config.yaml").read_text()
     (run_dir / "config.yaml").write_text(text + "seed: 3\n")  # seed: is already a key at the top level
     with pytest.raises(Refused) as e:
-        run(cfg, run_dir)
+        train_job(cfg, run_dir)
     line = len(text.splitlines()) + 1
     assert str(e.value).startswith(f"{run_dir / 'config.yaml'}, line {line}: found duplicate key seed; ")
     assert "\n" not in str(e.value) and "restore-config" in str(e.value)
@@ -217,7 +217,7 @@ def test_an_update_that_cannot_fit_in_memory_is_refused_at_the_start(composed, t
         (("train.batch_size=1000000", "train.sampled_seq_len=8"), "train.batch_size"),
     ):
         with pytest.raises(Refused) as e:
-            run(composed(*GRU, *overrides), run_dir)
+            train_job(composed(*GRU, *overrides), run_dir)
         msg = str(e.value)
         t, b = (200, 4) if limit == "train.sampled_seq_len" else (8, 1_000_000)
         m = re.fullmatch(

@@ -14,7 +14,7 @@ from pomdp_ffm.catalog import COMPARED
 from pomdp_ffm.metrics import TIMING as TIME_COLUMNS
 from pomdp_ffm.run.rundir import RunDir
 from pomdp_ffm.seq_models import available
-from pomdp_ffm.train import run
+from pomdp_ffm.train import train_job
 from pomdp_ffm.trainer import Trainer
 
 
@@ -33,9 +33,9 @@ def progress(run_dir) -> pd.DataFrame:
 
 
 def axis_stopped_and_resumed(composed, run_dir, overrides):
-    out = run(composed(*overrides, "seeds=[0,1]"), run_dir, trainer_cls=StopSeed1)
+    out = train_job(composed(*overrides, "seeds=[0,1]"), run_dir, trainer_cls=StopSeed1)
     assert out.stopped and RunDir(run_dir.parent / "seed-1").status() == "resumable"
-    assert not run(composed(*overrides, "seeds=[0,1]", "resume=true"), run_dir).stopped
+    assert not train_job(composed(*overrides, "seeds=[0,1]", "resume=true"), run_dir).stopped
 
 
 @pytest.mark.parametrize("model", available())
@@ -78,5 +78,5 @@ def test_every_memory_trains_through_the_seed_axis_and_a_resume(composed, tmp_pa
         run_dir = tmp_path / "axis" / f"seed-{k}"
         assert RunDir(run_dir).status() == "done"
         assert progress(run_dir)["z/env_steps"].dropna().tolist() == [400, 600]
-        run(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
+        train_job(composed(*overrides, f"seed={k}"), tmp_path / "solo" / f"seed-{k}")
         pd.testing.assert_frame_equal(progress(run_dir), progress(tmp_path / "solo" / f"seed-{k}"), check_exact=True)

@@ -1,5 +1,6 @@
-"""One eager update of an agent, as graph.UpdateRunner runs it, for the tests that drive an agent directly: without a
-runner, so that a reference update keeps the optimisers its test gave it (a compiling runner makes them fused)."""
+"""One eager update of an agent, as cuda_graph.UpdateRunner runs it, for the tests that drive an agent directly:
+without a runner, so that a reference update keeps the optimisers its test gave it (a compiling runner makes them
+fused)."""
 
 from pomdp_ffm.update import Aligned, update
 

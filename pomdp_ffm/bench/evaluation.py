@@ -13,7 +13,7 @@ from ..envs import EnvInWorker, make_env
 from ..evaluation import Clocks, Due
 from ..rollout import AgentPolicy, RandomPolicy, Rollout
 from ..run.rundir import RunDir
-from ..trainer import Trainer, run_bursts
+from ..trainer import Trainer, update_bursts
 from .common import Row, interleaved_medians
 from .loop import compose_run
 
@@ -70,7 +70,7 @@ def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, t
 
     def burst() -> None:
         trainer.start_burst(updates)
-        run_bursts([trainer], trainer.updater)
+        update_bursts([trainer], trainer.updater)
         trainer.standing.burst.close()
 
     def evaluation(meanwhile=lambda: None) -> None:  # as "during" plays it: the actor's copy, taken now

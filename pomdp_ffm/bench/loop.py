@@ -30,7 +30,7 @@ from ..config import RunConfig, env_step_budget, register_configs
 from ..envs import get_task
 from ..jobs.grid import CONF_DIR
 from ..run.signals import SweepSignals, stop_sweep, sweep_stopped
-from ..train import run as train_run
+from ..train import train_job
 from ..trainer import Trainer
 
 PARTS = ("pool env steps", "env steps", "acting", "updates", "evaluation (upper bound)")  # projected, in this order
@@ -111,7 +111,7 @@ def run(overrides: list[str], steps: int, device, threads: int | None) -> dict:
             cfg = compose_run(short, device, threads, typed=False)
             # The entry point's own path; with seeds=[...] the seed axis (its directories: .../seed-<k>).
             t0 = time.perf_counter()
-            out = train_run(cfg, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
+            out = train_job(cfg, Path(d) / "bench" / f"seed-{cfg.seed}", Recording)
             wall = time.perf_counter() - t0
     finally:
         stop_sweep(before)  # a stop that came now stopped this run, not whatever this process runs next

@@ -5,7 +5,7 @@ and TD3 with FFM, GRU and LSTM memories. Reports the median seconds per update (
 matmul FLOPs per update (torch.utils.flop_counter) and the achieved rate beside this machine's plain
 matmul rate at a comparable size.
 
-On CUDA each agent also runs as CUDA-graph replays (``<algo>_<model>+graph``: pomdp_ffm/graph.py, the trainer's
+On CUDA each agent also runs as CUDA-graph replays (``<algo>_<model>+graph``: pomdp_ffm/cuda_graph.py, the trainer's
 ``train.cuda_graph``), from the same weights, with numpy batches as the buffer samples them; the eager and graph
 variants are timed in the same interleaved rounds, and ``graph_speedup`` is eager ms / graph ms.
 
@@ -38,7 +38,7 @@ from ..agent import RecurrentAgent
 from ..buffer import Batch
 from ..catalog import BASELINES, CHALLENGER, COMPARED
 from ..config import FFMConfig, PolicyConfig
-from ..graph import WARMUP_UPDATES, CaptureError, UpdateRunner
+from ..cuda_graph import WARMUP_UPDATES, CaptureError, UpdateRunner
 from ..optim import AdamForm
 from .common import DispatchedOps, Row, interleaved_medians
 

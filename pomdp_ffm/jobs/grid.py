@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import register_configs
 from ..run.exits import EXIT_OK, EXIT_REFUSED
-from ..run.rundir import RunDir, RunResult, RunStatus, Status, replace_text
+from ..run.rundir import JobResult, RunDir, RunStatus, Status, replace_text
 from .plan import seed_config, seed_dirs, status
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -193,9 +193,9 @@ class SweepOutcomes(Callback):
         try:
             value = job_return.return_value
         except Exception as e:  # (the train entry point returns its refusals and failures)
-            value = RunResult(failed=f"{type(e).__name__}: {e}")
-        if not isinstance(value, RunResult):  # (a job that is not pomdp_ffm.train's)
-            value = RunResult()
+            value = JobResult(failed=f"{type(e).__name__}: {e}")
+        if not isinstance(value, JobResult):  # (a job that is not pomdp_ffm.train's)
+            value = JobResult()
         why = " ".join((value.refused or value.failed).split())
         record = {"kind": value.kind, "dir": str(config.hydra.runtime.output_dir), "why": why}
         Path(self.folder).mkdir(parents=True, exist_ok=True)

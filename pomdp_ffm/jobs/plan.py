@@ -86,7 +86,7 @@ class Job:
 
     cfg: RunConfig
     composed: dict  # the config as config.yaml and the checkpoint store it, resolved
-    run: RunDir
+    rundir: RunDir
 
 
 def job(cfg: DictConfig, run_dir: str | Path | RunDir) -> Job:
@@ -181,7 +181,7 @@ def _check_config_file(run: RunDir, state: dict) -> None:
 def plan(job: Job) -> tuple[Action, dict | None]:
     """('skip', None), ('resume', checkpoint) or ('fresh', None), reading only, else RunDirError; every start makes
     it before its lock (jobs/start.checked) and under it (jobs/start.start)."""
-    run, run_cfg, composed = job.run, job.cfg, job.composed
+    run, run_cfg, composed = job.rundir, job.cfg, job.composed
     budget = env_step_budget(run_cfg.train, get_task(run_cfg.env.env_name).max_episode_steps)[1]
     if not run_cfg.resume:
         if any(p.exists() for p in (run.done, run.checkpoint, run.progress, run.config)):

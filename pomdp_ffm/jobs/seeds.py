@@ -20,19 +20,19 @@ from omegaconf import DictConfig
 
 from ..acting_graph import ActingRunner
 from ..compiling import compile_before_acting
-from ..graph import UpdateRunner
+from ..cuda_graph import UpdateRunner
 from ..rng import HostRNG, SeedRNG, host_rng_state, same_host_rng
 from ..rollout import NonFiniteAction, Rollout, play_all
-from ..run.rundir import RunResult
+from ..run.rundir import JobResult
 from ..run.signals import StopSignals
-from ..trainer import StopRequested, Trainer, run_bursts
+from ..trainer import StopRequested, Trainer, update_bursts
 from .plan import Action, job, seed_config, seed_dirs, validate
 from .start import CURRENT_RUN, Attempt, checked, start
 
 log = logging.getLogger("pomdp_ffm")
 
 
-def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer], stop: StopSignals) -> RunResult:
+def run_seeds(cfg: DictConfig, job_dir: Path, trainer_cls: type[Trainer], stop: StopSignals) -> JobResult:
     seeds_cfg = validate(cfg)
     dirs = seed_dirs(job_dir, seeds_cfg.seed, list(seeds_cfg.seeds))
     jobs = [job(seed_config(cfg, k), d) for k, d in zip(seeds_cfg.seeds, dirs)]
@@ -122,13 +122,13 @@ class SeedAxis:
 
     def __init__(self, seeds: list[Seed], stop: StopSignals):
         self.stop = stop
-        self.results: dict[int, RunResult] = {s.k: s.attempt.skip() for s in seeds if s.attempt.action == Action.SKIP}
+        self.results: dict[int, JobResult] = {s.k: s.attempt.skip() for s in seeds if s.attempt.action == Action.SKIP}
         self.errors: list[BaseException] = []
         self.running = [s for s in seeds if s.attempt.action != Action.SKIP]
         self.runners: dict[tuple[int, ...], UpdateRunner | None] = {}  # joint runners by their seeds: graphs kept
         self.gather = gathers([s.trainer for s in self.running])
 
-    def run(self) -> RunResult:
+    def run(self) -> JobResult:
         with self.stop:
             for s in self.running:
                 with self.turn(s):
@@ -154,7 +154,7 @@ class SeedAxis:
         if self.errors:
             raise self.errors[0]
         stopped = any(r.stopped for r in self.results.values())
-        return RunResult(
+        return JobResult(
             seeds=self.results,
             stopped=stopped,
             signal=self.stop.requested if stopped else None,
@@ -207,7 +207,7 @@ class SeedAxis:
                     if key not in self.runners:
                         self.runners[key] = joint_runner(trainers)
                     if (runner := self.runners[key]) is not None:
-                        run_bursts(trainers, runner)
+                        update_bursts(trainers, runner)
             except BaseException as e:
                 if isinstance(e, (StopRequested, KeyboardInterrupt)):
                     raise
@@ -218,7 +218,7 @@ class SeedAxis:
             if runner is None:
                 for s in pending:
                     with self.own_turn(s):
-                        run_bursts([s.trainer], s.trainer.updater)
+                        update_bursts([s.trainer], s.trainer.updater)
             elif not any(s.trainer.standing.burst_over for s in pending):
                 self.realign(pending)
         return [s for s in seeds if s in self.running and s.trainer.standing.burst_over]
@@ -251,12 +251,12 @@ class SeedAxis:
         for s, q in zip(pending, phases):
             if (target - q) % d != 0:
                 with self.own_turn(s):
-                    run_bursts([s.trainer], s.trainer.updater, limit=(target - q) % d)  # or to its burst's end
+                    update_bursts([s.trainer], s.trainer.updater, limit=(target - q) % d)  # or to its burst's end
 
     @contextlib.contextmanager
     def turn(self, s: Seed, host: bool = True):
         """Seed s's turn: its run directory current, its generators swapped in."""
-        token = CURRENT_RUN.set(s.attempt.run.path)
+        token = CURRENT_RUN.set(s.attempt.rundir.path)
         try:
             with s.rng.active(host):
                 yield

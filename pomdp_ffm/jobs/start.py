@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from ..agent import DoesNotFit
 from ..compiling import CompileError, compile_switch_said, log_compile_failure
-from ..run.rundir import LockLost, RunDir, RunDirError, RunResult, set_aside
+from ..run.rundir import JobResult, LockLost, RunDir, RunDirError, set_aside
 from ..run.unwritable import Unwritable, writing
 from ..trainer import Outcome, Trainer, TrainingDiverged
 from .plan import Action, Job, Refused, plan
@@ -48,7 +48,7 @@ def checked(job: Job) -> Action:
     """What a start would do, looked at without the lock: one refused here (Refused) leaves every file as it found
     it, times included (a lock taken and given back would rewrite the lock file)."""
     try:
-        job.run.ensure_free()
+        job.rundir.ensure_free()
         return plan(job)[0]
     except RunDirError as e:
         raise Refused(str(e)) from None
@@ -61,7 +61,7 @@ def start(job: Job, action: Action, trainer_cls: type[Trainer] = Trainer, **need
     trainer = None if action == Action.SKIP else build(job, trainer_cls, **needs)
     try:
         try:
-            stale = job.run.acquire()
+            stale = job.rundir.acquire()
         except RunDirError as e:  # (taken by another process since it was checked)
             raise Refused(str(e)) from None
         try:
@@ -72,7 +72,7 @@ def start(job: Job, action: Action, trainer_cls: type[Trainer] = Trainer, **need
             elif action != Action.SKIP and trainer is None:  # (no longer finished since)
                 trainer = build(job, trainer_cls, **needs)
         except BaseException as e:
-            job.run.release(untouched=True)
+            job.rundir.release(untouched=True)
             if isinstance(e, RunDirError):
                 raise Refused(str(e)) from None
             raise
@@ -88,7 +88,7 @@ def build(job: Job, trainer_cls: type[Trainer] = Trainer, **needs) -> Trainer:
     judge, a compile known to fail, weights or an update that do not fit the memory."""
     cfg = job.cfg
     try:
-        trainer = trainer_cls(cfg, job.run, composed=job.composed, **needs)
+        trainer = trainer_cls(cfg, job.rundir, composed=job.composed, **needs)
     except (ValueError, CompileError) as e:  # (agent.DoesNotFit is a ValueError)
         raise Refused(str(e)) from None
     except MemoryError as e:  # the host's (a GPU's may be short for a while: another job's)
@@ -124,17 +124,17 @@ class Attempt:
     handler: logging.Handler | None = None
 
     @property
-    def run(self) -> RunDir:
-        return self.job.run
+    def rundir(self) -> RunDir:
+        return self.job.rundir
 
-    def skip(self) -> RunResult:
-        log.info("%s is finished (%s exists): skipping", self.run.path, RunDir.DONE)
-        self.run.error.unlink(missing_ok=True)  # a finished run supersedes an earlier attempt's error
-        self.run.record_attempt("skipped (finished)")
-        return RunResult(skipped=True)
+    def skip(self) -> JobResult:
+        log.info("%s is finished (%s exists): skipping", self.rundir.path, RunDir.DONE)
+        self.rundir.error.unlink(missing_ok=True)  # a finished run supersedes an earlier attempt's error
+        self.rundir.record_attempt("skipped (finished)")
+        return JobResult(skipped=True)
 
     def begin(self) -> None:
-        run = self.run
+        run = self.rundir
         with writing(run / RunDir.LOG):
             self.handler = RunLog(run / RunDir.LOG)
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -174,7 +174,7 @@ class Attempt:
             run.write_text(run.config, OmegaConf.to_yaml(OmegaConf.create(self.job.composed)))
         run.record_attempt("start" + compile_switch_said(self.state, self.trainer, run.path))
 
-    def end(self, outcome: Outcome) -> RunResult:
+    def end(self, outcome: Outcome) -> JobResult:
         c = outcome.standing
         if outcome.stopped:
             lost = "" if self.trainer.cfg.checkpoint.save_buffer else " without its replay buffer: it cannot be resumed"
@@ -182,13 +182,13 @@ class Attempt:
             log.info(
                 "stopped by signal %d at %d env steps, %d updates; %s", outcome.signal, c.env_steps, c.rl_steps, saved
             )
-            self.run.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps ({saved})")
+            self.rundir.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps ({saved})")
         else:
             if self.trainer.metrics.num_eval_rows == 0:
                 raise RuntimeError("the budget was reached without a single evaluation logged")
-            self.run.write_text(self.run.done, f"env_steps={c.env_steps}\n")
-            self.run.record_attempt(f"finished at {c.env_steps} env steps")
-        return RunResult(stopped=outcome.stopped, signal=outcome.signal, standing=c)
+            self.rundir.write_text(self.rundir.done, f"env_steps={c.env_steps}\n")
+            self.rundir.record_attempt(f"finished at {c.env_steps} env steps")
+        return JobResult(stopped=outcome.stopped, signal=outcome.signal, standing=c)
 
     def abandon(self) -> None:
         """Undo a start that will not begin (another seed's was refused): it leaves nothing, not even its lock file."""
@@ -196,7 +196,7 @@ class Attempt:
             if self.trainer is not None:
                 self.trainer.close()
         finally:
-            self.run.release(untouched=True)
+            self.rundir.release(untouched=True)
 
     def fail(self, e: BaseException) -> None:
         """Record the failure as far as the disk lets (a full one may take neither file); ``e`` goes on up. Where the
@@ -208,12 +208,12 @@ class Attempt:
         try:
             if not isinstance(e, KeyboardInterrupt):
                 try:
-                    self.run.write_text(self.run.error, "".join(traceback.format_exception(e)))
+                    self.rundir.write_text(self.rundir.error, "".join(traceback.format_exception(e)))
                     event = f"{kind} (see {RunDir.ERROR})"
                 except Unwritable as why:
                     event = f"{kind}: {_first_line(e)} ({RunDir.ERROR} not written: {why.strerror})"
             with contextlib.suppress(Unwritable):
-                self.run.record_attempt(event)
+                self.rundir.record_attempt(event)
         except LockLost:  # (removed since ``e``): ``e`` goes on up, unrecorded
             pass
 
@@ -225,4 +225,4 @@ class Attempt:
             if self.handler is not None:
                 log.removeHandler(self.handler)
                 self.handler.close()
-            self.run.release()
+            self.rundir.release()

@@ -50,7 +50,7 @@ class RunStatus(NamedTuple):
 
 
 @dataclass(frozen=True)
-class RunResult:
+class JobResult:
     """What a job ends with: pomdp_ffm.train's ``run`` (a run, or a seed axis's runs in ``seeds``), which Hydra hands
     to grid.SweepOutcomes in the launching process. In a sweep, a job refused or failed says why here instead of
     raising, so that the sweep goes on. The stop signals a run answered stay with its caller."""
@@ -59,7 +59,7 @@ class RunResult:
     stopped: bool = False  # a stop signal ended it, its checkpoint saved
     signal: int | None = None
     standing: Any = None  # where it stands (trainer.Standing), for one run that ran
-    seeds: dict[int, RunResult] = field(default_factory=dict)  # a seed axis: each seed's, by its index
+    seeds: dict[int, JobResult] = field(default_factory=dict)  # a seed axis: each seed's, by its index
     started: bool = True  # False: a sweep's job that the sweep's stop kept from starting
     refused: str = ""
     failed: str = ""

@@ -7,9 +7,9 @@ every feature), the one implementation the models whose POPGym defaults turn it 
     e_t = x_t + PE(t)               scale_embedding off
 
 with t the step's index in its episode (acting counts it in the state; a training window starts at its first step's
-index, ``SeqModel.window_state``, as POPGym's ``t_starts``: patches/023) and PE the sinusoidal position code of Vaswani et al. (2017) over the
-input's d features, its frequency base being the horizon N (POPGym's ``max_seq_len``, 1024 in its experiments)
-instead of the transformer's 10000:
+index, ``SeqModel.window_state``, as POPGym's ``t_starts``: patches/023) and PE the sinusoidal position code of
+Vaswani et al. (2017) over the input's d features, its frequency base being the horizon N (POPGym's
+``max_seq_len``, 1024 in its experiments) instead of the transformer's 10000:
 
     PE(t)[2i] = sin(t N^(-2i/d)),  PE(t)[2i+1] = cos(t N^(-2i/d)),  i = 0 .. ceil(d/2) - 1.
 

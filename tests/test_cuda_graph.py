@@ -1,4 +1,4 @@
-"""The update runner (pomdp_ffm/graph.py, patches/015-cuda-graph-update.md) on a CPU: with the switch on or off it
+"""The update runner (pomdp_ffm/cuda_graph.py, patches/015-cuda-graph-update.md) on a CPU: with the switch on or off it
 is the eager update bit for bit; its own logic (static inputs and their host ring, one graph per host path,
 warm-up, the update count, rearming after a load, the capture error) runs with a Python stand-in for CUDA graphs.
 What only a GPU can show (captured graphs, pinned copies, capturable Adam, no synchronisation) is in
@@ -20,7 +20,7 @@ from pomdp_ffm.acting_graph import ActingRunner
 from pomdp_ffm.buffer import Batch
 from pomdp_ffm.catalog import COMPARED
 from pomdp_ffm.config import TD3Config, TrainConfig
-from pomdp_ffm.graph import CaptureError, Staging, UpdateRunner, _copied
+from pomdp_ffm.cuda_graph import CaptureError, Staging, UpdateRunner, _copied
 from pomdp_ffm.optim import AdamForm
 from pomdp_ffm.seq_models import FFM, available
 
