@@ -11,14 +11,14 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from ..agent import DoesNotFit
 from ..compiling import CompileError, compile_switch_said, log_compile_failure
 from ..run.rundir import JobResult, LockLost, RunDir, RunDirError, set_aside
 from ..run.unwritable import Unwritable, writing
 from ..trainer import Outcome, Trainer, TrainingDiverged
-from .plan import Action, Job, Refused, plan
+from .plan import Action, Job, Refused, job, plan
 
 log = logging.getLogger("pomdp_ffm")
 # The run directory whose trainer is working now, where several train in one process (pomdp_ffm/jobs/seeds.py).
@@ -39,9 +39,11 @@ class RunLog(logging.FileHandler):
             )
 
 
-def check_and_lock(job: Job, trainer_cls: type[Trainer] = Trainer, **needs) -> Attempt:
-    """One run directory's start: ``checked``, then ``start``; refused (Refused) with nothing left behind."""
-    return start(job, checked(job), trainer_cls, **needs)
+def check_and_lock(cfg: DictConfig, run_dir, trainer_cls: type[Trainer] = Trainer, **needs) -> Attempt:
+    """One run directory's start: its ``job`` (the config built and checked), ``checked``, then ``start``; refused
+    (Refused) with nothing left behind."""
+    j = job(cfg, run_dir)
+    return start(j, checked(j), trainer_cls, **needs)
 
 
 def checked(job: Job) -> Action:
