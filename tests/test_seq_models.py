@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pomdp_ffm import catalog
-from pomdp_ffm.seq_models import ABLATIONS, available, build, get
+from pomdp_ffm.seq_models import ABLATIONS, SeqModel, available, build, get
 from pomdp_ffm.seq_models.ffm import DECAY_MIN, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON, reference_decay_limit
 from pomdp_ffm.seq_models.recurrence import (
     aggregate_assoc,
@@ -572,3 +572,41 @@ def test_the_declared_activation_cost_is_what_a_window_saves(name):
         model(torch.randn(64, 8, 64), carried)
     saved = sum(storages.values()) / 4 / (64 * 8)
     assert saved / 2 <= model.activation_floats() <= 2 * saved, (model.activation_floats(), saved)
+
+
+class _Leaky(SeqModel):
+    """A memory that implements the model only: its runtime hooks are Runtime's defaults."""
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__()
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.cell = torch.nn.Linear(input_size + hidden_size, hidden_size)
+
+    def initial_state(self, batch_size, device=None):
+        return torch.zeros(batch_size, self.hidden_size, device=device)
+
+    def forward(self, x, state=None):
+        h = self.initial_state(x.shape[1], x.device) if state is None else state
+        ys = []
+        for x_t in x:
+            h = torch.tanh(self.cell(torch.cat([x_t, h], -1)))
+            ys.append(h)
+        return torch.stack(ys), h
+
+
+def test_a_memory_that_implements_only_the_model_gets_the_runtimes_defaults():
+    model = _Leaky(5, 7)
+    # the memory estimate measured: per row and step, what autograd keeps (each step's input to the Linear, its
+    # tanh output, 12 + 7 floats), counted here as bytes of the tensors the backward unpacks
+    before = torch.random.get_rng_state()
+    floats = model.activation_floats()
+    assert torch.equal(torch.random.get_rng_state(), before)  # (no draw from the global generator)
+    kept = {}
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.setdefault(t.untyped_storage().data_ptr(), t), id):
+        model(torch.randn(16, 2, 5), None)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    nbytes = sum(t.untyped_storage().nbytes() for k, t in kept.items() if k not in weights)
+    assert floats == math.ceil(nbytes / 4 / (16 * 2)) and floats >= 12 + 7
+    assert model.bounded_by_owner() is model and model.compile_failure() is None and not model.compile_pays
+    model.drop_caches()  # (nothing cached: a no-op)
+    assert model.window_state(torch.tensor([0, 5])) is None  # no step count: a window starts from a fresh state

@@ -1,24 +1,24 @@
-"""The interface of every registered sequence model: ``forward(x[T, B, input_size], state)`` returns
-``y[T, B, hidden_size]`` and the last step's state (None: a fresh zero state), which callers never look inside:
-what they need of a model or its state (its option section, its memory cost, its caches, its state's tensors) they
-ask the model's class here, so that a new model is its module and its conf file."""
+"""The interface of every registered sequence model, what a memory's author implements: ``forward(x[T, B,
+input_size], state)`` returns ``y[T, B, hidden_size]`` and the last step's state (None: a fresh zero state), which
+callers never look inside: what they need of a state (its tensors, a copy, where a training window starts) they ask
+the model's class here, so that a new model is its module and its catalog record. What CUDA graphs, compiling and the
+memory estimate need of a memory is ``Runtime`` (runtime.py), every hook with a default."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
+from .runtime import Runtime
+
 State = Any
 
 
-class SeqModel(nn.Module):
+class SeqModel(Runtime, nn.Module):
     # Its name, label, colour and option section (its constructor's keyword options besides the sizes; a model
     # stacking layers takes num_layers from policy.rnn_num_layers instead) are its pomdp_ffm.catalog record's.
-    # Where train.compile=null compiles the update on CUDA: measured to pay for this memory (docs/benchmarks.md).
-    compile_pays: ClassVar[bool] = False
-
     input_size: int
     hidden_size: int
 
@@ -35,26 +35,8 @@ class SeqModel(nn.Module):
         None (a fresh state) for a memory without a step count."""
         return None
 
-    def activation_floats(self) -> int:
-        """Floats an update saves per batch row and step for this memory's backward (its gates, state and output):
-        the memory estimate's share (RecurrentAgent.update_memory)."""
-        raise NotImplementedError
-
     def bound_(self) -> None:
         """Project the parameters into their allowed range after a write, in place, with no host read."""
-
-    def bounded_by_owner(self, owner: bool = True) -> SeqModel:
-        """Leave ``bound_`` to the owner after each of its writes, not a check per call; ``owner=False`` undoes."""
-        return self
-
-    def drop_caches(self) -> None:
-        """Forget what acting caches between calls: a CUDA-graph capture must compute it inside the graph, and a
-        weight copy that bypasses the parameters' versions would leave it stale."""
-
-    def compile_failure(self) -> str | None:
-        """Why torch.compile of the update is known to fail on CUDA with this memory (a CompileError's words), or
-        None."""
-        return None
 
     def state_tensors(self, state: State) -> list[torch.Tensor]:
         """The tensors a state holds, in a fixed order (a captured acting step's static state is copied in and out
