@@ -92,12 +92,15 @@ def copy_weights(
     return triples
 
 
-def attention_pair(module: str, cls: str, ours_cls: type, sizes: tuple[int, int], popgym_cfg: dict, option_names):
+def attention_pair(
+    module: str, cls: str, ours_cls: type, sizes: tuple[int, int], popgym_cfg: dict, option_names, seed: int = 0
+):
     """POPGym's FART or FWP (``ray_models.<module>.<cls>`` at ``sizes``, input and hidden, with ``popgym_cfg``) and
     ``ours_cls`` with its weights: our parameter X is its ``core.X`` but for our read-out ``unmap`` (its own) and our
     embedding's strength (its BaseModel's). Its LayerNorm's affine and its strength are moved off their initial
-    values first, so that a dropped one shows. Returns (POPGym's, ours, the ``copy_weights`` triples)."""
-    torch.manual_seed(0)
+    values first, so that a dropped one shows; ``seed`` seeds the weights. Returns (POPGym's, ours, the
+    ``copy_weights`` triples)."""
+    torch.manual_seed(seed)
     ref = ray_model(module, cls, *sizes, **popgym_cfg)
     with torch.no_grad():
         ref.core.norm.weight.add_(0.3 * torch.randn(sizes[0]))

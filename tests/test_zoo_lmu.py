@@ -7,18 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 from popgym_reference import copy_weights, ray_model
-from zoo_checks import assert_close_scaled, assert_steps_equal_window, option_defaults, outputs_and_grads
+from zoo_checks import assert_close_scaled, assert_steps_equal_window, option_defaults, outputs_and_grads, per_window
 
 from pomdp_ffm.options import LMUConfig
 from pomdp_ffm.seq_models.lmu import LMU
 
 I, H, T, B = 12, 32, 64, 8
+SEED = 0  # added to every generator seed here (conftest.ZOO_CASES sets it, and the sizes above)
 # POPGym's cell name -> ours (A, B only where learned: buffers otherwise, copied separately)
 NAMES = {"e_x": "e_x", "e_h": "e_h", "e_m": "e_m", "W_x": "W_x", "W_h": "W_h", "W_m": "W_m", "A": "A", "B": "B"}
 
 
 def _pair(learn: bool, seed: int = 0):
-    torch.manual_seed(seed)
+    torch.manual_seed(SEED + seed)
     ref = ray_model("ray_lmu", "LMU", I, H, learn_a=learn, learn_b=learn)
     cell = ref.core.cell
     ours = LMU(I, H, learn_a=learn, learn_b=learn)
@@ -53,7 +54,7 @@ def test_lmu_config_defaults_match_the_signature_and_popgym():
 def test_delay_matrices_match_popgym(n, theta):
     from popgym.baselines.models.lmu import LMUFFT, LMUCell
 
-    torch.manual_seed(0)
+    torch.manual_seed(SEED + 0)
     ours = LMU(I, n, theta=theta)
     for ref in (LMUCell(I, n, n, theta), LMUFFT(I, n, n, T, theta)):  # (ray_lmu's cell: memory_size = hidden_size)
         # measured: bitwise equal but one entry of A 1.8e-12 off at n = 256, theta = 100 (expm's rounding)
@@ -71,10 +72,10 @@ SCALED_TOL = {torch.float32: 1e-5, torch.float64: 1e-13}
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("learn", [False, True], ids=["fixed_AB", "learned_AB"])
-def test_window_with_carried_state_matches_popgym(learn, dtype):
+def test_window_with_carried_state_matches_popgym(learn, dtype, zoo_case):
     ref, ours = _pair(learn)
     ref.to(dtype), ours.to(dtype)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(SEED + 1)
     with torch.no_grad():  # the carried-in state: POPGym's after a first random window from zeros
         zeros = torch.zeros(B, H, dtype=dtype)
         _, (h0, m0) = _popgym(ref, torch.randn(T, B, I, generator=g).to(dtype), zeros, zeros)
@@ -90,7 +91,7 @@ def test_window_with_carried_state_matches_popgym(learn, dtype):
     for name, b in theirs.items():
         assert mine[name].dtype == dtype and b.abs().max() > 0, name
     # (names mapped: every parameter's gradient on both sides)
-    assert_close_scaled(mine, theirs, SCALED_TOL[dtype], floor=1.0)
+    assert_close_scaled(mine, theirs, per_window(SCALED_TOL[dtype], T), floor=1.0)
 
 
 def test_memory_size_and_theta_options_match_popgym_cell():
@@ -98,7 +99,7 @@ def test_memory_size_and_theta_options_match_popgym_cell():
     from popgym.baselines.models.lmu import LMU as PopgymLMU
 
     n, theta = 20, 10.0
-    torch.manual_seed(4)
+    torch.manual_seed(SEED + 4)
     ref = PopgymLMU(I, H, n, theta, learn_a=True, learn_b=True).double()
     ours = LMU(I, H, memory_size=n, theta=theta, learn_a=True, learn_b=True).double()
     with torch.no_grad():
@@ -106,7 +107,7 @@ def test_memory_size_and_theta_options_match_popgym_cell():
             p.add_({"A": 0.001, "B": 0.01, "e_m": 0.01}.get(name, 0.1) * torch.randn_like(p))
     pairs = copy_weights(ours, ref.cell, {NAMES[n]: n for n, _ in ref.cell.named_parameters()})
     assert len(pairs) == 8
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(SEED + 5)
     x, h0, m0 = (torch.randn(shape, generator=g, dtype=torch.float64) for shape in ((T, B, I), (B, H), (B, n)))
     weights = [torch.randn(shape, generator=g, dtype=torch.float64) for shape in ((T, B, H), (B, H), (B, n))]
 
@@ -122,7 +123,7 @@ def test_memory_size_and_theta_options_match_popgym_cell():
 
 def test_acting_steps_equal_the_window():
     _, ours = _pair(False)
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(SEED + 2)
     x = torch.randn(T, B, I, generator=g)
     state = (torch.randn(B, H, generator=g).tanh(), torch.randn(B, H, generator=g))
     # The same step either way, but a window's matmuls may block their sums otherwise than a step's on another
@@ -138,7 +139,7 @@ def test_zero_state_memory_matches_popgym_parallel_form():
     x is chosen to make it positive; ours' memory after each acting step against LMUFFT's convolution."""
     from popgym.baselines.models.lmu import LMUFFT
 
-    torch.manual_seed(3)
+    torch.manual_seed(SEED + 3)
     ours = LMU(I, H)
     fft = LMUFFT(I, H, H, T, 64)
     with torch.no_grad():

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from zoo_checks import assert_close_scaled, assert_steps_equal_window, outputs_and_grads
+from zoo_checks import assert_close_scaled, assert_steps_equal_window, outputs_and_grads, per_window
 
 from pomdp_ffm.options import LRUConfig
 from pomdp_ffm.seq_models.lru import LRU
 
 T, B, IN, H, N = 64, 8, 12, 32, 24  # N != H: a transposed B or C would not fit
+SEED = 0  # added to every generator seed here (conftest.ZOO_CASES sets it, and the sizes above)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,13 +52,13 @@ def lru_equations(params: dict, x: torch.Tensor, s0: torch.Tensor) -> tuple[torc
 
 
 def _model(**opts) -> LRU:
-    torch.manual_seed(0)
+    torch.manual_seed(SEED + 0)
     # The paper's long-range ring (radii near 1, small phases) and its full disk both: the default is the disk.
     return LRU(IN, H, state_size=N, **opts)
 
 
 def _inputs(dtype):
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(SEED + 1)
     x0, x = (torch.randn(T, B, IN, generator=g, dtype=torch.float64) for _ in range(2))
     R_y = torch.randn(T, B, H, generator=g, dtype=torch.float64)
     R_s = torch.randn(B, N, 2, generator=g, dtype=torch.float64)
@@ -87,10 +88,10 @@ def test_float64_model_equals_the_papers_equations(ring):
 
 
 @pytest.mark.parametrize("ring", [{}, {"r_min": 0.9, "r_max": 0.999, "max_phase": math.pi / 10}], ids=["disk", "ring"])
-def test_float32_model_within_rounding_of_the_equations(ring):
+def test_float32_model_within_rounding_of_the_equations(ring, zoo_case):
     # Largest measured: y 2.3e-7 / 4.1e-7, state 8.7e-7 / 1.8e-6, grads 3.0e-6 / 5.1e-6 (theta_log's; disk / ring:
     # radii up to 0.999 carry the float32 rounding of Lambda over more steps); the float32 epsilon is 1.2e-7.
-    _compare(_model(**ring), rtol=1e-5)
+    _compare(_model(**ring), rtol=per_window(1e-5, T))
 
 
 def test_acting_steps_equal_the_window():
@@ -105,7 +106,7 @@ def test_acting_steps_equal_the_window():
 
 def test_initialisation_is_the_papers_ring():
     r_min, r_max, max_phase = 0.9, 0.999, math.pi / 10
-    torch.manual_seed(0)
+    torch.manual_seed(SEED + 0)
     H = 512  # (D has H entries)
     model = LRU(IN, H, state_size=512, r_min=r_min, r_max=r_max, max_phase=max_phase).double()
     lam = model.decay().detach()

@@ -14,6 +14,7 @@ from pomdp_ffm import catalog
 from pomdp_ffm.seq_models.mingru import MinGRU
 
 T, B, IN, H = 64, 8, 12, 32
+SEED = 0  # added to every generator seed here (conftest.ZOO_CASES sets it, and the sizes above)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,12 +38,12 @@ def mingru_equations(params: dict, x: torch.Tensor, h0: torch.Tensor) -> tuple[t
 
 
 def _model() -> MinGRU:
-    torch.manual_seed(0)
+    torch.manual_seed(SEED + 0)
     return MinGRU(IN, H)
 
 
 def _inputs():
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(SEED + 1)
     # x scaled so that some gates sit near 0 and 1 (|k| up to ~5): long memories and overwrites both
     x0, x = (3 * torch.randn(T, B, IN, generator=g, dtype=torch.float64) for _ in range(2))
     R_y = torch.randn(T, B, H, generator=g, dtype=torch.float64)
@@ -70,7 +71,7 @@ def test_float64_model_equals_the_papers_equations():
     _compare(_model().double(), rtol=1e-14)
 
 
-def test_float32_model_within_rounding_of_the_equations():
+def test_float32_model_within_rounding_of_the_equations(zoo_case):
     # Largest measured: y 1.6e-7, state 1.3e-7, grads 3.3e-7 (x's); the float32 epsilon is 1.2e-7.
     _compare(_model(), rtol=1e-6)
 
