@@ -147,3 +147,10 @@ class ActingRunner:
 
 def make_actor(agent: RecurrentAgent, cuda_graph: bool):
     return ActingRunner(agent) if cuda_graph and agent.device.type == "cuda" else agent
+
+
+def gathers(actings: list) -> bool:
+    """Whether several seeds' acting steps are gathered (rollout.play_together): each one's submitted, from its own
+    torch generators, before any is waited for, so that on CUDA with graphs the host launches one seed's step or steps
+    its env while the GPU runs another's (on a CPU a submit computes it)."""
+    return len(actings) >= 2 and all(isinstance(a, ActingRunner) for a in actings)

@@ -1,6 +1,7 @@
 """A burst of updates, one object from its start to its row: its size and progress, as a checkpoint holds them
 (``saved``, ``restored``), and its statistics summed on the device while it runs, read on the host once, where it
-ends or stops (``close``; patches/014-update-without-host-sync.md)."""
+ends or stops (``close``; patches/014-update-without-host-sync.md); and the loop that runs bursts
+(``update_bursts``)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,36 @@ class Burst:
         """Read the sums into ``sums``; the update count at the first non-finite statistic, or -1."""
         self.sums = {k: float(v) for k, v in self.device_sums.items()}
         return int(self.first_bad)
+
+
+def update_bursts(trainers: list, runner, limit: int | None = None) -> None:
+    """The burst loop: the trainers' (trainer.Trainer) bursts in hand, in rounds of one update each through
+    ``runner`` (cuda_graph.UpdateRunner: a trainer's own, or a seed axis's joint one), until one burst is over, after
+    ``limit`` rounds, or where a TD3 policy delay parts the trainers (a checkpoint from another schedule: the loop
+    realigns them). Gradient norms at a burst's last update (computed for all in a round where one is at its last,
+    kept by those at theirs). No host read between the updates: a non-finite statistic is found once the burst ends
+    or stops (patches/014). Several trainers draw from the lead's generators: a seed is then not its run alone
+    (patches/016)."""
+    clock, S, bursts = time.perf_counter, len(trainers), [t.standing.burst for t in trainers]
+    rounds = min(b.n - b.done for b in bursts)
+    for _ in range(rounds if limit is None else min(rounds, limit)):
+        if S > 1 and len({t.agent.actor_step_due() for t in trainers}) > 1:
+            break
+        trainers[0].stop.check()
+        last = [b.done == b.n - 1 for b in bursts]
+        t_s = clock()
+        batches = [t.buffer.sample(t.cfg.train.batch_size) for t in trainers]
+        t_u = clock()
+        grad_norms = any(last)
+        stats = runner.update_all(batches, grad_norms=grad_norms)
+        t_e = clock()
+        for t, st, at_last in zip(trainers, stats, last):
+            t.timers.update(sample=(t_u - t_s) / S, update=(t_e - t_u) / S)
+            if S > 1:
+                t.timers["n_joint_updates"] += 1
+            if grad_norms and not at_last:
+                st = {k: v for k, v in st.items() if summed(k)}
+            t.timers["n_updates"] += 1
+            t.standing.count_update(st)
+        for t in trainers:  # in a joint round a deferred evaluation's error is raised later, in its seed's own turn
+            t.evaluator.between_updates(hold_errors=S > 1)

@@ -374,3 +374,12 @@ def _copied(outputs: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tens
         return [{k: v.clone() for k, v in out.items()} for out in outputs]
     flat = iter(torch.stack(values).unbind())
     return [{k: next(flat) for k in out} for out in outputs]
+
+
+def joint_runner(trainers: list) -> UpdateRunner | None:
+    """One graph updating these trainers (trainer.Trainer) together (CUDA with ``train.cuda_graph``), or None: on a
+    CPU a joint update would cost the same as turns, which keep each seed's own generators."""
+    first = trainers[0]
+    if len(trainers) < 2 or first.agent.device.type != "cuda" or not first.cfg.train.cuda_graph:
+        return None
+    return UpdateRunner([t.agent for t in trainers], cuda_graph=True, compile=first.updater.compiled)

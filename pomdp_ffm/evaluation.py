@@ -47,6 +47,38 @@ class Due:
     at: Clocks | None = None  # its row's clocks; None: the clocks when its row is written
     snapshot: bool = False  # the reference's weights-only snapshot, named by the return
     checkpoint: bool = False
+    iters: int = 0  # the eval clock's value
+    deferred: bool = False  # played during the next burst (eval.during_updates)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When evaluations fall due, as in the reference's learner.py: every ``eval.log_interval`` iterations of its
+    env-step clock (env steps // an iteration's length), a snapshot with one every ``eval.save_interval`` in the last
+    quarter of the budget, a checkpoint every ``checkpoint.interval``. With ``eval.during_updates`` one that nothing
+    waits for (a snapshot, a checkpoint, the end) is deferred into the next burst."""
+
+    iter_len: int
+    budget: int
+    log_interval: int
+    save_interval: int
+    checkpoint_interval: int
+    during_updates: bool
+
+    @classmethod
+    def of(cls, cfg: RunConfig, iter_len: int, budget: int) -> Schedule:
+        ev = cfg.eval
+        return cls(iter_len, budget, ev.log_interval, ev.save_interval, cfg.checkpoint.interval, ev.during_updates)
+
+    def due(self, env_steps: int, last_iters: int) -> Due | None:
+        """The evaluation due at ``env_steps`` (``last_iters``: the clock at the last one), or None."""
+        iters = env_steps // self.iter_len
+        if iters == last_iters or iters % self.log_interval != 0:
+            return None
+        snapshot = self.save_interval > 0 and env_steps > 0.75 * self.budget and iters % self.save_interval == 0
+        checkpoint = iters % self.checkpoint_interval == 0
+        deferred = self.during_updates and not (snapshot or checkpoint) and env_steps < self.budget
+        return Due(snapshot=snapshot, checkpoint=checkpoint, iters=iters, deferred=deferred)
 
 
 class Evaluation:

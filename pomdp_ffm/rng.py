@@ -28,6 +28,13 @@ class RNGState(NamedTuple):
     python: tuple
 
 
+def seed_all(seed: int) -> None:
+    """Python's, numpy's and torch's global generators seeded."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def host_rng_state() -> HostRNG:
     return HostRNG(np.random.get_state(), random.getstate())
 
@@ -96,3 +103,15 @@ def same_host_rng(a: HostRNG, b: HostRNG) -> bool:
     return (
         py_a == py_b and np_a[0] == np_b[0] and np.array_equal(np_a[1], np_b[1]) and tuple(np_a[2:]) == tuple(np_b[2:])
     )
+
+
+class SharedRNGDrawn(RuntimeError):
+    """Gathered acting steps drew from numpy's or Python's global generator, which is swapped per seed only outside
+    them (``SeedRNG.active``); which seed drew cannot be told."""
+
+    def __init__(self):
+        super().__init__(
+            "the seeds' gathered acting steps (or their envs, or what follows them) drew from numpy's or Python's "
+            "global random generator, which gathering does not keep apart per seed: the seeds' runs would not be "
+            "their own"
+        )

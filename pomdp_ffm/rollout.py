@@ -1,14 +1,15 @@
 """The one rollout loop, collecting and evaluating. A ``Rollout`` plays one episode on each of its envs in lockstep:
 each step one batched policy call (finished envs masked), then one step of every env still running. ``play`` steps
 it to its end, and ``play_all`` plays a unit's or an evaluation's rollouts one after another; a caller with other
-work steps a rollout a phase at a time (``submit``/``send``/``receive``): a seed axis gathers its seeds' acting
-steps, a deferred evaluation plays between two updates."""
+work steps a rollout a phase at a time (``submit``/``send``/``receive``): ``play_together`` gathers several seeds'
+acting steps, a deferred evaluation plays between two updates."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -204,3 +205,40 @@ def play_all(next_rollout: Callable[[], Rollout | None], ended: Callable[[Rollou
     while (rollout := next_rollout()) is not None:
         rollout.play()
         ended(rollout)
+
+
+def play_together(
+    plays: list[tuple[Callable[[], Rollout | None], Callable[[Rollout], None]]],
+    turns: list[Callable[[], AbstractContextManager]],
+    playing: Callable[[int], bool],
+) -> None:
+    """Several players' rollouts (each ``next`` and ``ended``, as ``play_all`` takes them) in lockstep, each player's
+    next acting step submitted before any is waited for: with acting on a GPU the host steps one player's envs while
+    the device computes another's action. Each player's calls in its turn (``turns[i]()``), where an error takes it
+    out of play (``playing(i)`` false from then)."""
+    rollouts: list[Rollout | None] = [None] * len(plays)
+    waits: list[Callable | None] = [None] * len(plays)
+
+    def start_next(i: int) -> None:
+        rollouts[i] = None
+        if (rollout := plays[i][0]()) is not None:
+            rollouts[i], waits[i] = rollout, rollout.submit()
+
+    for i in range(len(plays)):
+        with turns[i]():
+            start_next(i)
+    while live := [i for i in range(len(plays)) if playing(i) and rollouts[i] is not None]:
+        for i in live:  # the acting steps in; envs in worker processes step from here
+            with turns[i]():
+                wait, waits[i] = waits[i], None
+                rollouts[i].send(wait())
+        for i in live:
+            if playing(i):
+                with turns[i]():
+                    rollout = rollouts[i]
+                    rollout.receive()
+                    if not rollout.done:
+                        waits[i] = rollout.submit()
+                    else:
+                        plays[i][1](rollout)
+                        start_next(i)

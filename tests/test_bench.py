@@ -539,10 +539,10 @@ def test_a_stopped_loop_benchmark_reports_what_it_ran(monkeypatch, capsys):
         main(["loop", "--steps", "3000", "--threads", "1", *SMALL])
     assert e.value.code == EXIT_STOPPED and "STOPPED by a signal" in capsys.readouterr().out
 
-    _stop_at_call(monkeypatch, Trainer, "start_burst", 1)  # after the random pool
+    _stop_at_call(monkeypatch, Trainer, "_start_burst", 1)  # after the random pool
     with pytest.raises(loop.StoppedEarly, match="stopped by a signal before it timed an update"):
         loop.run(SMALL, steps=3000, device="cpu", threads=1)
-    _stop_at_call(monkeypatch, Trainer, "start_burst", 1)  # the command: one line, the "stopped" exit code
+    _stop_at_call(monkeypatch, Trainer, "_start_burst", 1)  # the command: one line, the "stopped" exit code
     with pytest.raises(SystemExit) as e:
         main(["loop", "--steps", "3000", "--threads", "1", *SMALL])
     assert e.value.code == EXIT_STOPPED

@@ -296,8 +296,8 @@ def episodes_listed(calls: list, base=None):
     from pomdp_ffm.trainer import Trainer
 
     class Listed(base or Trainer):
-        def next_episode(self):
-            rollout = super().next_episode()
+        def _next_episode(self):
+            rollout = super()._next_episode()
             if rollout is not None:
                 calls.append(("episode", self.standing.env_steps))
             return rollout
@@ -518,8 +518,8 @@ def test_a_resume_that_switches_train_compile_says_so(composed, tmp_path, monkey
     eager_as_compiled(monkeypatch, [], tmp_path)
 
     class StopAfterTheFirstBurst(Trainer):
-        def end_burst(self):
-            evaluation = super().end_burst()
+        def _end_burst(self):
+            evaluation = super()._end_burst()
             self.stop.request(10)
             return evaluation
 

@@ -643,15 +643,15 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
     # and a stop inside the run resumes every seed.
     import signal
 
-    from pomdp_ffm.jobs import seeds as joint_mod
-    from pomdp_ffm.jobs.seeds import joint_runner
+    from pomdp_ffm import trainer as loop_mod
+    from pomdp_ffm.cuda_graph import joint_runner
 
     made = []
-    monkeypatch.setattr(joint_mod, "joint_runner", lambda ts: made.append(joint_runner(ts)) or made[-1])
+    monkeypatch.setattr(loop_mod, "joint_runner", lambda ts: made.append(joint_runner(ts)) or made[-1])
 
     class StopOnSeed1(Trainer):
-        def end_burst(self):
-            evaluation = super().end_burst()
+        def _end_burst(self):
+            evaluation = super()._end_burst()
             if self.cfg.seed == 1 and self.standing.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
             return evaluation
@@ -672,7 +672,7 @@ def test_a_seed_axis_on_cuda_updates_its_seeds_together(composed, tmp_path, monk
 def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tmp_path, monkeypatch):
     # The seeds act through graph replays, so their acting steps are gathered; each still draws from its own
     # stream, so the logs are those of the same axis with each seed acting in its own turn.
-    from pomdp_ffm.jobs import seeds as seeds_mod
+    from pomdp_ffm import trainer as loop_mod
     from pomdp_ffm.rollout import Rollout
 
     overrides = (
@@ -689,7 +689,7 @@ def test_a_seed_axis_on_cuda_gathers_its_acting_without_changing_it(composed, tm
     monkeypatch.setattr(Rollout, "submit", lambda self: submitted.append(1) or submit(self))
     train(composed(*overrides), tmp_path / "gathered" / "seed-0")
     assert submitted
-    monkeypatch.setattr(seeds_mod, "gathers", lambda trainers: False)
+    monkeypatch.setattr(loop_mod, "gathers", lambda trainers: False)
     train(composed(*overrides), tmp_path / "turns" / "seed-0")
     for k in range(3):
         pd.testing.assert_frame_equal(

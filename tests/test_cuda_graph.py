@@ -440,8 +440,8 @@ def test_a_run_through_both_runners_logs_what_the_eager_run_logs(composed, tmp_p
     )
 
     class Interrupt(trainer_mod.Trainer):
-        def end_burst(self):
-            evaluation = super().end_burst()
+        def _end_burst(self):
+            evaluation = super()._end_burst()
             if self.standing.env_steps >= 600:
                 self.stop.request(15)
             return evaluation

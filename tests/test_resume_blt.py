@@ -40,18 +40,34 @@ class Plan:
         return None
 
 
+class PlannedStop:
+    """A trainer's stop signals, with the plan's stops at its checks: before an iteration's episodes (its burst
+    none yet) and before each update (then "update": after the update before it)."""
+
+    def __init__(self, signals, trainer):
+        self.signals, self.trainer = signals, trainer
+
+    @property
+    def requested(self):
+        return self.signals.requested
+
+    def request(self, signum):
+        self.signals.request(signum)
+
+    def check(self):
+        if self.trainer.standing.burst is None:
+            if self.trainer.plan_at("iteration start"):
+                self.request(15)
+        elif self.trainer.plan_at("update"):
+            self.request(10)
+        self.signals.check()
+
+
 def stopping_trainer(plan: Plan):
     class Stopping(Trainer):
-        def _check_stop(self):
-            c = self.standing
-            if c.pool_done and c.burst is None and self.plan_at("iteration start"):  # start_unit's check
-                self.stop.request(15)
-            super()._check_stop()
-
-        def _record_update(self, stats):
-            super()._record_update(stats)
-            if self.plan_at("update"):
-                self.stop.request(10)  # taken before the burst's next update
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.stop = PlannedStop(self.stop, self)
 
         def _log_evaluation(self, *results, **kw):
             ret = super()._log_evaluation(*results, **kw)

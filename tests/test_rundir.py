@@ -70,8 +70,8 @@ def read(run_dir: Path) -> pd.DataFrame:
 
 
 class StopAt600(Trainer):
-    def end_burst(self):
-        evaluation = super().end_burst()
+    def _end_burst(self):
+        evaluation = super()._end_burst()
         if self.standing.env_steps >= 600:
             self.stop.request(signal.SIGTERM)
         return evaluation

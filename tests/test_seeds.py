@@ -67,8 +67,8 @@ def test_a_stopped_axis_resumes_every_seed(composed, tmp_path):
     overrides = ("algo=sac", "seq_model=gru", "train.num_iters=5")
 
     class StopOnSeed1(Trainer):
-        def end_burst(self):
-            evaluation = super().end_burst()
+        def _end_burst(self):
+            evaluation = super()._end_burst()
             if self.cfg.seed == 1 and self.standing.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
             return evaluation
@@ -174,13 +174,13 @@ def test_a_seed_axis_sweep_through_the_launchers(tmp_path, launcher):
 
 # --- bursts run together (on CUDA: one graph for the seeds' updates) ----------------------------------------------
 def joint_with(monkeypatch, make):
-    """Joint rounds through ``make(trainers)`` wherever seeds.joint_runner would make a runner on CUDA (two seeds
+    """Joint rounds through ``make(trainers)`` wherever the loop (trainer.py) would make a runner on CUDA (two seeds
     or more)."""
-    from pomdp_ffm.jobs import seeds as seeds_mod
+    from pomdp_ffm import trainer as loop_mod
 
     made = []
     monkeypatch.setattr(
-        seeds_mod,
+        loop_mod,
         "joint_runner",
         lambda trainers: made.append(make(trainers)) or made[-1] if len(trainers) > 1 else None,
     )
@@ -222,8 +222,8 @@ def test_joint_bursts_through_the_graph_logic_equal_the_joint_eager_updates(comp
     graphs = joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], backend=PythonGraphs(), warmup=2))
 
     class StopOnSeed2(Trainer):
-        def end_burst(self):
-            evaluation = super().end_burst()
+        def _end_burst(self):
+            evaluation = super()._end_burst()
             if self.cfg.seed == 2 and self.standing.env_steps >= 600:
                 self.stop.request(signal.SIGTERM)
             return evaluation
@@ -257,12 +257,12 @@ def _trainers_with_data(run_cfg, tmp_path, overrides=(), n=3):
 def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, lengths):
     # One update per seed a round, until the shortest burst is over; gradient norms (a burst's last update) only
     # in the statistics of the seeds at their last update, though computed for all in that round.
+    from pomdp_ffm.burst import update_bursts
     from pomdp_ffm.cuda_graph import UpdateRunner
-    from pomdp_ffm.trainer import update_bursts
 
     trainers = _trainers_with_data(run_cfg, tmp_path)
     for t, n in zip(trainers, lengths):
-        t.start_burst(n)
+        t.standing.begin_burst(n, t.agent.device)
     bursts = [t.standing.burst for t in trainers]
     rounds = min(lengths)
     update_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
@@ -280,13 +280,13 @@ def test_joint_rounds_go_until_the_first_burst_is_over(run_cfg, tmp_path, length
 def test_joint_rounds_stop_where_a_policy_delay_parts_the_seeds(run_cfg, tmp_path, delay, counts, joint_rounds):
     # After bursts of other lengths the seeds' update counts differ: they agree on the actor step for some rounds
     # (counts 0 and 1 with a delay of 3: one round), then part; the joint rounds stop there, without an error.
+    from pomdp_ffm.burst import update_bursts
     from pomdp_ffm.cuda_graph import UpdateRunner
-    from pomdp_ffm.trainer import update_bursts
 
     trainers = _trainers_with_data(run_cfg, tmp_path, ("algo=td3", f"policy.td3.policy_delay={delay}"), n=2)
     for t, c in zip(trainers, counts):
         t.agent.num_updates = c
-        t.start_burst(6)
+        t.standing.begin_burst(6, t.agent.device)
     update_bursts(trainers, UpdateRunner([t.agent for t in trainers], cuda_graph=False))
     assert [t.standing.burst.done for t in trainers] == [joint_rounds] * 2
     for t in trainers:
@@ -316,8 +316,8 @@ def test_a_stop_while_a_seed_starts_its_next_episode_resumes_to_the_same_logs(co
     class StopAtSeed1sSecondEpisode(Trainer):
         episodes = 0
 
-        def next_episode(self):
-            rollout = super().next_episode()
+        def _next_episode(self):
+            rollout = super()._next_episode()
             if self.cfg.seed == 1 and rollout is not None and self.standing.pool_done:
                 StopAtSeed1sSecondEpisode.episodes += 1
                 if StopAtSeed1sSecondEpisode.episodes == 2:
@@ -377,16 +377,16 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
     # A seed whose update count is one off the others' (as a checkpoint from another schedule may leave it) takes,
     # alone and at once, the delay - 1 updates that bring its count to theirs mod the delay (fewer than the
     # others would take to meet it); from then on every update of every seed is joint.
+    from pomdp_ffm import trainer as loop_mod
+    from pomdp_ffm.burst import update_bursts
     from pomdp_ffm.cuda_graph import UpdateRunner
-    from pomdp_ffm.jobs import seeds as seeds_mod
-    from pomdp_ffm.trainer import update_bursts
 
     joint_with(monkeypatch, lambda ts: UpdateRunner([t.agent for t in ts], cuda_graph=False))
     made, solo = [], []
 
     class OneOff(_recording(made)):
-        def open(self, resume=None):
-            super().open(resume)
+        def _open(self, resume=None):
+            super()._open(resume)
             if self.cfg.seed == 1:
                 self.agent.num_updates += 1
 
@@ -395,7 +395,7 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
             solo.append((trainers[0].cfg.seed, limit))
         return update_bursts(trainers, runner, limit)
 
-    monkeypatch.setattr(seeds_mod, "update_bursts", recorded)
+    monkeypatch.setattr(loop_mod, "update_bursts", recorded)
 
     out = train_job(
         composed(
@@ -419,9 +419,9 @@ def test_seeds_parted_by_a_policy_delay_are_realigned(composed, tmp_path, monkey
 # --- acting steps gathered across the seeds (on CUDA: the seeds' acting graphs run at once) --------------------
 def gathered(monkeypatch):
     """The seeds' acting steps gathered, as on CUDA with graphs, here on a CPU (where a submit computes)."""
-    from pomdp_ffm.jobs import seeds as seeds_mod
+    from pomdp_ffm import trainer as loop_mod
 
-    monkeypatch.setattr(seeds_mod, "gathers", lambda trainers: len(trainers) > 1)
+    monkeypatch.setattr(loop_mod, "gathers", lambda trainers: len(trainers) > 1)
 
 
 GATHERED_CASES = [
@@ -518,14 +518,14 @@ def test_a_stop_while_acting_is_gathered_waits_for_the_units_end(composed, tmp_p
     train_job(composed(*overrides), tmp_path / "full" / "seed-0")
 
     class StopMidway(Trainer):
-        def next_episode(self):
-            rollout = super().next_episode()
+        def _next_episode(self):
+            rollout = super()._next_episode()
             if where == "collect" and rollout is not None and self.cfg.seed == 1 and self.standing.env_steps == 600:
                 self.stop.request(signal.SIGTERM)  # as its episode 600-800 begins
             return rollout
 
-        def end_burst(self):
-            evaluation = super().end_burst()
+        def _end_burst(self):
+            evaluation = super()._end_burst()
             if where == "evaluate" and self.cfg.seed == 0 and self.standing.env_steps == 600:
                 self.stop.request(signal.SIGTERM)  # as the seeds' evaluations begin
             return evaluation
@@ -549,8 +549,8 @@ def test_a_failing_seed_with_gathered_acting(composed, tmp_path, monkeypatch):
     gathered(monkeypatch)
 
     class FailSeed1(Trainer):
-        def store(self, rollout):
-            super().store(rollout)
+        def _store(self, rollout):
+            super()._store(rollout)
             if self.cfg.seed == 1 and self.standing.pool_done:
                 raise RuntimeError("seed 1 broke mid-round")
 
@@ -567,13 +567,13 @@ def test_gathered_steps_that_draw_from_numpys_global_generator_fail_the_seeds(co
     # saying so.
     import numpy as np
 
-    from pomdp_ffm.jobs.seeds import SharedRNGDrawn
+    from pomdp_ffm.rng import SharedRNGDrawn
 
     gathered(monkeypatch)
 
     class DrawsGlobally(Trainer):
-        def store(self, rollout):
-            super().store(rollout)
+        def _store(self, rollout):
+            super()._store(rollout)
             if self.standing.pool_done:
                 np.random.random()
 

@@ -33,9 +33,12 @@ def train(cfg, run_dir, trainer_cls=Trainer):
 
 def collect(trainer):
     """One episode of the trainer's next unit (the initial pool's) into its buffer, as its loop collects; its length."""
-    rollout = trainer.next_episode()
+    if trainer.progress is None:  # (its progress bar counts the steps)
+        trainer.rundir.path.mkdir(parents=True, exist_ok=True)
+        trainer._open()
+    rollout = trainer._next_episode()
     rollout.play()
-    trainer.store(rollout)
+    trainer._store(rollout)
     return rollout.episodes()[0].length
 
 
@@ -89,8 +92,8 @@ def test_interrupted_run_resumes_to_the_same_log(composed, tmp_path, algo):
     train(composed(*overrides), tmp_path / "full")
 
     class Interrupt(Trainer):
-        def end_burst(self):
-            evaluation = super().end_burst()
+        def _end_burst(self):
+            evaluation = super()._end_burst()
             if self.standing.env_steps >= 600:
                 self.stop.request(15)  # what SIGTERM does
             return evaluation
@@ -120,8 +123,8 @@ def test_envs_in_workers_train_and_resume_as_envs_here(composed, tmp_path, task)
     class Interrupt(Trainer):
         iterations = 0
 
-        def end_burst(self):
-            evaluation = super().end_burst()
+        def _end_burst(self):
+            evaluation = super()._end_burst()
             Interrupt.iterations += 1
             if Interrupt.iterations == 3:  # the pool's burst, then two iterations'
                 self.stop.request(15)
@@ -242,7 +245,7 @@ def test_a_bursts_bookkeeping_is_a_few_operators_whatever_the_statistics(run_cfg
         stats[2]["q_grad_norm"] = torch.tensor(5.0)  # logged as the last value, not summed
         if bad_at is not None:
             stats[bad_at]["qf2_loss"] = torch.tensor(math.inf)
-        t.start_burst(3)
+        t.standing.begin_burst(3, t.agent.device)
         burst, start = t.standing.burst, t.standing.rl_steps
         for j, st in enumerate(stats):
             with DispatchedOps() as counted:

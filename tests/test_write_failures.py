@@ -40,8 +40,8 @@ def last_attempt(run_dir: Path) -> str:
 
 
 class StopAfterFirstCheckpoint(Trainer):
-    def end_burst(self):
-        evaluation = super().end_burst()
+    def _end_burst(self):
+        evaluation = super()._end_burst()
         if self.standing.env_steps >= 600:
             self.stop.request(15)
         return evaluation

@@ -21,8 +21,8 @@ from pomdp_ffm.trainer import Trainer
 class StopSeed1(Trainer):
     """Seed 1 asks to stop, as a SIGTERM would, once it has collected 400 steps (at its first evaluation)."""
 
-    def end_burst(self):
-        evaluation = super().end_burst()
+    def _end_burst(self):
+        evaluation = super()._end_burst()
         if self.cfg.seed == 1 and self.standing.env_steps >= 400:
             self.stop.request(signal.SIGTERM)
         return evaluation

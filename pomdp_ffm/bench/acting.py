@@ -13,8 +13,8 @@ microseconds per seed-step, two ways:
 
 * ``separate``: each seed plays its episode in its own turn, as the seeds of an axis do on a CPU;
 * ``gathered``: each step submitted for every seed (from its generators) before any is waited for, and each seed's
-  next step submitted as soon as its action is back, as a seed axis does (``seeds.gathers``) on CUDA with graphs
-  (the host launching one seed's step while the GPU runs another's).
+  next step submitted as soon as its action is back, as a seed axis does (``rollout.play_together``) on CUDA with
+  graphs (the host launching one seed's step while the GPU runs another's).
 
 docs/benchmarks.md has the measurements ("GPU: the update and the acting step as CUDA graphs", "Several seeds in
 one process").

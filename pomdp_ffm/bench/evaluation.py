@@ -9,11 +9,12 @@ import tempfile
 import gymnasium
 import numpy as np
 
+from ..burst import update_bursts
 from ..envs import EnvInWorker, make_env
 from ..evaluation import Clocks, Due
 from ..rollout import AgentPolicy, RandomPolicy, Rollout
 from ..run.rundir import RunDir
-from ..trainer import Trainer, update_bursts
+from ..trainer import Trainer
 from .common import Row, interleaved_medians
 from .loop import compose_run
 
@@ -69,7 +70,7 @@ def run_overlap(overrides: list[str], updates: int, repeats: int, device: str, t
         steps += ep.length
 
     def burst() -> None:
-        trainer.start_burst(updates)
+        trainer.standing.begin_burst(updates, trainer.device)
         update_bursts([trainer], trainer.updater)
         trainer.standing.burst.close()
 

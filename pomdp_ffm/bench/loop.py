@@ -86,10 +86,10 @@ def run(overrides: list[str], steps: int, device, threads: int | None) -> dict:
             self.timers["once"] += time.perf_counter() - t0
             made.append(self)
 
-        def finished(self):
+        def save_checkpoint(self, path=None):  # (checkpoint.interval past the run: the final one, or a stop's)
             t0 = time.perf_counter()
             try:
-                return super().finished()
+                return super().save_checkpoint(path)
             finally:
                 self.timers["once"] += time.perf_counter() - t0
 

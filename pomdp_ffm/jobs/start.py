@@ -17,7 +17,8 @@ from ..agent import DoesNotFit
 from ..compiling import CompileError, compile_switch_said, log_compile_failure
 from ..run.rundir import JobResult, LockLost, RunDir, RunDirError, set_aside
 from ..run.unwritable import Unwritable, writing
-from ..trainer import Outcome, Trainer, TrainingDiverged
+from ..standing import Outcome
+from ..trainer import Trainer, TrainingDiverged
 from .plan import Action, Job, Refused, job, plan
 
 log = logging.getLogger("pomdp_ffm")
@@ -186,7 +187,7 @@ class Attempt:
             )
             self.rundir.record_attempt(f"stopped by signal {outcome.signal} at {c.env_steps} env steps ({saved})")
         else:
-            if self.trainer.metrics.num_eval_rows == 0:
+            if self.trainer.progress.num_eval_rows == 0:
                 raise RuntimeError("the budget was reached without a single evaluation logged")
             self.rundir.write_text(self.rundir.done, f"env_steps={c.env_steps}\n")
             self.rundir.record_attempt(f"finished at {c.env_steps} env steps")

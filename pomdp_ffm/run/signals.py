@@ -33,6 +33,10 @@ from multiprocessing import resource_tracker
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+class StopRequested(Exception):
+    """Raised between two updates or before an episode, where a stop signal came (``StopSignals.check``)."""
+
+
 class StopSignals:
     def __init__(self):
         self.requested: int | None = None
@@ -45,6 +49,11 @@ class StopSignals:
     def request(self, signum: int, frame=None) -> None:
         """What a stop signal does (also callable directly, e.g. from a test)."""
         self.requested = signum
+
+    def check(self) -> None:
+        """Raise StopRequested where a stop was requested."""
+        if self.requested is not None:
+            raise StopRequested
 
     def _on_warning(self, signum, frame) -> None:
         self._warning_caught = (signum, frame)
