@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -20,12 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from . import catalog
 from .envs import available_tasks, get_task
 from .options import FFMConfig, SACConfig, TD3Config  # noqa: F401 (the option sections, where callers import them from)
-from .rules import above, at_least, checked, must, one_of, within
-
-
-def _given(value) -> bool:  # Hydra builds the schema's defaults (MISSING, "???", included) before values are set
-    return not (isinstance(value, str) and value == MISSING)
-
+from .rules import above, at_least, check_rules, checked, given, must, one_of, within
 
 DEVICE_PATTERN = r"auto|cpu|cuda(?::(\d+))?"  # the device's index, if any, is group 1
 SEEDS = 2**32  # numpy's seeds: [0, 2^32 - 1]
@@ -226,23 +220,6 @@ def check_eval_clock(cfg: RunConfig, max_len: int) -> None:
         )
 
 
-def check_rules(cfg, prefix: str = "") -> None:
-    """Every field against its rule (``checked``); floats must be finite. Types are OmegaConf's to check."""
-    for f in dataclasses.fields(cfg):
-        key, value, rule = prefix + f.name, getattr(cfg, f.name), f.metadata.get("rule")
-        if dataclasses.is_dataclass(value):
-            check_rules(value, key + ".")
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{key}={value!r} must be a finite number")
-        elif rule is not None and _given(value):
-            try:
-                ok = bool(rule.ok(value))
-            except (TypeError, ValueError):  # a value of another type, in an object built without OmegaConf
-                ok = False
-            if not ok:
-                raise ValueError(f"{key}={value!r} {rule.says() if callable(rule.says) else rule.says}")
-
-
 def _check_plugged_in(name: str) -> None:
     """A plug-in's memory the catalog left out is refused naming why (its package, entry point and error), not as a
     name unknown; a plug-in's class is imported here, among a start's checks, so that one whose module is missing is
@@ -277,16 +254,16 @@ def _check_together(c: RunConfig) -> None:
         section = getattr(p, p.seq_model)
         if hasattr(section, "check_chosen"):
             section.check_chosen(f"policy.{p.seq_model}", p)
-    steps = get_task(c.env.env_name).max_episode_steps if _given(c.env.env_name) else 0
+    steps = get_task(c.env.env_name).max_episode_steps if given(c.env.env_name) else 0
     # A window longer than the task's episodes holds no more of an episode than -1's, only padding, masked out at
     # the update's every step (a window of 500000 on Pendulum crawled); checked before the buffer, which it would
     # otherwise be named as too small for.
-    if steps and _given(t.sampled_seq_len) and t.sampled_seq_len > steps:
+    if steps and given(t.sampled_seq_len) and t.sampled_seq_len > steps:
         raise ValueError(
             f"train.sampled_seq_len={t.sampled_seq_len} must be -1 (whole episodes) or in [2, {steps}], "
             f"{steps} being the episode length of {c.env.env_name} (a longer window is only padding)"
         )
-    if _given(t.sampled_seq_len) and t.sampled_seq_len > t.buffer_size:
+    if given(t.sampled_seq_len) and t.sampled_seq_len > t.buffer_size:
         raise ValueError(f"train.buffer_size={t.buffer_size} must be >= train.sampled_seq_len={t.sampled_seq_len}")
     if t.buffer_size < steps:
         raise ValueError(

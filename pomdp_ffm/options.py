@@ -1,7 +1,8 @@
 """Every option section of ``policy``, torch-free: each algorithm's (``policy.sac``, ``policy.td3``) and each
 built-in memory's (``policy.<memory>``), with the rules their fields obey. pomdp_ffm.catalog's records name them,
-config.py builds the run's schema from them, and analysis reads a run's settings without importing torch. A model
-built outside the config checks its options by the same constants (its module imports them from here)."""
+config.py builds the run's schema from them, and analysis reads a run's settings without importing torch. Each
+memory's dataclass is the one place of its options' defaults and rules: its model takes them from it
+(rules.options_of), and its conf group option (config.register_configs) names only the model."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ EMBEDDINGS = ("sine", "none")
 DEFAULT_HORIZON = 1024  # POPGym's max_seq_len in its experiments (its ppo.py's bptt_cutoff)
 EMBEDDING_RULE = one_of(EMBEDDINGS)
 HORIZON_RULE = at_least(1)
-# The embedding options' rules by name, for a model's checks of options given outside the config.
-OPTION_RULES = {"embedding": EMBEDDING_RULE, "embedding_horizon": HORIZON_RULE}
 
 ATTENTION_AGGREGATORS = ("sum", "max")  # FART's and FWP's (pomdp_ffm/seq_models/fart.py)
 INITS = ("lin", "inv")  # S4D-Lin (POPGym's measure "diag-lin") and S4D-Inv ("diag-inv")
@@ -52,7 +51,7 @@ class TD3Config:
 
 @dataclass
 class PosMLPConfig:
-    """PosMLP's options, the config section policy.posmlp (conf/seq_model/posmlp.yaml); defaults are POPGym's."""
+    """PosMLP's options, the config section policy.posmlp; defaults are POPGym's."""
 
     # The sinusoid's frequency base N (POPGym's max_seq_len, 1024 in its experiments); no limit on episode length.
     embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)
@@ -62,7 +61,7 @@ class PosMLPConfig:
 
 @dataclass
 class StackConfig:
-    """Stack's options, the config section policy.stack (conf/seq_model/stack.yaml); defaults are POPGym's."""
+    """Stack's options, the config section policy.stack; defaults are POPGym's."""
 
     stack_size: int = checked(4, at_least(1))  # k, which must divide policy.rnn_hidden_size (check_chosen)
     embedding: str = checked("sine", EMBEDDING_RULE)  # POPGym's time embedding on its input, or "none"
@@ -80,7 +79,7 @@ class StackConfig:
 
 @dataclass
 class TCNConfig:
-    """TCN's options, the config section policy.tcn (conf/seq_model/tcn.yaml); defaults are POPGym's."""
+    """TCN's options, the config section policy.tcn; defaults are POPGym's."""
 
     stack_size: int = checked(4, at_least(1))  # k, the kernel's extent in steps
     embedding: str = checked("sine", EMBEDDING_RULE)  # POPGym's time embedding on its input, or "none"
@@ -90,26 +89,26 @@ class TCNConfig:
 
 @dataclass
 class FWPConfig:
-    """FWP's options, the config section policy.fwp (conf/seq_model/fwp.yaml); defaults are POPGym's ray_fwp
+    """FWP's options, the config section policy.fwp; defaults are POPGym's ray_fwp
     MODEL_CONFIG and BaseModel BASE_CONFIG (and its experiments' max_seq_len for the horizon)."""
 
     embedding: str = checked("sine", EMBEDDING_RULE)
     embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)
     scale_embedding: bool = True
-    aggregator: str = checked("sum", one_of(ATTENTION_AGGREGATORS))
-    sum_normalization: bool = True
+    aggregator: str = checked("sum", one_of(ATTENTION_AGGREGATORS))  # W_t = W_{t-1} + v_t k_t^T; max: running max
+    sum_normalization: bool = True  # k and q divided by their sums (the paper's sum normalisation)
 
 
 @dataclass
 class FARTConfig:
-    """FART's options, the config section policy.fart (conf/seq_model/fart.yaml); defaults are POPGym's
+    """FART's options, the config section policy.fart; defaults are POPGym's
     ray_linear_attention MODEL_CONFIG and BaseModel BASE_CONFIG (and its experiments' max_seq_len for the horizon)."""
 
     embedding: str = checked("sine", EMBEDDING_RULE)
     embedding_horizon: int = checked(DEFAULT_HORIZON, HORIZON_RULE)
     scale_embedding: bool = True
-    s_aggregator: str = checked("sum", one_of(ATTENTION_AGGREGATORS))
-    z_aggregator: str = checked("sum", one_of(ATTENTION_AGGREGATORS))
+    s_aggregator: str = checked("sum", one_of(ATTENTION_AGGREGATORS))  # S_t = S_{t-1} + k_t v_t^T; max: running max
+    z_aggregator: str = checked("sum", one_of(ATTENTION_AGGREGATORS))  # z_t = z_{t-1} + k_t, the normaliser
 
     def check_chosen(self, key: str, policy) -> None:
         h = policy.rnn_hidden_size
@@ -122,16 +121,18 @@ class FARTConfig:
 
 @dataclass
 class S4DConfig:
-    """S4D's options, the config section policy.s4d (conf/seq_model/s4d.yaml). POPGym's MODEL_CONFIG for S4D holds
+    """S4D's options, the config section policy.s4d. POPGym's MODEL_CONFIG for S4D holds
     only ``embedding: None`` (none here either); these defaults are the values ray_s4d.py passes to its S4 layer
     and that layer's own defaults."""
 
     # The paper's N (real state size): d_state / 2 complex modes per feature; null: POPGym's round(sqrt(h) / 2) * 2
     d_state: int | None = checked(None, must(lambda v: v is None or (v >= 2 and v % 2 == 0), "null or even >= 2"))
-    dt_min: float = checked(0.001, above(0))  # <= dt_max (check_together)
+    # The step sizes dt start log-uniform in [dt_min, dt_max]; dt_min <= dt_max (check_together)
+    dt_min: float = checked(0.001, above(0))
     dt_max: float = checked(0.1, above(0))
+    # A's initial eigenvalues: lin (S4D-Lin, -1/2 + i pi n, POPGym's) or inv (S4D-Inv)
     init: str = checked("lin", one_of(INITS))
-    disc: str = checked("zoh", one_of(DISCRETISATIONS))
+    disc: str = checked("zoh", one_of(DISCRETISATIONS))  # zoh (zero-order hold, POPGym's) or bilinear
 
     def check_together(self, key: str) -> None:
         if self.dt_max < self.dt_min:
@@ -140,18 +141,18 @@ class S4DConfig:
 
 @dataclass
 class LMUConfig:
-    """LMU's options, the config section policy.lmu (conf/seq_model/lmu.yaml); defaults are POPGym's ray_lmu
+    """LMU's options, the config section policy.lmu; defaults are POPGym's ray_lmu
     MODEL_CONFIG (memory_size None: hidden_size, as ray_lmu sets it)."""
 
     memory_size: Optional[int] = checked(None, must(lambda v: v is None or v >= 1, "null (= hidden size) or >= 1"))
-    theta: float = checked(64, above(0))
-    learn_a: bool = False
-    learn_b: bool = False
+    theta: float = checked(64, above(0))  # the sliding window, in steps, the memory's delay system represents
+    learn_a: bool = False  # train the discretised A (otherwise a fixed buffer)
+    learn_b: bool = False  # train the discretised B (otherwise a fixed buffer)
 
 
 @dataclass
 class IndRNNConfig:
-    """IndRNN's options, the config section policy.indrnn (conf/seq_model/indrnn.yaml)."""
+    """IndRNN's options, the config section policy.indrnn."""
 
     # ReLU: what POPGym's core computes (its MODEL_CONFIG's "tanh" reaches nothing; module docstring)
     activation: str = checked("relu", one_of(ACTIVATIONS))
@@ -162,7 +163,7 @@ class IndRNNConfig:
 
 @dataclass
 class DNCConfig:
-    """The DNC's options, the config section policy.dnc (conf/seq_model/dnc.yaml); defaults are POPGym's DiffNC
+    """The DNC's options, the config section policy.dnc; defaults are POPGym's DiffNC
     MODEL_CONFIG (nr_cells: its hidden_size // cell_size)."""
 
     cell_size: int = checked(16, at_least(1))  # W, the width of a memory cell
@@ -183,14 +184,14 @@ class DNCConfig:
 
 @dataclass
 class LRUConfig:
-    """The LRU's options, the config section policy.lru (conf/seq_model/lru.yaml); the defaults are the paper's
+    """The LRU's options, the config section policy.lru; the defaults are the paper's
     appendix code's (POPGym has no LRU)."""
 
     # N, the complex state's size; null: hidden_size
     state_size: Optional[int] = checked(None, _SIZE_OR_NULL)
     r_min: float = checked(0.0, within(0, 1))  # <= r_max (check_together)
     r_max: float = checked(1.0, within(0, 1))
-    max_phase: float = checked(2 * math.pi, above(0))
+    max_phase: float = checked(2 * math.pi, above(0))  # phases uniform in [0, max_phase] (pi / 10 for the PathX task)
 
     def check_together(self, key: str) -> None:
         if self.r_min > self.r_max:
@@ -250,22 +251,23 @@ _STEP_RANGE = must(
 
 @dataclass
 class FFMConfig:
-    """FFM's options, the config section policy.ffm (conf/seq_model/ffm.yaml); None sizes mean c = h // 32,
-    m = h // c."""
+    """FFM's options, the config section policy.ffm; the fork's sizing (docs/reference.md#ffm-module)."""
 
-    context_size: Optional[int] = checked(None, _SIZE_OR_NULL)
-    memory_size: Optional[int] = checked(None, _SIZE_OR_NULL)
-    max_period: float = 128  # >= min_period (check_together)
+    context_size: Optional[int] = checked(None, _SIZE_OR_NULL)  # c; null: h // 32 (4 for h = 128)
+    memory_size: Optional[int] = checked(None, _SIZE_OR_NULL)  # m; null: h // c (32 for h = 128)
+    max_period: float = 128  # t_e; >= min_period (check_together)
     min_period: float = checked(1, above(0))
     beta: float = checked(0.01, must(lambda v: 0 < v < 1, "in (0, 1) (the fraction a trace decays to)"))
-    # |gamma|^(-t) stays finite in float64 over this many steps (the reference's max_len); the closed chunk length.
+    # |gamma|^(-t) stays finite in float64 over this many steps (the reference's max_len; not the episode length;
+    # patches/104); the closed chunk length.
     decay_horizon: int = checked(1024, within(1, MAX_DECAY_HORIZON, " (steps)"))
     decay_bound: bool = True
     input_gate: bool = True
     output_gate: bool = True
     context: str = checked("learned", one_of(PARAM_MODES))
     decay: str = checked("learned", one_of(PARAM_MODES))
-    # FFM's decay gamma = exp(-alpha) exp(i omega)^T ("outer", the paper) or one alpha, omega per entry ("hadamard")
+    # FFM's decay gamma = exp(-alpha) exp(i omega)^T ("outer", the paper) or one alpha, omega per entry ("hadamard",
+    # the HP ablation); FFM's complex decay, not the discount policy.gamma
     decay_context_product: str = checked("outer", one_of(DECAY_CONTEXT_PRODUCTS))
     aggregator: str = checked("auto", one_of(FFM_AGGREGATORS))
     # Informed initialisation (the paper's decay figure): ranges of t_alpha and t_omega in steps.

@@ -378,6 +378,44 @@ def test_config_and_analysis_take_their_lists_from_the_registries():
     # The conf groups: one file per entry.
     for group, names in (("seq_model", memories), ("algo", algorithms), ("env", available_tasks())):
         assert sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")) == sorted(names)
+    # A memory's conf file names the memory, nothing else: its options' defaults are its dataclass's alone.
+    for name in memories:
+        assert yaml.safe_load((ROOT / "conf" / "seq_model" / f"{name}.yaml").read_text()) == {
+            "policy": {"seq_model": name}
+        }, name
+
+
+ONE_PLACE = """
+import dataclasses, sys, typing
+from pomdp_ffm import options
+# DNC's cell_size default changed where it is written, before anything reads it
+hints = typing.get_type_hints(options.DNCConfig)
+fields = [(f.name, hints[f.name], dataclasses.field(default=8 if f.name == "cell_size" else f.default,
+           metadata=f.metadata)) for f in dataclasses.fields(options.DNCConfig)]
+options.DNCConfig = dataclasses.make_dataclass(
+    "DNCConfig", fields, namespace={"check_chosen": options.DNCConfig.check_chosen})
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from pomdp_ffm.agent import RecurrentAgent
+from pomdp_ffm.config import register_configs
+from pomdp_ffm.seq_models import build, get
+register_configs()
+with initialize_config_dir(sys.argv[1], version_base="1.3"):
+    cfg = OmegaConf.to_object(compose("config", overrides=["seq_model=dnc", "policy.rnn_hidden_size=32"]))
+agent = RecurrentAgent(3, 1, cfg.policy)
+print(cfg.policy.dnc.cell_size, build("dnc", input_size=4, hidden_size=32).cell_size, get("dnc")(4, 32).cell_size,
+      agent.critic.encoder.memory.cell_size, get("dnc")(4, 32, cell_size=4).cell_size)
+"""
+
+
+def test_a_memorys_default_changed_in_its_options_dataclass_holds_everywhere():
+    # The one place of a memory's option defaults: changed there (DNC's cell_size, 16 -> 8), the composed config,
+    # a model built by name or by hand, and the agent's memories all have it; a value given still wins.
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_PLACE, str(ROOT / "conf")], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["8", "8", "8", "8", "4"]
 
 
 def names_outside_the_registries() -> list[tuple[str, int, str]]:

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from pomdp_ffm import catalog
+from pomdp_ffm.options import MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON
 from pomdp_ffm.seq_models import ABLATIONS, SeqModel, available, build, get
-from pomdp_ffm.seq_models.ffm import DECAY_MIN, MAX_DECAY_HORIZON, MIN_CLOSED_DECAY_HORIZON, reference_decay_limit
+from pomdp_ffm.seq_models.ffm import DECAY_MIN, reference_decay_limit
 from pomdp_ffm.seq_models.recurrence import (
     aggregate_assoc,
     aggregate_closed,
@@ -433,8 +434,8 @@ def test_decay_horizon_sets_the_bound_and_the_closed_form_chunks():
     y_loop, _ = short(x)
     assert torch.isfinite(y_closed).all()
     torch.testing.assert_close(y_closed, y_loop, rtol=1e-4, atol=1e-4)
-    for bad in (0, MAX_DECAY_HORIZON + 1, 1.5):
-        with pytest.raises(ValueError, match=rf"decay_horizon={bad!r} must be an int in \[1, {MAX_DECAY_HORIZON}\]"):
+    for bad, says in ((0, rf"in \[1, {MAX_DECAY_HORIZON}\]"), (MAX_DECAY_HORIZON + 1, "in"), (1.5, "of type int")):
+        with pytest.raises(ValueError, match=rf"^policy.ffm.decay_horizon={bad!r} must be {says}"):  # the config's
             build("ffm", input_size=4, hidden_size=32, decay_horizon=bad)
     assert reference_decay_limit(MAX_DECAY_HORIZON) - 0.01 > DECAY_MIN  # the default init's top rate stays > 0
 
@@ -454,8 +455,8 @@ def test_the_closed_form_takes_no_horizon_whose_bound_underflows_gamma():
     torch.testing.assert_close(y_closed, ok(x)[0], rtol=1e-4, atol=1e-4)
     with pytest.raises(
         ValueError,
-        match=rf"decay_horizon={MIN_CLOSED_DECAY_HORIZON - 1} must be >= "
-        rf"{MIN_CLOSED_DECAY_HORIZON} with aggregator='closed'",
+        match=rf"policy.ffm.decay_horizon={MIN_CLOSED_DECAY_HORIZON - 1} must be >= "
+        rf"{MIN_CLOSED_DECAY_HORIZON} with policy.ffm.aggregator=closed",
     ):
         build("ffm", input_size=4, hidden_size=32, decay_horizon=MIN_CLOSED_DECAY_HORIZON - 1, aggregator="closed")
     build("ffm", input_size=4, hidden_size=32, decay_horizon=1, aggregator="loop")

@@ -10,11 +10,9 @@ reading the last step's reads (pomdp_ffm/seq_models/dnc.py's docstring)."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from popgym_reference import copy_weights, ray_model
 from zoo_checks import assert_close_scaled, assert_steps_equal_window, option_defaults, outputs_and_grads
 
@@ -225,7 +223,7 @@ def test_allocation_without_a_sort_equals_the_sort():
     torch.testing.assert_close(allocation(distinct), theirs.squeeze(1), rtol=1e-6, atol=1e-7)
 
 
-def test_config_defaults_are_popgyms_and_the_conf_files():
+def test_config_defaults_are_popgyms():
     popgym_cfg = type(ray_model("ray_diffnc", "DiffNC", I, H)).MODEL_CONFIG
     cfg = DNCConfig()
     assert dataclasses.asdict(cfg) == option_defaults(DNC)
@@ -233,9 +231,6 @@ def test_config_defaults_are_popgyms_and_the_conf_files():
         assert getattr(cfg, name) == popgym_cfg[name]
     assert popgym_cfg["num_layers"] == 1 and popgym_cfg["nonlinearity"] == "tanh"  # (not options here: the docstring)
     assert DNC(I, 128).nr_cells == 128 // 16  # POPGym's nr_cells = hidden_size // cell_size
-    conf = yaml.safe_load((Path(__file__).parents[1] / "conf/seq_model/dnc.yaml").read_text())
-    assert conf["policy"]["seq_model"] == "dnc"
-    assert conf["policy"]["dnc"] == dataclasses.asdict(cfg)
     ref = ray_model("ray_diffnc", "DiffNC", I, H)
     with torch.no_grad():
         ref.forward_memory(torch.zeros(1, 1, I), [s.unsqueeze(0) for s in ref.initial_state()], None, None)

@@ -104,7 +104,7 @@ def test_indrnn_options_are_popgyms():
     assert ours.activation_floats() == 2 * H
     with pytest.raises(ValueError, match="activation='gelu' is not one of"):
         IndRNN(IN, H, activation="gelu")
-    with pytest.raises(ValueError, match="bound_horizon=0 must be an int >= 1"):
+    with pytest.raises(ValueError, match="policy.indrnn.bound_horizon=0 must be >= 1"):
         IndRNN(IN, H, bound_horizon=0)
 
 

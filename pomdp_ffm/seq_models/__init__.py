@@ -4,6 +4,7 @@ and plug-ins' entry points); a model declares what others need of it on its clas
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import torch
@@ -34,10 +35,13 @@ def get(name: str) -> type[SeqModel]:
 
 
 def keywords(name: str) -> list[str]:
-    """The keyword arguments model `name` takes besides input_size and hidden_size (its config section's fields,
-    or ``num_layers``)."""
+    """The keyword arguments model `name` takes besides input_size and hidden_size: its options dataclass's fields
+    (its config section's), or those its constructor names (``num_layers``)."""
+    options = catalog.memories()[name].options if name in catalog.memories() else None
+    if options is not None:
+        return [f.name for f in dataclasses.fields(options)]
     params = inspect.signature(get(name).__init__).parameters
-    return [p for p in params if p not in ("self", "input_size", "hidden_size")]
+    return [p for p, v in params.items() if p not in ("self", "input_size", "hidden_size") and v.kind != v.VAR_KEYWORD]
 
 
 def build(name: str, *, input_size: int, hidden_size: int, **opts) -> SeqModel:

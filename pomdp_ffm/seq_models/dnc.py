@@ -54,6 +54,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..options import DNCConfig
+from ..rules import options_of
 from .base import SeqModel, State
 
 DELTA = 1e-6  # the package's epsilon: the cosine's denominator and the allocation's usage floor
@@ -101,23 +103,17 @@ class _LSTMWeights(nn.Module):
 class DNC(SeqModel):
     """The DNC with an LSTM controller (module docstring); state: the tuple ``initial_state`` gives."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        cell_size: int = 16,
-        read_heads: int = 4,
-        nr_cells: int | None = None,
-        num_hidden_layers: int = 1,
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.dnc's (options.DNCConfig: their defaults, POPGym's, and rules)."""
         super().__init__()
-        nr_cells = hidden_size // cell_size if nr_cells is None else nr_cells
-        for name, value in (("cell_size", cell_size), ("read_heads", read_heads), ("nr_cells", nr_cells)):
-            if value < 1:
-                why = " (hidden_size // cell_size: pass nr_cells or a smaller cell_size)" if name == "nr_cells" else ""
-                raise ValueError(f"DNC option {name}={value} must be >= 1{why}")
-        if num_hidden_layers < 1:
-            raise ValueError(f"DNC option num_hidden_layers={num_hidden_layers} must be >= 1")
+        o = options_of(DNCConfig, options, "policy.dnc")
+        cell_size, read_heads, num_hidden_layers = o.cell_size, o.read_heads, o.num_hidden_layers
+        nr_cells = hidden_size // cell_size if o.nr_cells is None else o.nr_cells
+        if nr_cells < 1:
+            raise ValueError(
+                f"DNC's nr_cells={nr_cells} must be >= 1 (hidden_size // cell_size: pass nr_cells or a smaller "
+                "cell_size)"
+            )
         self.input_size, self.hidden_size = input_size, hidden_size
         self.cell_size, self.read_heads, self.nr_cells = cell_size, read_heads, nr_cells
         self.num_hidden_layers, W, R = num_hidden_layers, cell_size, read_heads

@@ -44,39 +44,26 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..options import fart_width
+from ..options import FARTConfig, fart_width
+from ..rules import options_of
 from .base import SeqModel, State
-from .summed_memory import EPS, accumulate, check_options, feed_forward
+from .summed_memory import EPS, accumulate, feed_forward
 from .time_embedding import sine_embedding
 
 
 class FART(SeqModel):
     """POPGym's linear attention (FART) as a drop-in for a GRU; the state is (S [B, h, h], z [B, h], t [B])."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        embedding: str = "sine",  # POPGym MODEL_CONFIG ("none": its None)
-        embedding_horizon: int = 1024,  # POPGym's max_seq_len (its ppo.py's bptt_cutoff)
-        scale_embedding: bool = True,  # POPGym BASE_CONFIG
-        s_aggregator: str = "sum",  # POPGym MODEL_CONFIG S_aggregator
-        z_aggregator: str = "sum",  # POPGym MODEL_CONFIG Z_aggregator
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.fart's (options.FARTConfig: their defaults, POPGym's, and rules)."""
         super().__init__()
-        check_options(
-            "FART",
-            embedding=embedding,
-            embedding_horizon=embedding_horizon,
-            s_aggregator=s_aggregator,
-            z_aggregator=z_aggregator,
-        )
+        o = options_of(FARTConfig, options, "policy.fart")
         h = fart_width(hidden_size)
         if h < 1:
             raise ValueError(f"FART needs hidden_size >= 3 (width round(sqrt(H) - 1) >= 1), got {hidden_size}")
         self.input_size, self.hidden_size, self.width = input_size, hidden_size, h
-        self.s_aggregator, self.z_aggregator = s_aggregator, z_aggregator
-        self.embedding = sine_embedding(embedding, input_size, embedding_horizon, scale_embedding)
+        self.s_aggregator, self.z_aggregator = o.s_aggregator, o.z_aggregator
+        self.embedding = sine_embedding(o.embedding, input_size, o.embedding_horizon, o.scale_embedding)
         self.norm = nn.LayerNorm(input_size)
         self.key = nn.Linear(input_size, h, bias=False)
         self.query = nn.Linear(input_size, h, bias=False)

@@ -20,15 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..options import (
-    DECAY_CONTEXT_PRODUCTS,
-    F64_MAX_LOG,
-    MAX_DECAY_HORIZON,
-    MIN_CLOSED_DECAY_HORIZON,
-    PARAM_MODES,
-    size_rule,
-)
-from ..options import FFM_AGGREGATORS as AGGREGATORS
+from ..options import F64_MAX_LOG, FFMConfig, size_rule
+from ..rules import options_of
 from .base import SeqModel, State
 from .recurrence import AGGREGATE, aggregate_closed, aggregate_pairs
 
@@ -92,65 +85,28 @@ class FFM(SeqModel):
     # On CUDA, compiled updates of FFM were measured faster than eager ones (docs/benchmarks.md)
     compile_pays = True
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        context_size: int | None = None,
-        memory_size: int | None = None,
-        max_period: float = 128,
-        min_period: float = 1,
-        beta: float = 0.01,
-        decay_horizon: int = 1024,
-        decay_bound: bool = True,
-        input_gate: bool = True,
-        output_gate: bool = True,
-        context: str = "learned",
-        decay: str = "learned",
-        decay_context_product: str = "outer",
-        aggregator: str = "auto",
-        init_trace_range: tuple[float, float] | None = None,
-        init_period_range: tuple[float, float] | None = None,
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.ffm's (options.FFMConfig: their defaults and rules, as the config checks them)."""
         super().__init__()
-        for name, value, allowed in (
-            ("context", context, PARAM_MODES),
-            ("decay", decay, PARAM_MODES),
-            ("decay_context_product", decay_context_product, DECAY_CONTEXT_PRODUCTS),
-            ("aggregator", aggregator, AGGREGATORS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"FFM option {name}={value!r} is not one of {list(allowed)}")
-        if (
-            isinstance(decay_horizon, bool)
-            or not isinstance(decay_horizon, int)
-            or not 1 <= decay_horizon <= MAX_DECAY_HORIZON
-        ):
-            raise ValueError(f"FFM option decay_horizon={decay_horizon!r} must be an int in [1, {MAX_DECAY_HORIZON}]")
-        if aggregator == "closed" and decay_horizon < MIN_CLOSED_DECAY_HORIZON:
-            raise ValueError(
-                f"FFM option decay_horizon={decay_horizon} must be >= {MIN_CLOSED_DECAY_HORIZON} with "
-                "aggregator='closed' (a shorter one lets the decay underflow gamma, whose log the "
-                "closed form takes); the other aggregators take any"
-            )
+        o = options_of(FFMConfig, options, "policy.ffm")
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.memory_size, self.context_size = m, c = ffm_sizes(hidden_size, context_size, memory_size)
-        self.input_gate, self.output_gate, self.aggregator = input_gate, output_gate, aggregator
-        self.decay_bound = decay_bound and decay == "learned"
-        self.decay_horizon, self.decay_limit = decay_horizon, reference_decay_limit(decay_horizon)
-        self.split_sizes = (m, hidden_size, m if input_gate else 0, hidden_size if output_gate else 0)
+        self.memory_size, self.context_size = m, c = ffm_sizes(hidden_size, o.context_size, o.memory_size)
+        self.input_gate, self.output_gate, self.aggregator = o.input_gate, o.output_gate, o.aggregator
+        self.decay_bound = o.decay_bound and o.decay == "learned"
+        self.decay_horizon, self.decay_limit = o.decay_horizon, reference_decay_limit(o.decay_horizon)
+        self.split_sizes = (m, hidden_size, m if o.input_gate else 0, hidden_size if o.output_gate else 0)
         self.pre = nn.Linear(input_size, sum(self.split_sizes))
         self.mix = nn.Linear(2 * m * c, hidden_size)
-        if init_trace_range is None:  # the reference: from under the bound to the rate keeping `beta` at max_period
+        if o.init_trace_range is None:  # the reference: from under the bound to the rate keeping beta at max_period
             hi = self.decay_limit - 0.01
-            alpha = torch.linspace(hi, min(max(1e-6, -math.log(beta) / max_period), hi), m)
+            alpha = torch.linspace(hi, min(max(1e-6, -math.log(o.beta) / o.max_period), hi), m)
         else:  # the informed initialisation: durabilities t_alpha evenly spaced in the range (steps)
-            alpha = -math.log(beta) / torch.linspace(float(init_trace_range[0]), float(init_trace_range[1]), m)
-        lo_p, hi_p = (min_period, max_period) if init_period_range is None else init_period_range
+            alpha = -math.log(o.beta) / torch.linspace(float(o.init_trace_range[0]), float(o.init_trace_range[1]), m)
+        lo_p, hi_p = (o.min_period, o.max_period) if o.init_period_range is None else o.init_period_range
         omega = 2 * math.pi / torch.linspace(float(lo_p), float(hi_p), c)
-        if decay_context_product == "hadamard":
+        if o.decay_context_product == "hadamard":
             alpha, omega = alpha.unsqueeze(1).repeat(1, c), omega.unsqueeze(0).repeat(m, 1)
-        for name, value, mode in (("alpha", alpha, decay), ("omega", omega, context)):
+        for name, value, mode in (("alpha", alpha, o.decay), ("omega", omega, o.context)):
             if mode == "learned":
                 self.register_parameter(name, nn.Parameter(value))
             else:

@@ -43,8 +43,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..options import FWPConfig
+from ..rules import options_of
 from .base import SeqModel, State
-from .summed_memory import EPS, accumulate, check_options, feed_forward
+from .summed_memory import EPS, accumulate, feed_forward
 from .time_embedding import sine_embedding
 
 
@@ -56,24 +58,16 @@ def fwp_width(hidden_size: int) -> int:
 class FWP(SeqModel):
     """POPGym's fast weight programmer as a drop-in for a GRU; the state is (W [B, h, h], t [B])."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        embedding: str = "sine",  # POPGym MODEL_CONFIG ("none": its None)
-        embedding_horizon: int = 1024,  # POPGym's max_seq_len (its ppo.py's bptt_cutoff)
-        scale_embedding: bool = True,  # POPGym BASE_CONFIG
-        aggregator: str = "sum",  # POPGym MODEL_CONFIG
-        sum_normalization: bool = True,  # POPGym MODEL_CONFIG
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.fwp's (options.FWPConfig: their defaults, POPGym's, and rules)."""
         super().__init__()
-        check_options("FWP", embedding=embedding, embedding_horizon=embedding_horizon, aggregator=aggregator)
+        o = options_of(FWPConfig, options, "policy.fwp")
         h = fwp_width(hidden_size)
         if h < 1:
             raise ValueError(f"FWP needs hidden_size >= 1, got {hidden_size}")
         self.input_size, self.hidden_size, self.width = input_size, hidden_size, h
-        self.aggregator, self.sum_normalization = aggregator, sum_normalization
-        self.embedding = sine_embedding(embedding, input_size, embedding_horizon, scale_embedding)
+        self.aggregator, self.sum_normalization = o.aggregator, o.sum_normalization
+        self.embedding = sine_embedding(o.embedding, input_size, o.embedding_horizon, o.scale_embedding)
         self.norm = nn.LayerNorm(input_size)
         self.key = nn.Linear(input_size, h, bias=False)
         self.query = nn.Linear(input_size, h, bias=False)

@@ -34,7 +34,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..options import ACTIVATIONS
+from ..options import IndRNNConfig
+from ..rules import options_of
 from .base import SeqModel, State
 
 
@@ -88,22 +89,13 @@ def _bound_after_load(module: IndRNN, _keys) -> None:
 class IndRNN(SeqModel):
     """A two-layer IndRNN; the state is ``[2, B, hidden_size]``, each layer's last output."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        activation: str = "relu",
-        recurrent_bound: bool = True,
-        bound_horizon: int = 1024,
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.indrnn's (options.IndRNNConfig: their defaults and rules)."""
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"IndRNN option activation={activation!r} is not one of {list(ACTIVATIONS)}")
-        if isinstance(bound_horizon, bool) or not isinstance(bound_horizon, int) or bound_horizon < 1:
-            raise ValueError(f"IndRNN option bound_horizon={bound_horizon!r} must be an int >= 1")
+        o = options_of(IndRNNConfig, options, "policy.indrnn")
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.activation, self.recurrent_bound = activation, recurrent_bound
-        self.recurrent_limit = 2 ** (1 / bound_horizon)
+        self.activation, self.recurrent_bound = o.activation, o.recurrent_bound
+        self.recurrent_limit = 2 ** (1 / o.bound_horizon)
         self.input0 = nn.Linear(input_size, hidden_size)
         self.recurrent0 = nn.Parameter(torch.rand(hidden_size))
         self.bias0 = nn.Parameter(torch.rand(hidden_size))

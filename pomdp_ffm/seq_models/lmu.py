@@ -34,6 +34,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..options import LMUConfig
+from ..rules import options_of
 from .base import SeqModel, State
 
 
@@ -53,25 +55,15 @@ def legendre_delay_matrices(memory_size: int, theta: float) -> tuple[torch.Tenso
 class LMU(SeqModel):
     """The LMU cell of POPGym's ray_lmu as a drop-in for a GRU; the state is (h [B, H], m [B, N])."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        memory_size: int | None = None,  # POPGym ray_lmu: memory_size = hidden_size
-        theta: float = 64,  # POPGym MODEL_CONFIG
-        learn_a: bool = False,  # POPGym MODEL_CONFIG
-        learn_b: bool = False,  # POPGym MODEL_CONFIG
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.lmu's (options.LMUConfig: their defaults and rules)."""
         super().__init__()
-        if memory_size is not None and memory_size < 1:
-            raise ValueError(f"LMU option memory_size={memory_size} must be >= 1")
-        if not theta > 0:
-            raise ValueError(f"LMU option theta={theta!r} must be > 0")
+        o = options_of(LMUConfig, options, "policy.lmu")
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.memory_size = n = hidden_size if memory_size is None else memory_size
-        self.theta = theta
-        a, b = (t.float() for t in legendre_delay_matrices(n, theta))
-        for name, value, learned in (("A", a, learn_a), ("B", b, learn_b)):
+        self.memory_size = n = hidden_size if o.memory_size is None else o.memory_size
+        self.theta = o.theta
+        a, b = (t.float() for t in legendre_delay_matrices(n, o.theta))
+        for name, value, learned in (("A", a, o.learn_a), ("B", b, o.learn_b)):
             if learned:
                 self.register_parameter(name, nn.Parameter(value))
             else:

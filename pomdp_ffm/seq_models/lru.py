@@ -41,6 +41,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..options import LRUConfig
+from ..rules import options_of
 from .base import SeqModel, State
 from .recurrence import linear_scan
 
@@ -48,24 +50,12 @@ from .recurrence import linear_scan
 class LRU(SeqModel):
     """One block of the paper's deep LRU (module docstring) mapping [T, B, input_size] to [T, B, hidden_size]."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        state_size: int | None = None,
-        r_min: float = 0.0,
-        r_max: float = 1.0,
-        max_phase: float = 2 * math.pi,
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.lru's (options.LRUConfig: their defaults and rules)."""
         super().__init__()
-        if state_size is not None and state_size < 1:
-            raise ValueError(f"LRU option state_size={state_size} must be >= 1")
-        if not 0 <= r_min <= r_max <= 1:
-            raise ValueError(f"LRU options r_min={r_min}, r_max={r_max} must satisfy 0 <= r_min <= r_max <= 1")
-        if not max_phase > 0:
-            raise ValueError(f"LRU option max_phase={max_phase} must be > 0")
+        o = options_of(LRUConfig, options, "policy.lru")
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.state_size = N = hidden_size if state_size is None else state_size
+        self.state_size = N = hidden_size if o.state_size is None else o.state_size
         H = hidden_size
         self.encoder = nn.Linear(input_size, H)
         self.norm = nn.LayerNorm(H)
@@ -75,10 +65,10 @@ class LRU(SeqModel):
         f64 = torch.float64
         u1, u2 = torch.rand(N, dtype=f64), torch.rand(N, dtype=f64)
         tiny = torch.finfo(f64).tiny
-        radius2 = (u1 * (r_max**2 - r_min**2) + r_min**2).clamp(tiny, 1 - 2**-53)
+        radius2 = (u1 * (o.r_max**2 - o.r_min**2) + o.r_min**2).clamp(tiny, 1 - 2**-53)
         nu = -0.5 * torch.log(radius2)
         self.nu_log = nn.Parameter(torch.log(nu).float())
-        self.theta_log = nn.Parameter(torch.log((max_phase * u2).clamp_min(tiny)).float())
+        self.theta_log = nn.Parameter(torch.log((o.max_phase * u2).clamp_min(tiny)).float())
         self.gamma_log = nn.Parameter((0.5 * torch.log(-torch.expm1(-2 * nu))).float())  # log sqrt(1 - |Lambda|^2)
         self.B_re = nn.Parameter(torch.randn(N, H) / math.sqrt(2 * H))
         self.B_im = nn.Parameter(torch.randn(N, H) / math.sqrt(2 * H))

@@ -28,8 +28,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..options import PosMLPConfig
+from ..rules import options_of
 from .base import SeqModel, State
-from .time_embedding import SineTimeEmbedding, check_embedding_options
+from .time_embedding import SineTimeEmbedding
 
 
 def leaky_mlp(input_size: int, hidden_size: int) -> nn.Sequential:
@@ -42,11 +44,12 @@ def leaky_mlp(input_size: int, hidden_size: int) -> nn.Sequential:
 class PosMLP(SeqModel):
     """The time-embedded two-layer MLP (module docstring); state: the step count, int64 [B]."""
 
-    def __init__(self, input_size: int, hidden_size: int, embedding_horizon: int = 1024, scale_embedding: bool = True):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.posmlp's (options.PosMLPConfig: their defaults and rules)."""
         super().__init__()
-        check_embedding_options("PosMLP", embedding_horizon=embedding_horizon)
+        o = options_of(PosMLPConfig, options, "policy.posmlp")
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.embedding = SineTimeEmbedding(input_size, embedding_horizon, scale_embedding)
+        self.embedding = SineTimeEmbedding(input_size, o.embedding_horizon, o.scale_embedding)
         self.core = leaky_mlp(input_size, hidden_size)
 
     def initial_state(self, batch_size: int, device=None) -> State:

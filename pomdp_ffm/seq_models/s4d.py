@@ -44,7 +44,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..options import DISCRETISATIONS, INITS
+from ..options import S4DConfig
+from ..rules import options_of
 from .base import SeqModel, State
 from .recurrence import linear_scan
 
@@ -66,31 +67,18 @@ def s4d_init_imag(init: str, d_state: int) -> torch.Tensor:
 class S4D(SeqModel):
     """S4D as a drop-in for a GRU (module docstring); the state is complex ``[B, hidden_size, d_state // 2]``."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        d_state: int | None = None,
-        dt_min: float = 0.001,
-        dt_max: float = 0.1,
-        init: str = "lin",
-        disc: str = "zoh",
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.s4d's (options.S4DConfig: their defaults and rules)."""
         super().__init__()
-        if init not in INITS or disc not in DISCRETISATIONS:
-            raise ValueError(f"S4D init={init!r} must be one of {INITS}, disc={disc!r} one of {DISCRETISATIONS}")
-        if d_state is not None and (d_state < 2 or d_state % 2):
-            raise ValueError(f"S4D d_state={d_state} must be even and >= 2")
-        if not 0 < dt_min <= dt_max:
-            raise ValueError(f"S4D needs 0 < dt_min={dt_min} <= dt_max={dt_max}")
+        o = options_of(S4DConfig, options, "policy.s4d")
         self.input_size, self.hidden_size = input_size, hidden_size
-        self.d_state = popgym_d_state(hidden_size) if d_state is None else d_state
-        self.disc, self.init = disc, init
+        self.d_state = popgym_d_state(hidden_size) if o.d_state is None else o.d_state
+        self.disc, self.init = o.disc, o.init
         H, n = hidden_size, self.d_state // 2
         self.map = nn.Linear(input_size, H)
-        self.log_dt = nn.Parameter(torch.rand(H) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        self.log_dt = nn.Parameter(torch.rand(H) * (math.log(o.dt_max) - math.log(o.dt_min)) + math.log(o.dt_min))
         self.inv_A_real = nn.Parameter(torch.full((H, n), math.log(0.5)))  # A's real part is -exp(inv_A_real)
-        self.A_imag = nn.Parameter(s4d_init_imag(init, self.d_state).repeat(H, 1))
+        self.A_imag = nn.Parameter(s4d_init_imag(o.init, self.d_state).repeat(H, 1))
         self.B = nn.Parameter(torch.view_as_real(torch.ones(H, n, dtype=torch.cfloat)).clone())  # (re, im) pairs
         self.C = nn.Parameter(torch.view_as_real(torch.randn(H, n, dtype=torch.cfloat)).clone())
         self.D = nn.Parameter(torch.randn(H))

@@ -25,31 +25,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..options import StackConfig
+from ..rules import options_of
 from .base import SeqModel, State
 from .posmlp import leaky_mlp
-from .time_embedding import check_embedding_options, sine_embedding
+from .time_embedding import sine_embedding
 
 
 class Stack(SeqModel):
     """POPGym's frame stack (module docstring); state ``(window [B, k - 1, input_size], steps int64 [B])``."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        stack_size: int = 4,
-        embedding: str = "sine",
-        embedding_horizon: int = 1024,
-        scale_embedding: bool = True,
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.stack's (options.StackConfig: their defaults and rules)."""
         super().__init__()
-        check_embedding_options("Stack", embedding=embedding, embedding_horizon=embedding_horizon)
-        if stack_size < 1:
-            raise ValueError(f"Stack option stack_size={stack_size} must be >= 1")
+        o = options_of(StackConfig, options, "policy.stack")
+        stack_size = o.stack_size
         if hidden_size % stack_size:
             raise ValueError(f"Stack's hidden_size={hidden_size} must be a multiple of stack_size={stack_size}")
         self.input_size, self.hidden_size, self.stack_size = input_size, hidden_size, stack_size
-        self.embedding = sine_embedding(embedding, input_size, embedding_horizon, scale_embedding)
+        self.embedding = sine_embedding(o.embedding, input_size, o.embedding_horizon, o.scale_embedding)
         self.compress = nn.Linear(input_size, hidden_size // stack_size)
         self.core = leaky_mlp(hidden_size, hidden_size)
 

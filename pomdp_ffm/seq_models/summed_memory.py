@@ -1,15 +1,12 @@
 """What FART (fart.py) and FWP (fwp.py) share as POPGym builds them: a memory summed over the window (or its running
-maximum) on the shared engine, the normalisation's epsilon, the block's perceptron, and the rules of their options."""
+maximum) on the shared engine, the normalisation's epsilon, and the block's perceptron."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..options import ATTENTION_AGGREGATORS as AGGREGATORS
-from ..rules import one_of
 from .recurrence import linear_scan
-from .time_embedding import OPTION_RULES, check_option_values
 
 EPS = 1e-5  # POPGym's: in linear attention's denominator and FWP's sum normalisation
 
@@ -25,11 +22,3 @@ def accumulate(kind: str, x: torch.Tensor, s0: torch.Tensor) -> torch.Tensor:
 def feed_forward(width: int) -> nn.Sequential:
     """POPGym's block perceptron: two Linear + ReLU of the attention width."""
     return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
-
-
-def check_options(model: str, **options) -> None:
-    """FART's and FWP's options' rules (the embedding's the shared OPTION_RULES), for a model built outside the
-    config (which checks the same rules on its section)."""
-    aggregator = one_of(AGGREGATORS)
-    rules = {**OPTION_RULES, "aggregator": aggregator, "s_aggregator": aggregator, "z_aggregator": aggregator}
-    check_option_values(model, rules, **options)

@@ -26,29 +26,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..options import TCNConfig
+from ..rules import options_of
 from .base import SeqModel, State
-from .time_embedding import check_embedding_options, sine_embedding
+from .time_embedding import sine_embedding
 
 
 class TCN(SeqModel):
     """POPGym's temporal convolution (module docstring); state ``(window [B, k - 1, input_size], steps int64 [B])``."""
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        stack_size: int = 4,
-        embedding: str = "sine",
-        embedding_horizon: int = 1024,
-        scale_embedding: bool = True,
-    ):
+    def __init__(self, input_size: int, hidden_size: int, **options):
+        """``options``: policy.tcn's (options.TCNConfig: their defaults and rules)."""
         super().__init__()
-        check_embedding_options("TCN", embedding=embedding, embedding_horizon=embedding_horizon)
-        if stack_size < 1:
-            raise ValueError(f"TCN option stack_size={stack_size} must be >= 1")
-        self.input_size, self.hidden_size, self.stack_size = input_size, hidden_size, stack_size
-        self.embedding = sine_embedding(embedding, input_size, embedding_horizon, scale_embedding)
-        self.core = nn.Conv1d(input_size, hidden_size, stack_size)  # torch's default init, as POPGym leaves it
+        o = options_of(TCNConfig, options, "policy.tcn")
+        self.input_size, self.hidden_size, self.stack_size = input_size, hidden_size, o.stack_size
+        self.embedding = sine_embedding(o.embedding, input_size, o.embedding_horizon, o.scale_embedding)
+        self.core = nn.Conv1d(input_size, hidden_size, o.stack_size)  # torch's default init, as POPGym leaves it
 
     def initial_state(self, batch_size: int, device=None) -> State:
         shape = (batch_size, self.stack_size - 1, self.input_size)

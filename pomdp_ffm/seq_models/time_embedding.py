@@ -43,23 +43,7 @@ import math
 import torch
 from torch import nn
 
-from ..options import DEFAULT_HORIZON, OPTION_RULES
-from ..rules import Rule
-
-
-def check_option_values(model: str, rules: dict[str, Rule], **options) -> None:
-    """Raise ValueError naming ``model`` and the option for the first of ``options`` its rule in ``rules`` refuses:
-    the config's rules, for a model built outside the config (which checks the same rules on its section)."""
-    for name, value in options.items():
-        rule = rules[name]
-        if not rule.ok(value):
-            says = rule.says() if callable(rule.says) else rule.says
-            raise ValueError(f"{model} option {name}={value!r} {says}")
-
-
-def check_embedding_options(model: str, **options) -> None:
-    """``check_option_values`` with the embedding options' rules (OPTION_RULES)."""
-    check_option_values(model, OPTION_RULES, **options)
+from ..options import DEFAULT_HORIZON
 
 
 def _bound_after_load(module: SineTimeEmbedding, _keys) -> None:
