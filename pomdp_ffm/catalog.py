@@ -92,6 +92,7 @@ BUILT_IN = (
     Memory("dnc", "DNC", "#e69f00", _M + "dnc:DNC", O.DNCConfig),
     Memory("lru", "LRU", "#e41a1c", _M + "lru:LRU", O.LRUConfig),
     Memory("mingru", "minGRU", "#8ca252", _M + "mingru:MinGRU"),
+    Memory("transformer", "Transformer", "#393b79", _M + "transformer:Transformer", O.TransformerConfig),
     Memory("ffm", "FFM", "#d55e00", _M + "ffm:FFM", O.FFMConfig),
 )
 

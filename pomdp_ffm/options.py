@@ -198,6 +198,26 @@ class LRUConfig:
             raise ValueError(f"{key}.r_min={self.r_min!r} must be <= {key}.r_max={self.r_max!r}")
 
 
+@dataclass
+class TransformerConfig:
+    """The causal Transformer's options, the config section policy.transformer (pomdp_ffm/seq_models/transformer.py):
+    GPT-2 blocks of width policy.rnn_hidden_size."""
+
+    layers: int = checked(2, at_least(1))  # GPT-2 blocks
+    heads: int = checked(4, at_least(1))  # attention heads, which must divide policy.rnn_hidden_size (check_chosen)
+    # K, the steps each step attends to (itself included): acting keeps the last K steps' keys and values per layer.
+    # 64: the BLT tasks' training windows (train.sampled_seq_len), so that a window attends to all of itself.
+    context: int = checked(64, at_least(1))
+
+    def check_chosen(self, key: str, policy) -> None:
+        h, n = policy.rnn_hidden_size, self.heads
+        if h % n:
+            raise ValueError(
+                f"policy.rnn_hidden_size={h} must be a multiple of {key}.heads={n} with policy.seq_model=transformer "
+                "(each head attends over h / heads features)"
+            )
+
+
 # FFM (pomdp_ffm/seq_models/ffm.py)
 FFM_AGGREGATORS = ("auto", "loop", "scan", "assoc", "closed")
 PARAM_MODES = ("learned", "fixed", "none")

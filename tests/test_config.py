@@ -243,8 +243,8 @@ def test_unknown_group_option_fails_clearly(hydra_ctx):
     assert "HopperBLT-X-v0" in msg and "HopperBLT-V-v0" in msg  # names the bad value and the options
     with pytest.raises(MissingConfigException, match="ppo"):
         compose("config", overrides=["algo=ppo"])
-    with pytest.raises(MissingConfigException, match="transformer"):
-        compose("config", overrides=["seq_model=transformer"])
+    with pytest.raises(MissingConfigException, match="hyena"):
+        compose("config", overrides=["seq_model=hyena"])
 
 
 def test_ffm_options_reach_the_memory(hydra_ctx):
@@ -505,7 +505,7 @@ def test_a_stored_config_is_read_as_this_version_reads_it(hydra_ctx):
     current = OmegaConf.to_container(compose("config"))
     old = copy.deepcopy(current)
     old["train"].update(env_worker=True, seed_axis_update="stacked")
-    old["policy"]["transformer"] = {"heads": 4}
+    old["policy"]["hyena"] = {"order": 2}
     del old["policy"]["sac"]["alpha_loss"]
     assert learning_settings(old) == learning_settings(current)
     old["policy"]["lr"] = 1e-3

@@ -224,7 +224,7 @@ def test_a_bad_job_refuses_the_sweep_before_anything_runs(tmp_path):
         ("policy.lrr=1e-3", "Could not override 'policy.lrr': Key 'lrr' not in 'PolicyConfig'"),
         ("env=Nope-v0", "Could not find 'env/Nope-v0'; the choices are AntBLT-F-v0"),
         ("algo=ppo", "Could not find 'algo/ppo'; the choices are sac, td3"),
-        ("seq_model=transformer", f"the choices are {', '.join(sorted(available()))}"),
+        ("seq_model=hyena", f"the choices are {', '.join(sorted(available()))}"),
         ("seed=abc", "could not be converted to Integer"),
     ],
 )
@@ -343,7 +343,7 @@ def test_a_seed_axis_refusal_is_one_line_and_leaves_nothing(tmp_path):
     [
         (["env=Foo-V-v0"], "Could not find 'env/Foo-V-v0'"),
         (["polcy.lr=1"], "Could not override 'polcy.lr'"),
-        (["seq_model=ffm,transformer"], "Could not find 'seq_model/transformer'"),
+        (["seq_model=ffm,hyena"], "Could not find 'seq_model/hyena'"),
         (["policy.lr=-1"], "policy.lr=-1.0 must be > 0"),
         (["--seed-axis", "seeds=[0,0]"], "must be null or a list of distinct seeds"),
         (["--seed-axis", "seed=0,1"], "needs seed=0 (the first seed names the job's run directory), not seed=1"),

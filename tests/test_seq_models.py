@@ -25,8 +25,8 @@ MODELS = available()
 
 def test_registry_names_and_errors():
     assert available() == [m.name for m in catalog.BUILT_IN]  # (the order errors list them in)
-    with pytest.raises(ValueError, match=rf"^unknown seq model 'transformer'; available: {re.escape(str(MODELS))}$"):
-        build("transformer", input_size=4, hidden_size=32)
+    with pytest.raises(ValueError, match=rf"^unknown seq model 'hyena'; available: {re.escape(str(MODELS))}$"):
+        build("hyena", input_size=4, hidden_size=32)
     with pytest.raises(TypeError, match=r"unknown keyword argument\(s\) \['contex_size'\].*context_size"):
         build("ffm", input_size=4, hidden_size=32, contex_size=2)
 

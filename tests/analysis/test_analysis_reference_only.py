@@ -186,8 +186,8 @@ def test_the_console_shows_every_kind_of_warning_once_with_its_count(tmp_path, c
     "option, message",
     [
         (
-            ["--compare", "gru,transformer"],
-            f"error: --compare: unknown baseline 'transformer'; choose from {', '.join(BASELINES)}, comma separated\n",
+            ["--compare", "gru,hyena"],
+            f"error: --compare: unknown baseline 'hyena'; choose from {', '.join(BASELINES)}, comma separated\n",
         ),
         (["--seed", "-1"], "error: --seed must be >= 0, got -1\n"),
     ],
