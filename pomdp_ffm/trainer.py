@@ -333,7 +333,7 @@ class _Loop:
                         update_bursts([s.trainer for s in group], runner)  # no host read between its updates
                 if len(groups) == 1 and len(groups[0][0]) > 1:  # (a joint round)
                     self.realign([s for s in pending if s in self.running])
-                self.end_units([s for s in pending if s in self.running and s.trainer.standing.burst_over])
+                self.end_units([s for s in self.running if s.trainer.standing.burst_over])  # (an empty burst too)
         except (StopRequested, KeyboardInterrupt) as e:
             for s in list(self.running):
                 if isinstance(e, KeyboardInterrupt):

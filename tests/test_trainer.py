@@ -339,6 +339,20 @@ def test_stop_between_two_updates_resumes_to_the_same_log(composed, tmp_path, st
     )
 
 
+@pytest.mark.parametrize("axis", [False, True], ids=["alone", "seed-axis"])
+def test_an_int_update_count_leaves_the_pool_without_a_burst_and_finishes(composed, tmp_path, axis):
+    # As the reference: an int num_updates_per_iter runs no burst after the random pool (an empty burst, which the
+    # loop ends like any other: no row), then that many updates per iteration.
+    cfg = composed("train.num_updates_per_iter=2", "train.num_iters=2", *(["seeds=[0,1]"] if axis else []))
+    run = tmp_path / "axis" / "seed-0"
+    out = train(cfg, run)
+    for seed_run in [run, tmp_path / "axis" / "seed-1"] if axis else [run]:
+        rows = read(seed_run)
+        assert (seed_run / "DONE").exists() and rows["rl_loss/qf1_loss"].notna().sum() == 2
+        assert rows["z/rl_steps"].max() == 4
+    assert not out.stopped
+
+
 def test_length_1_episode_is_counted_but_not_stored(run_cfg, tmp_path, caplog):
     # patches/011-length-1-episodes.md: the sequence buffer needs two steps; the step still counts.
     trainer = Trainer(run_cfg(), tmp_path / "one")
