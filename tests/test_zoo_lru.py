@@ -2,12 +2,28 @@
 float64 step-by-step loop on the model's own weights: POPGym has no LRU to hold it to. The model's window runs
 recurrence.linear_scan (chunked or log-depth) and its projections in real arithmetic; the loop here is the recurrence
 x_t = Lambda x_{t-1} + gamma (B u_t), y_t = Re(C x_t) + D u_t one step at a time in complex128, inside the block
-(encoder, LayerNorm, GELU, GLU, skip) written out too."""
+(encoder, LayerNorm, GELU, GLU, skip) written out too.
 
+Then against an established package: lru-pytorch 0.1.3 (pip LRU-pytorch, module LRU_pytorch/LRU.py, class LRU), a
+per-step loop of the same recurrence (Lambda = |Lambda| (cos theta + i sin theta), |Lambda| = exp(-exp(nu_log)),
+theta = exp(theta_log); x_t = Lambda x_{t-1} + diag(exp(gamma_log)) B u_t; y_t = Re(C x_t) + D u_t), with the model's
+weights copied into it, inside the block from the model's own encoder, LayerNorm and GLU (copies): the package
+implements the LRU only. What differs, and how the comparison bridges it: the package holds B and C as complex
+parameters (ours: their real and imaginary parts), D as a full [out, in] matrix (ours: its diagonal, the paper's D,
+copied in as diag(D)), writes its outputs into a buffer of the default dtype (run here with float64 the default),
+starts only the first row of a [B, T, H] batch from a state given, the others from zero (a carried-in state runs
+each row through its [T, H] path), returns no final state (read here from the values it assigns to its ``state``);
+its initialisation (D ~ N(0, 1 / H) over a full matrix, max_phase 6.283) is not compared, only the weights copied
+in."""
+
+import contextlib
+import copy
 import math
 
 import pytest
 import torch
+from LRU_pytorch import LRU as PackageLRU
+from torch.nn import functional as F
 from zoo_checks import assert_close_scaled, assert_steps_equal_window, outputs_and_grads, per_window
 
 from pomdp_ffm.options import LRUConfig
@@ -135,3 +151,131 @@ def test_options():
         LRU(IN, H, r_min=0.5, r_max=1.5)
     with pytest.raises(ValueError, match=r"policy.lru.r_min=0.9 must be <= policy.lru.r_max=0.5"):
         LRU(IN, H, r_min=0.9, r_max=0.5)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+class _Traced(PackageLRU):
+    """The package's LRU, unchanged, keeping every value it assigns to ``self.state``: its forward returns only y,
+    and after a sequence's steps it resets the state to zeros."""
+
+    def __setattr__(self, name, value):
+        if name == "state":
+            self.__dict__.setdefault("trace", []).append(value)
+        super().__setattr__(name, value)
+
+
+# our name -> the package's parameter (and the part of it that is ours)
+_TO_PACKAGE = {
+    "nu_log": ("nu_log", lambda p: p),
+    "theta_log": ("theta_log", lambda p: p),
+    "gamma_log": ("gamma_log", lambda p: p),
+    "B_re": ("B", torch.real),
+    "B_im": ("B", torch.imag),
+    "C_re": ("C", torch.real),
+    "C_im": ("C", torch.imag),
+    "D": ("D", torch.diagonal),
+}
+_BLOCK = ("encoder", "norm", "glu")  # ours in both runs (the package has no block around its LRU)
+
+
+def lru_pytorch(model: LRU):
+    """lru-pytorch's LRU in float64 on ``model``'s weights, inside float64 copies of the model's encoder, LayerNorm
+    and GLU, and its run (x, state or () for a fresh one) -> (the block's output, x_T); and the run's parameters as
+    a dict of the package's names (the block's under ours)."""
+    ours = dict(model.named_parameters())
+    with _default_dtype(torch.float64):  # its B and C complex128, its output buffers float64
+        pkg = _Traced(H, H, N)
+    block = {name: copy.deepcopy(getattr(model, name)).double() for name in _BLOCK}
+    theirs = {f"{m}.{k}": p for m, mod in block.items() for k, p in mod.named_parameters()}
+    assert set(theirs) | set(_TO_PACKAGE) == set(ours), sorted((set(theirs) | set(_TO_PACKAGE)) ^ set(ours))
+    assert {name for name, _ in _TO_PACKAGE.values()} == {k for k, _ in pkg.named_parameters()}
+    o = {k: p.detach().double() for k, p in ours.items()}
+    with torch.no_grad():
+        for k in ("nu_log", "theta_log", "gamma_log"):  # the same parameterisation: Lambda = exp(-e^nu + i e^theta)
+            getattr(pkg, k).copy_(o[k])
+        pkg.B.copy_(torch.complex(o["B_re"], o["B_im"]))
+        pkg.C.copy_(torch.complex(o["C_re"], o["C_im"]))
+        pkg.D.copy_(torch.diag(o["D"]))
+    # The mapping is exact: ours read back from the package's, and the package's D has nothing off its diagonal.
+    for k, (name, part) in _TO_PACKAGE.items():
+        assert torch.equal(part(getattr(pkg, name).detach()), o[k]), k
+    assert torch.equal(pkg.D.detach(), torch.diag(o["D"]))
+    for k, p in theirs.items():
+        assert torch.equal(p.detach(), o[k]), k
+    theirs |= dict(pkg.named_parameters())
+
+    def run(x: torch.Tensor, state):
+        h = block["encoder"](x)
+        u = block["norm"](h)
+        pkg.trace = []
+        fresh = isinstance(state, tuple)
+        with _default_dtype(torch.float64):
+            if fresh:  # its own batch loop over [B, T, H], every row from zero
+                y = pkg(u.transpose(0, 1)).transpose(0, 1)
+            else:  # one row at a time through its [T, H] path, which starts from the state given
+                y = torch.stack([pkg(u[:, b], state[b]) for b in range(u.shape[1])], dim=1)
+        # The states it assigned: fresh, its start, then per row T steps and a reset; carried, per row its start, T
+        # steps and a reset. A row's x_T is the T-th assigned after its row's start.
+        steps = x.shape[0]
+        final = torch.stack(pkg.trace[steps :: steps + (1 if fresh else 2)])
+        assert final.shape == (x.shape[1], N)
+        return h + F.glu(block["glu"](F.gelu(y)), dim=-1), final
+
+    return run, theirs
+
+
+def _package_grads_as_ours(result: dict) -> dict:
+    """``outputs_and_grads``' result on the package's parameters, with their gradients mapped to ours (a complex
+    parameter's .grad is dL/dRe + i dL/dIm; our D's, the diagonal of the package's D's)."""
+    out = {k: v for k, v in result.items() if not k.startswith("grad ") or k[5:] not in ("B", "C", "D")}
+    for k, (name, part) in _TO_PACKAGE.items():
+        if name in ("B", "C", "D"):
+            out[f"grad {k}"] = part(result[f"grad {name}"])
+    return out
+
+
+def _compare_with_package(model: LRU, carried: bool, rtol: float) -> dict:
+    """The model (its own dtype) against lru-pytorch in float64 on the same weights: y, x_T and the gradients of x,
+    of the carried-in state and of every parameter, from a fresh state or one carried in."""
+    x0, x, R_y, R_s = _inputs(torch.float64)
+    run, theirs = lru_pytorch(model)
+    state = ()
+    if carried:
+        with torch.no_grad():  # a first window's state (the package's run)
+            state = run(x0, torch.zeros(B, N, dtype=torch.complex128))[1]
+    dt, ct = model.nu_log.dtype, model.initial_state(1).dtype
+    ours = model if carried else (lambda x, s: model(x, None))
+    mine, _ = outputs_and_grads(ours, x.to(dt), state.to(ct) if carried else (), [R_y, R_s], model.named_parameters())
+    exact, _ = outputs_and_grads(run, x, state, [R_y, R_s], theirs)
+    exact = _package_grads_as_ours(exact)
+    assert len(exact) == 2 + 14 + 1 + carried  # y and x_T, every parameter's gradient, x's and the state's
+    return assert_close_scaled(mine, exact, rtol)
+
+
+_RING = {"r_min": 0.9, "r_max": 0.999, "max_phase": math.pi / 10}
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["fresh", "carried"])
+@pytest.mark.parametrize("ring", [{}, _RING], ids=["disk", "ring"])
+def test_float64_model_equals_lru_pytorch(ring, carried):
+    # Largest measured (each result's largest difference over its largest magnitude): y 4.8e-16, x_T 3.0e-15, grads
+    # 4.6e-15 (theta_log's); over conftest.ZOO_CASES' seeds and sizes up to 1.1e-14 (theta_log's, seed 1, disk,
+    # fresh), hence the bound of 1e-13.
+    _compare_with_package(_model(**ring).double(), carried, rtol=1e-13)
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["fresh", "carried"])
+@pytest.mark.parametrize("ring", [{}, _RING], ids=["disk", "ring"])
+def test_float32_model_within_rounding_of_lru_pytorch(ring, carried, zoo_case):
+    # Largest measured over conftest.ZOO_CASES: 7.0e-6 at 64 steps (theta_log's gradient, seed 1, disk, fresh),
+    # 1.7e-5 at 160 (x_T, long, disk, carried): 0.35 of the bound either; the float32 epsilon is 1.2e-7.
+    _compare_with_package(_model(**ring), carried, rtol=per_window(2e-5, T))

@@ -29,8 +29,9 @@ windows and an acting step. GELU is torch's exact (erf) form. The paper's classi
 out: the block's output is the memory's, as wide as a GRU's of hidden_size.
 
 State: x_T, complex [B, N] (complex64; complex128 for a float64 model), N = state_size (None: hidden_size), 2 N
-floats. POPGym has no LRU: tests/test_zoo_lru.py holds it to the equations above written out in float64. The window
-is pomdp_ffm/seq_models/recurrence.py's ``linear_scan`` (a constant complex decay), the acting step its T = 1 case.
+floats. POPGym has no LRU: tests/test_zoo_lru.py holds it to the equations above written out in float64, and its
+recurrence (Lambda, gamma, B, C, D) to lru-pytorch's ``LRU`` on the copied weights inside this block. The window is
+pomdp_ffm/seq_models/recurrence.py's ``linear_scan`` (a constant complex decay), the acting step its T = 1 case.
 """
 
 from __future__ import annotations

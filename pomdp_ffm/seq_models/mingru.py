@@ -17,8 +17,9 @@ fan-in, so it is that of two nn.Linear(input_size, H) as in the paper's code). N
 factor belongs to its language-model blocks, and here the state is as wide as a GRU's of hidden_size.
 
 State: h_T [B, hidden_size] (H floats). POPGym has no minGRU: tests/test_zoo_mingru.py holds it to the equations
-above written out in float64. The window is pomdp_ffm/seq_models/recurrence.py's ``linear_scan`` with the gate a
-per step, the acting step its T = 1 case.
+above written out in float64, and to minGRU-pytorch's ``minGRU`` (its log-space scan and its one-step path) on the
+copied weights where both compute the same thing, candidates >= 1/2 (g the identity plus 1/2 there). The window
+is pomdp_ffm/seq_models/recurrence.py's ``linear_scan`` with the gate a per step, the acting step its T = 1 case.
 """
 
 from __future__ import annotations
