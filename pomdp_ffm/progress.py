@@ -37,7 +37,8 @@ class Progress:
         tensorboard = rundir / RunDir.TENSORBOARD if cfg.eval.log_tensorboard else None
         self.writer = MetricsWriter(rundir.progress, columns, tensorboard, checkpoint=checkpoint)
         self.t0, self.last_eval_time = time.time() - standing.elapsed, time.time()
-        self.updates_per_s, self.last_return = 0.0, standing.last_return
+        self.standing = standing  # read for the bar's last return, which the trainer keeps
+        self.updates_per_s = 0.0
         self.bar = tqdm(
             total=budget,
             initial=standing.env_steps,
@@ -78,7 +79,7 @@ class Progress:
             row.update({STOCHASTIC[k]: getattr(stochastic, f) for k, f in FIELDS.items()})
         row[TIME_COST] = int(at.time - self.t0)
         row[FPS] = (at.env_steps - since_env_steps) / max(at.time - self.last_eval_time, 1e-9)
-        self.last_eval_time, self.last_return = at.time, deterministic.ret
+        self.last_eval_time = at.time
         self.writer.write(row, at.env_steps)
         self._show_status()
         log.info(
@@ -101,7 +102,7 @@ class Progress:
         self.writer.close()
 
     def _show_status(self) -> None:
-        self.bar.set_postfix_str(f"upd/s={self.updates_per_s:.0f} eval={self.last_return:.1f}", refresh=False)
+        self.bar.set_postfix_str(f"upd/s={self.updates_per_s:.0f} eval={self.standing.last_return:.1f}", refresh=False)
 
 
 FIELDS = {EVAL_RETURN: "ret", EVAL_LENGTH: "length", EVAL_SUCCESS: "success"}  # a result's field by column

@@ -258,8 +258,8 @@ class Trainer:
 
     def _log_evaluation(self, deterministic: EvalResult, stochastic: EvalResult | None, at: Clocks) -> None:
         c = self.standing
-        self.progress.evaluation(deterministic, stochastic, at, since_env_steps=c.last_eval_env_steps)
-        c.last_eval_env_steps, c.last_return = at.env_steps, deterministic.ret
+        since, c.last_eval_env_steps, c.last_return = c.last_eval_env_steps, at.env_steps, deterministic.ret
+        self.progress.evaluation(deterministic, stochastic, at, since_env_steps=since)
 
     def _finish_deferred(self) -> None:
         """The rest of the deferred evaluation played, then its row."""
