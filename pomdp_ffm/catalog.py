@@ -93,6 +93,11 @@ BUILT_IN = (
     Memory("lru", "LRU", "#e41a1c", _M + "lru:LRU", O.LRUConfig),
     Memory("mingru", "minGRU", "#8ca252", _M + "mingru:MinGRU"),
     Memory("transformer", "Transformer", "#393b79", _M + "transformer:Transformer", O.TransformerConfig),
+    Memory("gtrxl", "GTrXL", "#6b6ecf", _M + "gtrxl:GTrXL", O.GTrXLConfig),
+    Memory("mamba", "Mamba", "#7b4173", _M + "mamba:Mamba", O.MambaConfig),
+    Memory("s5", "S5", "#56b4e9", _M + "s5:S5", O.S5Config),
+    Memory("mlstm", "mLSTM", "#ce6dbd", _M + "mlstm:MLSTM", O.MLSTMConfig),
+    Memory("slstm", "sLSTM", "#b15928", _M + "slstm:SLSTM", O.SLSTMConfig),
     Memory("ffm", "FFM", "#d55e00", _M + "ffm:FFM", O.FFMConfig),
 )
 

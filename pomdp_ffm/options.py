@@ -198,8 +198,20 @@ class LRUConfig:
             raise ValueError(f"{key}.r_min={self.r_min!r} must be <= {key}.r_max={self.r_max!r}")
 
 
+class _OverHeads:
+    """The check of an options section whose memory splits its width, policy.rnn_hidden_size, over ``heads``."""
+
+    def check_chosen(self, key: str, policy) -> None:
+        h, n = policy.rnn_hidden_size, self.heads
+        if h % n:
+            raise ValueError(
+                f"policy.rnn_hidden_size={h} must be a multiple of {key}.heads={n} with "
+                f"policy.seq_model={key.rpartition('.')[2]} (each head takes h / heads of the width)"
+            )
+
+
 @dataclass
-class TransformerConfig:
+class TransformerConfig(_OverHeads):
     """The causal Transformer's options, the config section policy.transformer (pomdp_ffm/seq_models/transformer.py):
     GPT-2 blocks of width policy.rnn_hidden_size."""
 
@@ -209,13 +221,136 @@ class TransformerConfig:
     # 64: the BLT tasks' training windows (train.sampled_seq_len), so that a window attends to all of itself.
     context: int = checked(64, at_least(1))
 
-    def check_chosen(self, key: str, policy) -> None:
-        h, n = policy.rnn_hidden_size, self.heads
-        if h % n:
+
+@dataclass
+class GTrXLConfig(_OverHeads):
+    """GTrXL's options, the config section policy.gtrxl (pomdp_ffm/seq_models/gtrxl.py): gated Transformer-XL blocks
+    of width policy.rnn_hidden_size. Layers, heads and memory are the project Transformer's (policy.transformer), so
+    that the two attention memories compare at one size; the gate bias is the paper's."""
+
+    layers: int = checked(2, at_least(1))  # GTrXL blocks
+    heads: int = checked(4, at_least(1))  # attention heads, which must divide policy.rnn_hidden_size (check_chosen)
+    # M, the previous steps' hidden states each step attends to besides itself (Transformer-XL's memory length):
+    # acting keeps the last M layer inputs per layer. 64: the BLT tasks' training windows (train.sampled_seq_len).
+    memory: int = checked(64, at_least(1))
+    # b_g, the update gate's bias at initialisation (then learned): z = sigmoid(... - b_g), so b_g > 0 starts each
+    # gate near the identity (the paper's 2); 0 is a plain GRU gate.
+    gate_bias: float = checked(2.0, at_least(0))
+
+
+@dataclass
+class MambaConfig:
+    """Mamba's options, the config section policy.mamba (pomdp_ffm/seq_models/mamba.py): residual Mamba blocks of
+    width policy.rnn_hidden_size. Defaults: mambapy 1.2.0's MambaConfig (mambapy/mamba.py), its field names but
+    ``expand`` (its expand_factor) and ``layers`` (its n_layers, which has no default)."""
+
+    # Residual blocks (RMSNorm, Mamba block, skip): 1, as the other recurrent memories (AMAGO's encoder: 3); each saves
+    # ~12k floats per row and step for its backward, so 3 would estimate a Pendulum update at 4.5 GiB.
+    layers: int = checked(1, at_least(1))
+    d_state: int = checked(16, at_least(1))  # N, the SSM state per inner channel
+    expand: int = checked(2, at_least(1))  # E: the blocks' inner width ED = E * policy.rnn_hidden_size
+    d_conv: int = checked(4, at_least(1))  # the causal depthwise convolution's taps (acting keeps d_conv - 1 inputs)
+    dt_rank: Optional[int] = checked(None, _SIZE_OR_NULL)  # Delta's low-rank width; null: ceil(rnn_hidden_size / 16)
+    # Delta's bias starts at softplus^-1 of steps log-uniform in [dt_min, dt_max] (<=, check_together), floored
+    dt_min: float = checked(0.001, above(0))
+    dt_max: float = checked(0.1, above(0))
+    dt_init_floor: float = checked(1e-4, at_least(0))
+    # dt_proj's weight: uniform in +-dt_scale / sqrt(dt_rank) ("random") or that bound everywhere ("constant")
+    dt_init: str = checked("random", one_of(("random", "constant")))
+    dt_scale: float = checked(1.0, at_least(0))
+    rms_norm_eps: float = checked(1e-5, above(0))  # every RMSNorm's
+    bias: bool = False  # in_proj's and out_proj's biases
+    conv_bias: bool = True
+
+    def check_together(self, key: str) -> None:
+        if self.dt_min > self.dt_max:
+            raise ValueError(f"{key}.dt_min={self.dt_min!r} must be <= {key}.dt_max={self.dt_max!r}")
+
+
+@dataclass
+class S5Config:
+    """S5's options, the config section policy.s5 (pomdp_ffm/seq_models/s5.py): state_size as s5-pytorch's S5, blocks
+    as the authors' code (lindermanlab/S5 run_train.py), dt_min and dt_max as both."""
+
+    # P, the paper's state size: P / 2 complex states (conjugate symmetry); null: policy.rnn_hidden_size. It must be
+    # a multiple of 2 * blocks (check_together, check_chosen).
+    state_size: Optional[int] = checked(None, _SIZE_OR_NULL)
+    # J, the HiPPO-N blocks of size P / J on the diagonal of the initial state matrix (the package's default: 1)
+    blocks: int = checked(8, at_least(1))
+    # The steps Delta start log-uniform in [dt_min, dt_max]; dt_min <= dt_max (check_together)
+    dt_min: float = checked(0.001, above(0))
+    dt_max: float = checked(0.1, above(0))
+    # Lambda's real parts used clipped to <= -1e-4, so that no state grows over an episode of any length: the
+    # authors' code's option, which it recommends for unbounded sequence lengths (off by default there)
+    clip_eigs: bool = True
+
+    def check_together(self, key: str) -> None:
+        if self.dt_max < self.dt_min:
+            raise ValueError(f"{key}.dt_max={self.dt_max!r} must be >= {key}.dt_min={self.dt_min!r}")
+        if self.state_size is not None and self.state_size % (2 * self.blocks):
             raise ValueError(
-                f"policy.rnn_hidden_size={h} must be a multiple of {key}.heads={n} with policy.seq_model=transformer "
-                "(each head attends over h / heads features)"
+                f"{key}.state_size={self.state_size} must be a multiple of 2 * {key}.blocks={self.blocks} (each "
+                "block's eigenvalues come in conjugate pairs)"
             )
+
+    def check_chosen(self, key: str, policy) -> None:
+        h = policy.rnn_hidden_size
+        if self.state_size is None and h % (2 * self.blocks):
+            raise ValueError(
+                f"policy.rnn_hidden_size={h} must be a multiple of 2 * {key}.blocks={self.blocks} with "
+                f"policy.seq_model=s5 and {key}.state_size=null (the state size P = h: each block's eigenvalues "
+                f"come in conjugate pairs); or set {key}.state_size"
+            )
+
+
+@dataclass
+class MLSTMConfig:
+    """mLSTM's options, the config section policy.mlstm (pomdp_ffm/seq_models/mlstm.py); the defaults are the package
+    xlstm's (2.0.6, mLSTMLayerConfig), layers 1 (one block, as the agent's other recurrent memories have one layer)."""
+
+    layers: int = checked(1, at_least(1))  # mLSTM blocks (pre-LayerNorm, residual), as xLSTMBlockStack stacks them
+    heads: int = checked(4, at_least(1))  # the cell's heads, which must divide the up-projection's width (check_chosen)
+    # The up-projection's width D = proj_factor * policy.rnn_hidden_size rounded up to a multiple of 64 (the package's)
+    proj_factor: float = checked(2.0, above(0))
+    conv1d_kernel_size: int = checked(4, at_least(1))  # the causal conv of q's and k's input: acting keeps K - 1 steps
+    qkv_proj_blocksize: int = checked(4, at_least(1))  # the blocks of q's, k's and v's block-diagonal projections
+
+    def inner_size(self, hidden_size: int) -> int:
+        """D, the up-projection's width at ``hidden_size``."""
+        return 64 * math.ceil(self.proj_factor * hidden_size / 64)
+
+    def unfit(self, hidden_size: int, key: str = "") -> str | None:
+        """Why D at ``hidden_size`` does not split into the heads and q, k, v blocks (the options named as
+        ``key``.<option>), or None."""
+        d, key = self.inner_size(hidden_size), key and key + "."
+        bad = [f"{key}heads={self.heads}"] if d % self.heads else []
+        bad += [f"{key}qkv_proj_blocksize={self.qkv_proj_blocksize}"] if d % self.qkv_proj_blocksize else []
+        return f"its up-projection's width {d} must be a multiple of {' and '.join(bad)}" if bad else None
+
+    def check_chosen(self, key: str, policy) -> None:
+        h = policy.rnn_hidden_size
+        if why := self.unfit(h, key):
+            raise ValueError(f"policy.rnn_hidden_size={h} with policy.seq_model=mlstm: {why}")
+
+
+@dataclass
+class SLSTMConfig(_OverHeads):
+    """sLSTM's options, the config section policy.slstm (pomdp_ffm/seq_models/slstm.py): xLSTM sLSTM blocks of width
+    policy.rnn_hidden_size; the defaults are those of the package xlstm 2.0.6 (its xLSTMBlockStackConfig,
+    sLSTMBlockConfig, sLSTMLayerConfig, sLSTMCellConfig and FeedForwardConfig)."""
+
+    layers: int = checked(1, at_least(1))  # sLSTM blocks, residual and pre-LayerNorm (the stack's num_blocks)
+    heads: int = checked(4, at_least(1))  # recurrent heads, which must divide policy.rnn_hidden_size (check_chosen)
+    # the causal depthwise convolution (+ SiLU) before the input and forget gates, in steps; 0: none
+    conv_kernel: int = checked(4, at_least(0))
+    feedforward: bool = True  # the block's gated feed-forward after the sLSTM (sLSTMBlockConfig.feedforward)
+    # its up-projection, proj_factor * h rounded up to a multiple of 64 (the paper writes 4/3)
+    proj_factor: float = checked(1.3, above(0))
+    # the gates' biases: the forget gate's a power law over each head's units that depends on the block's depth
+    # (powerlaw_blockdependent), linearly 3 to 6 (small_init), or every gate's U(-1/sqrt(h), 1/sqrt(h)) (standard)
+    bias_init: str = checked("powerlaw_blockdependent", one_of(("powerlaw_blockdependent", "small_init", "standard")))
+    # the per-head recurrent weights: zeros, or U(-1/sqrt(h), 1/sqrt(h)) (standard)
+    recurrent_init: str = checked("zeros", one_of(("zeros", "standard")))
 
 
 # FFM (pomdp_ffm/seq_models/ffm.py)

@@ -608,4 +608,4 @@ def test_every_configured_update_fits_in_4_gib(hydra_ctx):
                 64, 8, make([f"env={env}", f"algo={algo}", f"seq_model={model}"]).policy
             ).update_memory()
             need[env, algo, model] = fixed + per_row * batch * (window + 1)
-    assert len(sizes) >= 2 and max(need.values()) < 1 << 30, (sizes, need)
+    assert len(sizes) >= 2 and max(need.values()) < 4 << 30, (sizes, need)  # (largest: Mamba on Pendulum, 1.5 GiB)
