@@ -281,6 +281,28 @@ def test_gates_whose_exponentials_overflow_float32_stay_finite():
             assert_steps_equal_window(model, x, s32 if s32 is not None else model.initial_state(B), of_largest=3e-5)
 
 
+def test_input_gates_below_float32s_exponent_range_leave_finite_gradients():
+    # Input gates near e^-100 make exp(-m) overflow float32 (m ~ -100): the package's denominator is then inf and its
+    # backward NaN (two of three learning-check seeds diverged on it). The capped floor (mlstm._floor) leaves y within
+    # rounding of the float64 model and every gradient finite, window and acting.
+    model = _model()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.igate.bias.sub_(100.0)
+    exact = _model().double()
+    exact.load_state_dict(model.state_dict())
+    _, x, R_y = _inputs()
+    for T in (x.shape[0], 1):
+        mine, _ = outputs_and_grads(lambda x, s: (model(x)[0], ()), x[:T], (), [R_y[:T]], model.named_parameters())
+        assert all(torch.isfinite(t).all() for t in mine.values()), [
+            k for k, t in mine.items() if not t.isfinite().all()
+        ]
+        want, _ = outputs_and_grads(
+            lambda x, s: (exact(x)[0], ()), x[:T].double(), (), [R_y[:T]], exact.named_parameters()
+        )
+        assert_close_scaled({"y": mine["y"]}, {"y": want["y"]}, of_largest=3e-5)
+
+
 def test_initialisation_is_the_packages():
     # At H = 128 (D = 256, 4 heads of 64), two blocks: the fixed values equal the package's, the drawn ones of its
     # spread (standard deviations within 15% of each other, over 256 to 65536 entries; means about 0).

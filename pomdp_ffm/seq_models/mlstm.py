@@ -17,10 +17,11 @@ exp(-m_t) n_t, so that
     h_t  = C~_t^T q_t / (max(|n~_t^T q_t|, exp(-m_t)) + eps)
 
 where both exponents are <= 0: a decay and an input weight in (0, 1], whatever the gates and the carried m (input
-gates of e^100, past float32's e^88.7, stay finite). Unrolled, m_t = max(F_t + m_0, max_{s<=t} (F_t - F_s + log i_s))
-with F_t = sum_{r<=t} log f_r: the max-plus recurrence in closed form. A fresh state is C~ = 0, n~ = 0, m = -inf (the
-max over no steps), so that m_t is then the row maximum of the package's parallel form, and acting from a fresh
-state equals that form (the package's recurrent step starts from m = 0 instead: see the differences below).
+gates of e^100, past float32's e^88.7, stay finite; so do input gates of e^-100: ``_floor``). Unrolled, m_t =
+max(F_t + m_0, max_{s<=t} (F_t - F_s + log i_s)) with F_t = sum_{r<=t} log f_r: the max-plus recurrence in closed
+form. A fresh state is C~ = 0, n~ = 0, m = -inf (the max over no steps), so that m_t is then the row maximum of the
+package's parallel form, and acting from a fresh state equals that form (the package's recurrent step starts from m
+= 0 instead: see the differences below).
 
 The window (T > 1) is the package's parallel stabilised form (backends.py, parallel_stabilized_simple) with the
 carried state as one more term (as its chunkwise_simple's inter-chunk term, for one chunk): with log D_ts = F_t - F_s
@@ -98,6 +99,14 @@ def _blockwise(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.einsum("...ji,joi->...jo", x.unflatten(-1, w.shape[::2]), w).flatten(-2)
 
 
+def _floor(m: torch.Tensor) -> torch.Tensor:
+    """exp(-m), the denominator's floor in the stabilised variables, its exponent capped one below the largest finite
+    one of m's dtype. Where exp(-m) would overflow (m below about -88 in float32: every input gate that low) the output
+    is 0 either way, below 1e-38 times the numerator; the cap keeps the backward finite, where the package's exp(-m)
+    makes it 0 * inf = NaN (an RL run diverged on it: patches/024)."""
+    return torch.exp(torch.clamp(-m, max=math.log(torch.finfo(m.dtype).max) - 1))
+
+
 def _step(q, k, v, i, log_f, C, n, m):
     """The recurrent step: q, k, v [B, NH, DH], i, log_f [B, NH]; the state C~, n~, m."""
     m_new = torch.maximum(log_f + m, i)
@@ -106,7 +115,7 @@ def _step(q, k, v, i, log_f, C, n, m):
     C = decay[..., None, None] * C + k.unsqueeze(-1) * v.unsqueeze(-2)
     n = decay.unsqueeze(-1) * n + k
     qn = (q * n).sum(-1)
-    h = (q.unsqueeze(-2) @ C).squeeze(-2) / (torch.maximum(qn.abs(), torch.exp(-m_new)) + EPS).unsqueeze(-1)
+    h = (q.unsqueeze(-2) @ C).squeeze(-2) / (torch.maximum(qn.abs(), _floor(m_new)) + EPS).unsqueeze(-1)
     return h, C, n, m_new
 
 
@@ -123,7 +132,7 @@ def _window(q, k, v, i, log_f, C, n, m):
     S = (q @ k.mT) * D
     num = S @ v + w.unsqueeze(-1) * (q @ C)
     qn = S.sum(-1) + w * (q @ n.unsqueeze(-1)).squeeze(-1)
-    h = num / (torch.maximum(qn.abs(), torch.exp(-m_t)) + EPS).unsqueeze(-1)
+    h = num / (torch.maximum(qn.abs(), _floor(m_t)) + EPS).unsqueeze(-1)
     k_last = k * D[..., -1, :].unsqueeze(-1)  # the inputs' weights in the final state
     w_last = w[..., -1]
     return h, k_last.mT @ v + w_last[..., None, None] * C, k_last.sum(-2) + w_last.unsqueeze(-1) * n, m_t[..., -1]
