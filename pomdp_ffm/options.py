@@ -198,6 +198,11 @@ class LRUConfig:
             raise ValueError(f"{key}.r_min={self.r_min!r} must be <= {key}.r_max={self.r_max!r}")
 
 
+def up_projection(hidden_size: int, proj_factor: float) -> int:
+    """xLSTM's up-projection width (its UpProjConfigMixin's), for mLSTM's block and sLSTM's feed-forward."""
+    return 64 * math.ceil(proj_factor * hidden_size / 64)
+
+
 class _OverHeads:
     """The check of an options section whose memory splits its width, policy.rnn_hidden_size, over ``heads``."""
 
@@ -315,14 +320,9 @@ class MLSTMConfig:
     conv1d_kernel_size: int = checked(4, at_least(1))  # the causal conv of q's and k's input: acting keeps K - 1 steps
     qkv_proj_blocksize: int = checked(4, at_least(1))  # the blocks of q's, k's and v's block-diagonal projections
 
-    def inner_size(self, hidden_size: int) -> int:
-        """D, the up-projection's width at ``hidden_size``."""
-        return 64 * math.ceil(self.proj_factor * hidden_size / 64)
-
     def unfit(self, hidden_size: int, key: str = "") -> str | None:
-        """Why D at ``hidden_size`` does not split into the heads and q, k, v blocks (the options named as
-        ``key``.<option>), or None."""
-        d, key = self.inner_size(hidden_size), key and key + "."
+        """Why D at ``hidden_size`` does not split into heads and q, k, v blocks (naming ``key``.<option>), or None."""
+        d, key = up_projection(hidden_size, self.proj_factor), key and key + "."
         bad = [f"{key}heads={self.heads}"] if d % self.heads else []
         bad += [f"{key}qkv_proj_blocksize={self.qkv_proj_blocksize}"] if d % self.qkv_proj_blocksize else []
         return f"its up-projection's width {d} must be a multiple of {' and '.join(bad)}" if bad else None

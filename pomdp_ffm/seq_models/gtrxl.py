@@ -60,8 +60,6 @@ before, U_g (r * x). tests/test_zoo_gtrxl.py therefore holds this model to the e
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -69,16 +67,15 @@ from torch.nn import functional as F
 from ..options import GTrXLConfig
 from ..rules import options_of
 from .base import SeqModel, State
+from .transformer import angles
 
-POSITION_BASE = 10000  # Transformer-XL's (and Vaswani et al.'s) frequency base
 INIT_STD = 0.02  # Transformer-XL's init_std
 
 
 def relative_sinusoid(farthest: int, width: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """R_d (module docstring) for d = farthest, farthest - 1, .., 0, in that order: [farthest + 1, width]."""
-    d = torch.arange(farthest, -1, -1, dtype=torch.float64, device=device)
-    freq = torch.exp(torch.arange(0, width, 2, dtype=torch.float64, device=device) * (-math.log(POSITION_BASE) / width))
-    angle = d.unsqueeze(1) * freq
+    """R_d (module docstring) for d = farthest, farthest - 1, .., 0, in that order: [farthest + 1, width]; the
+    Transformer's angles (Transformer-XL's frequencies), sines before cosines."""
+    angle = angles(torch.arange(farthest, -1, -1, device=device), width)
     return torch.cat((angle.sin(), angle.cos()), dim=1)[:, :width].to(dtype)
 
 

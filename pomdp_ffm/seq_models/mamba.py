@@ -61,18 +61,6 @@ from .base import SeqModel, State
 from .recurrence import linear_scan
 
 
-class RMSNorm(nn.Module):
-    """e / sqrt(mean(e^2) + eps) * g over the last dim."""
-
-    def __init__(self, width: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(width))
-
-    def forward(self, e: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(e, self.weight.shape, self.weight, self.eps)
-
-
 class Mixer(nn.Module):
     """One Mamba block (module docstring's Block), time first; ``forward`` takes the layer's carried state."""
 
@@ -122,7 +110,7 @@ class Residual(nn.Module):
     def __init__(self, width: int, o: MambaConfig, dt_rank: int):
         super().__init__()
         self.mixer = Mixer(width, o, dt_rank)  # (drawn before the norm, which draws nothing, as mambapy's)
-        self.norm = RMSNorm(width, o.rms_norm_eps)
+        self.norm = nn.RMSNorm(width, eps=o.rms_norm_eps)
 
     def forward(self, e, conv, h):
         out, conv, h = self.mixer(self.norm(e), conv, h)
@@ -142,7 +130,7 @@ class Mamba(SeqModel):
         self.inner, self.d_state, self.d_conv = o.expand * hidden_size, o.d_state, o.d_conv
         self.embed = nn.Linear(input_size, hidden_size)
         self.layers = nn.ModuleList(Residual(hidden_size, o, self.dt_rank) for _ in range(o.layers))
-        self.norm_f = RMSNorm(hidden_size, o.rms_norm_eps)
+        self.norm_f = nn.RMSNorm(hidden_size, eps=o.rms_norm_eps)
 
     def initial_state(self, batch_size: int, device=None) -> State:
         L, dtype = len(self.layers), self.embed.weight.dtype

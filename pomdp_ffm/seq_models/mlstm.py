@@ -81,7 +81,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..options import MLSTMConfig
+from ..options import MLSTMConfig, up_projection
 from ..rules import options_of
 from .base import SeqModel, State
 
@@ -193,7 +193,7 @@ class MLSTM(SeqModel):
         """``options``: policy.mlstm's (options.MLSTMConfig: their defaults and rules)."""
         super().__init__()
         o = options_of(MLSTMConfig, options, "policy.mlstm")
-        inner = o.inner_size(hidden_size)
+        inner = up_projection(hidden_size, o.proj_factor)
         if why := o.unfit(hidden_size):
             raise ValueError(f"MLSTM's hidden_size={hidden_size}: {why}")
         self.input_size, self.hidden_size, self.inner, self.layers = input_size, hidden_size, inner, o.layers

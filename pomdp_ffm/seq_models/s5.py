@@ -127,9 +127,7 @@ class S5(SeqModel):
         Lambda, V = hippo_n(P // o.blocks)
         Lambda = Lambda.repeat(o.blocks).to(device)
         V = torch.block_diag(*[V] * o.blocks).to(device)  # [P, P/2]
-        B_tilde = V.conj().T @ truncated_normal(P, H, variance=1 / P).to(
-            torch.complex128
-        )  # V^-1: V*, of the unitary eigenbasis
+        B_tilde = V.conj().T @ truncated_normal(P, H, variance=1 / P).to(torch.complex128)  # V^-1 = V*: V is unitary
         C = torch.complex(truncated_normal(H, P, variance=1 / P), truncated_normal(H, P, variance=1 / P))
         C_tilde = C @ V
         self.Lambda_re = nn.Parameter(Lambda.real.float())

@@ -66,18 +66,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..options import SLSTMConfig
+from ..options import SLSTMConfig, up_projection
 from ..rules import options_of
 from .base import SeqModel, State
 
 NORM_EPS = 1e-5  # the package's LayerNorm and MultiHeadLayerNorm
 GATES = 4  # i, f, z, o: their order in each head's pre-activations and bias
-
-
-def up_projection(hidden_size: int, proj_factor: float) -> int:
-    """The feed-forward's inner width: proj_factor * hidden_size rounded up to a multiple of 64 (the package's
-    UpProjConfigMixin)."""
-    return 64 * math.ceil(proj_factor * hidden_size / 64)
 
 
 def forget_bias(head_dim: int, block: int, blocks: int, how: str) -> torch.Tensor | None:

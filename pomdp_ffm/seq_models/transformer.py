@@ -39,10 +39,15 @@ from .base import SeqModel, State
 POSITION_BASE = 10000  # Vaswani et al.'s frequency base
 
 
+def angles(t: torch.Tensor, width: int) -> torch.Tensor:
+    """The sinusoids' angles t 10000^(-2i/width) of positions ``t[...]``, in float64: [..., ceil(width / 2)]."""
+    i = torch.arange(0, width, 2, dtype=torch.float64, device=t.device)
+    return t.to(torch.float64).unsqueeze(-1) * torch.exp(i * (-math.log(POSITION_BASE) / width))
+
+
 def sinusoid(t: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
     """PE(t) (module docstring) for int64 indices ``t[...]``: [..., width], sin and cos interleaved."""
-    i = torch.arange(0, width, 2, dtype=torch.float64, device=t.device)
-    angle = t.to(torch.float64).unsqueeze(-1) * torch.exp(i * (-math.log(POSITION_BASE) / width))
+    angle = angles(t, width)
     return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)[..., :width].to(dtype)
 
 
